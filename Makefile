@@ -1,0 +1,29 @@
+# The README's two commands: `make train` and `make test`. `make install` is the setup both use.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install train test test-all bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt scripts/install-system.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	bash scripts/install-system.sh
+	touch $(STAMP)
+
+train: install
+	$(VENV)/bin/tinkrl train configs/default.yaml
+
+test: install
+	$(VENV)/bin/python -m pytest -q -m "not slow" tests
+
+test-all: install
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: install
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

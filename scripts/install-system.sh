@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# System packages tinkrl needs outside Python: bubblewrap (the local sandbox) and Debian's
+# python3 + pytest (what sandboxed task tests run with: the sandbox never sees our venv).
+set -u
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+[ -x /usr/bin/python3 ] || need+=(python3)
+/usr/bin/python3 -c "import pytest" >/dev/null 2>&1 || need+=(python3-pytest)
+/usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
+command -v git >/dev/null 2>&1 || need+=(git)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing system packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${need[@]}" >/dev/null && exit 0
+  echo "warning: apt-get could not install ${need[*]}; sandboxed tasks will not run" >&2
+else
+  echo "warning: missing system packages: ${need[*]} (install them with your package manager, e.g. sudo apt-get install ${need[*]}); sandboxed tasks will not run" >&2
+fi
+exit 0

@@ -1,0 +1,130 @@
+"""The RL contracts every environment implements: token-in/token-out envs and groups.
+
+An `Env` is single-use. It gives an initial observation (tokens + stop condition); each
+`step` receives the sampled action tokens exactly as sampled (never re-tokenised) and
+returns a reward, whether the episode is done, and the next observation, which should
+extend the previous observation + action so the whole trajectory becomes one Datum.
+
+An `EnvGroupBuilder` makes the `group_size` envs of one task (a GRPO group) and may score
+the group as a whole. An `RLDataset` hands out builders batch by batch.
+
+Infrastructure failures inside an env raise `tinkrl.errors.InfraFailure`: the rollout
+records the failure mode and leaves the episode out of its group, never scoring it 0.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import tinker
+
+Action = list[int]
+StopCondition = list[str] | list[int]
+Metrics = dict[str, float]
+
+
+@dataclass
+class StepResult:
+    reward: float
+    episode_done: bool
+    next_observation: tinker.ModelInput
+    next_stop_condition: StopCondition
+    metrics: Metrics = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+    # Optional per-token mask for the action just taken (1 = trained on, 0 = forced text
+    # the policy did not choose). None means every action token is trained on.
+    action_mask: list[float] | None = None
+
+
+class Env(abc.ABC):
+    """One episode of an environment, driven token-in/token-out."""
+
+    @abc.abstractmethod
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+        ...
+
+    @abc.abstractmethod
+    async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
+        """`stop_reason` is the sampler's: "stop" (a stop sequence) or "length" (max_tokens)."""
+
+    def max_tokens(self, default: int) -> int:
+        """Tokens the policy may sample for the next action (envs with a context budget override)."""
+        return default
+
+    async def close(self) -> None:
+        """Release what the episode holds (sandbox, remote session). Called exactly once."""
+
+
+@dataclass
+class Transition:
+    ob: tinker.ModelInput
+    ac_tokens: list[int]
+    ac_logprobs: list[float]
+    reward: float
+    episode_done: bool
+    stop_reason: str = "stop"
+    ac_mask: list[float] | None = None  # None = all ones
+    metrics: Metrics = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    transitions: list[Transition]
+    final_ob: tinker.ModelInput | None = None
+    failure_mode: str | None = None  # set when infrastructure failed: excluded from the group
+    failure_detail: str = ""
+
+    @property
+    def total_reward(self) -> float:
+        return sum(t.reward for t in self.transitions)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The rollouts of one task. Only trajectories without a failure_mode are kept in `trajectories_G`."""
+
+    trajectories_G: list[Trajectory]
+    final_rewards_G: list[float]  # group-level reward added to each trajectory's step rewards
+    metrics_G: list[Metrics]
+    tags: list[str]
+    failures: list[Trajectory] = field(default_factory=list)
+
+    def total_rewards(self) -> list[float]:
+        return [t.total_reward + r for t, r in zip(self.trajectories_G, self.final_rewards_G)]
+
+
+class EnvGroupBuilder(abc.ABC):
+    """Makes the envs of one GRPO group (same task, `group_size` rollouts)."""
+
+    @abc.abstractmethod
+    async def make_envs(self) -> Sequence[Env]:
+        ...
+
+    async def compute_group_rewards(self, trajectories_G: list[Trajectory],
+                                    envs_G: Sequence[Env]) -> list[tuple[float, Metrics]]:
+        """Group-level rewards (e.g. pairwise preference); default none."""
+        return [(0.0, {}) for _ in trajectories_G]
+
+    async def cleanup(self) -> None:
+        ...
+
+    def logging_tags(self) -> list[str]:
+        """Metric namespaces for this group, e.g. ["arithmetic"] → env/arithmetic/..."""
+        return []
+
+    # Per-group sampling overrides (the `environments:` map sets these).
+    temperature: float | None = None
+    max_failing_rollouts: int = 0
+
+
+class RLDataset(abc.ABC):
+    @abc.abstractmethod
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        ...
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        ...
