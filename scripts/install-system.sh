@@ -7,6 +7,7 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/bin/python3 ] || need+=(python3)
 /usr/bin/python3 -c "import pytest" >/dev/null 2>&1 || need+=(python3-pytest)
 /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
+/usr/bin/python3 -c "import scipy" >/dev/null 2>&1 || need+=(python3-scipy)  # erdos env: model code may use scipy
 command -v git >/dev/null 2>&1 || need+=(git)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
