@@ -1,0 +1,118 @@
+"""`tinkrl serve tinker`: run the Tinker HTTP protocol over the embedded engine.
+
+    tinkrl serve tinker [--host 127.0.0.1] [--port 8000] [--model NAME ...] [--api-key KEY]
+
+Then point the official SDK (or tinker-cookbook, or `backend=tinker`) at it:
+
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-local python my_script.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from aiohttp import web
+
+from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tinkrl serve tinker",
+        description=f"Serve the Tinker HTTP protocol (tinker SDK {SDK_VERSION}) over tinkrl's embedded engine.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="base model to load at start (repeatable); others load on first use",
+    )
+    p.add_argument("--api-key", default=None, help="accept only this key (default: any tml-… key)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p
+
+
+def make_engine() -> Any:
+    from tinkrl.local import ServiceClient
+
+    return ServiceClient()
+
+
+def preload(engine: Any, models: list[str]) -> None:
+    from tinkrl.tinker_server.engine_calls import settle_blocking
+
+    for name in models:
+        settle_blocking(engine.create_sampling_client(base_model=name))
+
+
+def cli_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.api_key is not None and not (args.api_key.startswith("tml-") or args.api_key.startswith("eyJ")):
+        print("tinkrl serve tinker: --api-key must start with 'tml-' (the SDK refuses other keys)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    engine = make_engine()
+    try:
+        preload(engine, args.model)
+    except Exception as e:  # a bad --model is user input: one line, exit 2
+        print(f"tinkrl serve tinker: cannot load model: {e}", file=sys.stderr)
+        return 2
+    server = TinkerServer(engine, api_key=args.api_key)
+    key_hint = args.api_key or "tml-local"
+    print(
+        f"tinkrl serve tinker: Tinker protocol (SDK {SDK_VERSION}) on http://{args.host}:{args.port}\n"
+        f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}",
+        flush=True,
+    )
+    web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+@contextmanager
+def serve_in_thread(engine: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> Iterator[str]:
+    """Run the server on a background thread (tests, benchmarks); yields its base URL."""
+    server = TinkerServer(engine, api_key=api_key)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(server.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as e:  # surface bind errors to the caller
+            holder["error"] = e
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="tinker-server", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in holder:
+        raise holder["error"]
+    try:
+        yield f"http://{host}:{holder['port']}"
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
