@@ -79,9 +79,17 @@ def cli_main(argv: list[str]) -> int:
 
 
 @contextmanager
-def serve_in_thread(engine: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> Iterator[str]:
-    """Run the server on a background thread (tests, benchmarks); yields its base URL."""
-    server = TinkerServer(engine, api_key=api_key)
+def serve_in_thread(
+    engine: Any = None,
+    *,
+    server: TinkerServer | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+) -> Iterator[str]:
+    """Run the server (or `server`, prepared by the caller) on a background thread; yields its URL."""
+    if server is None:
+        server = TinkerServer(engine, api_key=api_key)
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict[str, Any] = {}

@@ -1,0 +1,49 @@
+"""`make_service_client`: backend=tinker fails at start, in one line, when it cannot work."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tinkrl.backends import BackendUnavailable, make_service_client
+from tinkrl.errors import ConfigError
+from tinkrl.tinker_server.cli import serve_in_thread
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_missing_or_malformed_key_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="TINKER_API_KEY"):
+        make_service_client("tinker", base_url="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="tml-"):
+        make_service_client("tinker", base_url="http://127.0.0.1:1", api_key="sk-abc")
+    with pytest.raises(ConfigError, match="local' or 'tinker"):
+        make_service_client("hosted")  # type: ignore[arg-type]
+
+
+def test_unreachable_service_fails_before_any_work(monkeypatch):
+    monkeypatch.delenv("TINKER_BASE_URL", raising=False)
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(BackendUnavailable, match=f"cannot reach the Tinker service at {url}") as info:
+        make_service_client("tinker", base_url=url, api_key="tml-local")
+    assert "\n" not in str(info.value)
+
+
+def test_refused_key_and_env_resolution(monkeypatch):
+    # The key check answers before the engine is touched, so no engine is needed here.
+    with serve_in_thread(None, api_key="tml-right") as url:
+        monkeypatch.setenv("TINKER_BASE_URL", url)
+        monkeypatch.setenv("TINKER_API_KEY", "tml-wrong")
+        with pytest.raises(BackendUnavailable, match="refused the API key"):
+            make_service_client("tinker")
+        monkeypatch.setenv("TINKER_API_KEY", "tml-right")
+        client = make_service_client("tinker")
+        import tinker
+
+        assert isinstance(client, tinker.ServiceClient)
