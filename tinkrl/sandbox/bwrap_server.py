@@ -1,0 +1,359 @@
+"""The process that lives inside a bwrap sandbox as its pid 1 and runs every command.
+
+Started by `tinkrl.sandbox.bwrap` with Debian's `/usr/bin/python3 -I -S`, it speaks a tiny
+framed protocol on stdin/stdout (no json: every import costs start-up time, and the
+sandbox budget is ~20 ms). Each request runs to completion before the next is read.
+
+Why pid 1: the kernel ignores signals that other processes of the namespace send to
+init unless it installed a handler, so the agent cannot kill its own supervisor; the
+process also makes itself non-dumpable so the agent (same uid) cannot ptrace it or open
+its /proc files. When it dies the kernel kills everything else in the pid namespace.
+
+Frame: 4-byte big-endian count, then that many fields, each a 4-byte length + bytes.
+Requests:  exec CMD TIMEOUT_MS CWD ENV MODE MAX_OUT | write PATH MODE DATA | read PATH
+           | untar DEST TAR | tar SRC | killall | ping
+Responses: ok FIELDS... | err ERRNO MESSAGE
+This file must stay runnable by a bare python3 (stdlib only, no tinkrl imports).
+"""
+
+import os
+import select
+import signal
+import sys
+import time
+
+STATE_FILE = "/run/tinkrl/shell-state"
+SHELL = "/bin/bash"
+# Run in the command's shell: save cwd and exported env on exit so the next command starts
+# where this one left off (like a terminal), unless the caller asked for a fresh shell.
+SAVE_STATE = (
+    "__tinkrl_save() { { printf '%s\\0' \"$PWD\"; for __v in $(compgen -e); do "
+    "printf '%s=%s\\0' \"$__v\" \"${!__v}\"; done; } > " + STATE_FILE + " 2>/dev/null; }\n"
+    "trap __tinkrl_save EXIT\n"
+)
+DRAIN_AFTER_EXIT_S = 0.05  # output still arriving from background children after the command exits
+
+
+def _read_exact(fd, n):
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            raise EOFError
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def recv(fd=0):
+    count = int.from_bytes(_read_exact(fd, 4), "big")
+    fields = []
+    for _ in range(count):
+        n = int.from_bytes(_read_exact(fd, 4), "big")
+        fields.append(_read_exact(fd, n) if n else b"")
+    return fields
+
+
+def send(fields, fd=1):
+    parts = [len(fields).to_bytes(4, "big")]
+    for f in fields:
+        if isinstance(f, str):
+            f = f.encode("utf-8", "surrogateescape")
+        elif isinstance(f, int):
+            f = str(f).encode()
+        parts.append(len(f).to_bytes(4, "big"))
+        parts.append(f)
+    data = b"".join(parts)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Capture:
+    """Keeps the first and last `limit/2` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit):
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, b):
+        self.total += len(b)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += b[:room]
+            b = b[room:]
+        if b:
+            self.tail += b
+            if len(self.tail) > 2 * self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def result(self):
+        if len(self.tail) > self.half:
+            del self.tail[: len(self.tail) - self.half]
+        omitted = self.total - len(self.head) - len(self.tail)
+        if omitted <= 0:
+            return bytes(self.head + self.tail), False
+        mark = b"\n[... %d bytes of output omitted ...]\n" % omitted
+        return bytes(self.head) + mark + bytes(self.tail), True
+
+
+class Server:
+    def __init__(self, workdir, env):
+        self.cwd = workdir
+        self.env = env
+        self.statuses = {}  # pid -> wait status for children reaped while reaping orphans
+
+    # -- process bookkeeping -------------------------------------------------------------
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.statuses[pid] = status
+
+    def wait_child(self, pid):
+        if pid in self.statuses:
+            return self.statuses.pop(pid)
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return self.statuses.pop(pid, 0)
+
+    def others_alive(self):
+        me = str(os.getpid())
+        return [p for p in os.listdir("/proc") if p.isdigit() and p != me]
+
+    def killall(self):
+        for _ in range(200):
+            try:
+                os.kill(-1, signal.SIGKILL)  # pid 1 is exempt: everything but us
+            except ProcessLookupError:
+                pass
+            self.reap()
+            if not self.others_alive():
+                self.statuses.clear()
+                return ["ok"]
+            time.sleep(0.005)
+        return ["err", "EBUSY", "processes survived kill"]
+
+    # -- commands ------------------------------------------------------------------------
+    def exec(self, cmd, timeout_ms, cwd, env_blob, mode, max_out):
+        self.reap()
+        persist = mode == b"persist"
+        env = dict(self.env) if mode != b"fresh" else {}
+        for item in env_blob.split(b"\0"):
+            if b"=" in item:
+                k, v = item.split(b"=", 1)
+                env[k] = v
+        workdir = cwd or self.cwd
+        script = (SAVE_STATE.encode() if persist else b"") + cmd
+        if persist:
+            try:
+                os.unlink(STATE_FILE)
+            except OSError:
+                pass
+        outr, outw = os.pipe()
+        errr, errw = os.pipe()
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # child: new session so a timeout can kill the whole group
+            try:
+                os.setsid()
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(outw, 1)
+                os.dup2(errw, 2)
+                try:
+                    os.chdir(workdir)
+                except OSError as e:
+                    os.write(2, b"cannot cd to %s: %s\n" % (workdir, e.strerror.encode()))
+                    os._exit(1)
+                os.execve(SHELL, [b"bash", b"--noprofile", b"--norc", b"-c", script], env)
+            finally:
+                os._exit(127)
+        os.close(outw)
+        os.close(errw)
+        out, err = Capture(max_out), Capture(max_out)
+        streams = {outr: out, errr: err}
+        pidfd = os.pidfd_open(pid)
+        deadline = start + timeout_ms / 1000.0
+        status = None
+        timed_out = False
+        drain_until = None
+        while streams:
+            now = time.monotonic()
+            if status is None:
+                wait = deadline - now
+                if wait <= 0:
+                    timed_out = True
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    status = self.wait_child(pid)
+                    break
+            else:
+                if drain_until is None:
+                    drain_until = now + DRAIN_AFTER_EXIT_S
+                wait = drain_until - now
+                if wait <= 0:
+                    break
+            fds = list(streams) + ([pidfd] if status is None else [])
+            ready, _, _ = select.select(fds, [], [], wait)
+            for fd in ready:
+                if fd == pidfd:
+                    status = self.wait_child(pid)
+                    continue
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    streams[fd].add(chunk)
+                else:
+                    del streams[fd]
+                    os.close(fd)
+        if status is None:
+            status = self.wait_child(pid)
+        for fd in list(streams):
+            os.close(fd)
+        os.close(pidfd)
+        duration = time.monotonic() - start
+        code = -1 if timed_out else os.waitstatus_to_exitcode(status)
+        if code < 0 and not timed_out:
+            code = 128 - code  # killed by a signal: report it as a shell would
+        if persist and not timed_out and not cwd:
+            self.load_state()
+        out_b, out_cut = out.result()
+        err_b, err_cut = err.result()
+        return ["ok", code, int(timed_out), int(out_cut or err_cut), out_b, err_b, "%.6f" % duration]
+
+    def load_state(self):
+        try:
+            with open(STATE_FILE, "rb") as f:
+                parts = f.read().split(b"\0")
+        except OSError:
+            return
+        if len(parts) < 2:
+            return
+        env = {}
+        for item in parts[1:]:
+            if b"=" in item:
+                k, v = item.split(b"=", 1)
+                if k not in (b"_", b"SHLVL", b"OLDPWD"):
+                    env[k] = v
+        if parts[0].startswith(b"/"):
+            self.cwd = parts[0]
+        self.env = env
+
+    # -- files ---------------------------------------------------------------------------
+    def write(self, path, mode, data):
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode))
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, int(mode))
+        finally:
+            os.close(fd)
+        return ["ok"]
+
+    def read(self, path):
+        with open(path, "rb") as f:
+            return ["ok", f.read()]
+
+    def untar(self, dest, data):
+        import io
+        import tarfile
+
+        os.makedirs(dest, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            for member in tf.getmembers():
+                member.uid = member.gid = 0
+                member.uname = member.gname = "root"
+            tf.extractall(os.fsdecode(dest), numeric_owner=True)
+        return ["ok"]
+
+    def tar(self, src):
+        import io
+        import tarfile
+
+        if not os.path.lexists(src):
+            raise FileNotFoundError(2, "No such file or directory", os.fsdecode(src))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            tf.add(os.fsdecode(src), arcname=os.path.basename(os.fsdecode(src).rstrip("/")) or ".")
+        return ["ok", buf.getvalue()]
+
+    def handle(self, req):
+        op = req[0]
+        if op == b"exec":
+            return self.exec(req[1], int(req[2]), req[3], req[4], req[5], int(req[6]))
+        if op == b"write":
+            return self.write(req[1], req[2], req[3])
+        if op == b"read":
+            return self.read(req[1])
+        if op == b"untar":
+            return self.untar(req[1], req[2])
+        if op == b"tar":
+            return self.tar(req[1])
+        if op == b"killall":
+            return self.killall()
+        if op == b"ping":
+            return ["ok"]
+        return ["err", "EINVAL", "unknown op %r" % op]
+
+
+def main():
+    # pid 1 only receives signals it has handlers for: drop Python's SIGINT handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:  # non-dumpable: the agent (same uid) cannot ptrace us or read /proc/1/{mem,fd}
+        import _ctypes
+
+        _ctypes.call_function(_ctypes.dlsym(_ctypes.dlopen(None, 0), "prctl"), (4, 0, 0, 0, 0))
+    except Exception:
+        pass
+    workdir, nproc = sys.argv[1].encode(), int(sys.argv[2])
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if nproc > 0:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        mem = int(sys.argv[3])
+        if mem > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    except (ImportError, ValueError, OSError):
+        pass
+    env = {}
+    for item in sys.argv[4:]:
+        k, _, v = item.partition("=")
+        env[k.encode()] = v.encode()
+    os.makedirs("/run/tinkrl", exist_ok=True)
+    os.makedirs("/logs/verifier", exist_ok=True)
+    server = Server(workdir, env)
+    send(["ready"])
+    while True:
+        try:
+            req = recv()
+        except EOFError:
+            return
+        try:
+            resp = server.handle(req)
+        except OSError as e:
+            where = ": %s" % os.fsdecode(e.filename) if e.filename is not None else ""
+            resp = ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+        except Exception as e:  # a bad request must not kill the sandbox
+            resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
+        send(resp)
+
+
+if __name__ == "__main__":
+    main()
