@@ -13,9 +13,9 @@ N = 100
 
 @pytest.fixture(scope="module")
 def runner():
-    from tinkrl.sandbox import bwrap
+    from tinkrl.sandbox import get_provider
 
-    provider = bwrap.BwrapProvider()
+    provider = get_provider("bwrap")
     yield er.ProgramRunner(provider, n_points=N, timeout_s=4, memory_mb=400)
     provider.close()
 
