@@ -15,6 +15,7 @@ from pydantic import ValidationError
 import erdos_scripted as es
 from tinkrl.envs import erdos_math as em
 from tinkrl.envs.erdos import ErdosConfig, ErdosEnvConfig, build_erdos_dataset
+from tinkrl.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("erdos_scripted.py")
 
@@ -147,5 +148,5 @@ def test_scripted_policy_lowers_the_best_c5_and_survives_kill_and_resume(tmp_pat
 
 def test_resume_refuses_a_buffer_of_another_size(tmp_path, renderer, provider):
     _dataset(tmp_path, renderer, provider)
-    with pytest.raises(ValueError, match="n_points"):
+    with pytest.raises(ConfigError, match="n_points"):
         _dataset(tmp_path, renderer, provider, n_points=50)

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tinkrl.envs import erdos_math as em
 from tinkrl.envs.erdos_buffer import Entry, ReuseBuffer
 from tinkrl.envs.erdos_runner import NO_CODE, ProgramRunner, RunOutcome, extract_code, invalid
+from tinkrl.errors import ConfigError
 from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 from tinkrl.sandbox.base import SandboxProvider
 
@@ -43,6 +44,9 @@ RECORD_C5 = 0.380876  # TTT-Discover (2026); AlphaEvolve 0.380924, Haugland 0.38
 DEFAULT_CLOSING_TEXT = ("\n\n... I am out of thinking budget and must give my final answer now.\n"
                         "Final code:\n```python\n")
 _MIN_PHASE2_TOKENS = 16
+# TTT-Discover trains this env with the entropic advantage (rl/advantages.py), β = 2.
+DEFAULT_ADV_ESTIMATOR = "entropic"
+DEFAULT_ADV_BETA = 2.0
 
 
 class ErdosEnvConfig(BaseModel):
@@ -161,7 +165,7 @@ class ErdosSearch:
                                   path=self.run_dir / "erdos_buffer.json")
         self.resumed = self.buffer.load()
         if self.buffer.entries and len(self.buffer.best().h) != cfg.n_points:
-            raise ValueError(f"{self.buffer.path} holds constructions of {len(self.buffer.best().h)} points, "
+            raise ConfigError(f"{self.buffer.path} holds constructions of {len(self.buffer.best().h)} points, "
                              f"but env.n_points={cfg.n_points}; use a new run directory")
         if not self.resumed:
             rng = np.random.default_rng([seed, 0x5EED])
@@ -238,6 +242,8 @@ class ErdosSearch:
     # -- metrics ------------------------------------------------------------------------
     def batch_metrics(self, step: int) -> Metrics:
         self.flush()
+        for old in [s for s in self.step_results if s < step - 2]:  # reported long ago
+            del self.step_results[old]
         results = self.step_results.get(step, [])
         metrics: Metrics = {"erdos/best_c5": self.buffer.best().c5, "erdos/buffer_size": float(len(self.buffer))}
         if not results:
