@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from typing import Any, Awaitable, Callable
 
 import pydantic
@@ -25,7 +26,7 @@ from aiohttp import web
 from tinker import types
 
 from tinkrl.tinker_server import wire
-from tinkrl.tinker_server.engine_calls import accepted_kwargs, settle_blocking
+from tinkrl.tinker_server.engine_calls import named_kwargs, settle_blocking
 from tinkrl.tinker_server.futures import PromiseTable
 from tinkrl.tinker_server.registry import Registry, TrainingModel, UserError
 
@@ -258,6 +259,11 @@ class TinkerServer:
             info = await asyncio.to_thread(info.result)
         payload = wire.to_json(info)
         payload["model_id"] = model.model_id
+        # The SDK's get_tokenizer() loads `tokenizer_id` with AutoTokenizer; point it at the
+        # engine's local tokenizer files so it works offline for any model the engine has.
+        tokenizer_dir = await asyncio.to_thread(_local_tokenizer_dir, model.client)
+        if tokenizer_dir is not None:
+            payload.setdefault("model_data", {})["tokenizer_id"] = tokenizer_dir
         return web.json_response(payload)
 
     async def forward_backward(self, request: web.Request) -> web.Response:
@@ -395,11 +401,10 @@ class TinkerServer:
             kwargs["topk_prompt_logprobs"] = req.topk_prompt_logprobs
         if req.topk_sample_logprobs:
             kwargs["topk_sample_logprobs"] = req.topk_sample_logprobs
-        accepted = accepted_kwargs(sampler.client.sample)
-        if accepted is not None:
-            for name in list(kwargs):
-                if name not in accepted:
-                    unsupported[name] = bool(kwargs.pop(name))
+        accepted = named_kwargs(sampler.client.sample)
+        for name in list(kwargs):
+            if name not in accepted:
+                unsupported[name] = bool(kwargs.pop(name))
         asked = [name for name, used in unsupported.items() if used]
         if asked:
             raise UserError(f"sample options not supported by tinkrl's engine: {', '.join(asked)}")
@@ -431,6 +436,14 @@ class TinkerServer:
     async def cancel_future(self, request: web.Request) -> web.Response:
         await _json_body(request)
         return web.json_response({})  # samples already merged into a batch run to the end
+
+
+def _local_tokenizer_dir(client: Any) -> str | None:
+    getter = getattr(client, "get_tokenizer", None)
+    if not callable(getter):
+        return None
+    path = getattr(getter(), "name_or_path", None)
+    return str(path) if path and os.path.isdir(path) and ":" not in str(path) else None
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -51,12 +51,11 @@ def settle_blocking(value: Any) -> Any:
     return value
 
 
-def accepted_kwargs(fn: Callable[..., Any]) -> set[str] | None:
-    """Keyword names `fn` takes, or None when it takes **kwargs (anything goes)."""
+def named_kwargs(fn: Callable[..., Any]) -> set[str]:
+    """Keyword names `fn` declares. A catch-all `**kwargs` does not count: an option the
+    engine would swallow unread must be refused, not silently ignored."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
