@@ -43,7 +43,7 @@ DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes of stdout (and of stderr) kept per comma
 SMALL_TMPFS_MB = 256  # /root, /tests, /logs, /dev/shm
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 FORBIDDEN_WORKDIRS = ("/", "/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib",
-                      "/lib32", "/lib64", "/libx32", "/tests", "/logs", "/root", "/tmp")
+                      "/lib32", "/lib64", "/libx32", "/tests", "/logs", "/root", "/tmp", "/solution")
 HOST_ETC_PASSTHROUGH = ("alternatives", "ld.so.cache", "ssl", "localtime", "gitconfig", "mime.types")
 STARTUP_TIMEOUT_S = 20.0
 REPLY_GRACE_S = 15.0  # how long past a command's own timeout the server may take to answer
@@ -433,6 +433,7 @@ class BwrapSandbox(Sandbox):
                  "--perms", "0755", "--size", "4194304", "--tmpfs", "/run",
                  "--perms", "0755", "--size", small, "--tmpfs", "/tests",
                  "--perms", "0755", "--size", small, "--tmpfs", "/logs",
+                 "--perms", "0755", "--size", small, "--tmpfs", "/solution",
                  "--dir", "/var", "--symlink", "../tmp", "/var/tmp",
                  "--perms", "0755", "--size", disk, "--tmpfs", self.workdir,
                  "--remount-ro", "/", "--chdir", self.workdir]

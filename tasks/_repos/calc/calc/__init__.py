@@ -1,0 +1,3 @@
+from calc.ops import add, divide, mean
+
+__all__ = ["add", "divide", "mean"]

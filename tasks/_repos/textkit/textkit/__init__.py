@@ -1,0 +1,3 @@
+from textkit.slug import slugify
+
+__all__ = ["slugify"]

@@ -1,0 +1,254 @@
+"""Preparing a task's sandbox and grading what the agent left in it.
+
+Grading integrity, in order: every agent process is killed; files that steer test runs
+(conftest.py, pytest/tox/setup.cfg/pyproject configs, sitecustomize.py, a `pytest.py`
+shadow, ...) are reset to the task's originals and new ones removed; /tests and
+/logs/verifier are emptied and the tests copied in fresh from the task; the tests run
+under `env -i` with PATH pinned to the read-only system dirs (so `python3`/`pytest` are
+Debian's) and no user site-packages; whatever they started is killed before the result is
+read. Graders: Harbor reward file, pytest summary (terminal-bench), R2E-Gym expected
+output, SWE-bench FAIL_TO_PASS/PASS_TO_PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from tinkrl.tasks.loaders import PROTECTED_NAMES
+from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError
+
+PINNED_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
+    "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "GIT_CONFIG_NOSYSTEM": "1",
+}
+PASS_STATUSES = {"PASSED", "XFAIL", "SKIPPED"}
+STATUS_RANK = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
+SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+\s*$")
+OUTPUT_TAIL = 4000
+
+
+@dataclass
+class GradeResult:
+    reward: float
+    detail: str  # one line: why this reward
+    tests: dict[str, str] = field(default_factory=dict)  # parsed test statuses, when the grader has them
+    rewards: dict[str, float] = field(default_factory=dict)  # every key of a reward.json
+    output: str = ""  # tail of the verifier's output
+    exit_code: int | None = None
+
+
+class TaskBuildError(TaskLoadError):
+    """A build step (Dockerfile RUN, setup.sh) failed in the sandbox."""
+
+
+# -- sandbox preparation ---------------------------------------------------------------------
+def sandbox_spec(task: Task) -> SandboxSpec:
+    return SandboxSpec(workdir=task.workdir, env=dict(task.env), memory_mb=task.memory_mb, pids=task.pids,
+                       disk_mb=task.disk_mb, labels={"task": task.id})
+
+
+def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
+    for f in files:
+        if f.data is not None:
+            sandbox.write_file(f.dest, f.data, f.mode)
+        elif f.src is not None and f.src.is_dir():
+            sandbox.copy_in(f.src, f.dest)
+        elif f.src is not None:
+            sandbox.write_file(f.dest, f.src.read_bytes(), f.mode)
+
+
+def run_build(task: Task, sandbox: Sandbox, steps: list[BuildStep] | None = None) -> None:
+    for step in task.build if steps is None else steps:
+        if step.kind == "copy" and step.copy is not None:
+            put_files(sandbox, [step.copy])
+        elif step.kind == "run":
+            env = {**task.env, **step.env}
+            r = sandbox.exec(step.command, timeout=step.timeout_s, env=env, workdir=step.workdir)
+            if r.exit_code != 0 or r.timed_out:
+                why = "timed out" if r.timed_out else f"exited {r.exit_code}"
+                tail = r.output.strip()[-600:]
+                raise TaskBuildError(step.origin, f"build step {why}: {tail}")
+
+
+def start_sandbox(task: Task, provider: SandboxProvider) -> Sandbox:
+    """A fresh sandbox with the task's workspace built: what the agent starts from."""
+    sandbox = provider.create(sandbox_spec(task))
+    try:
+        run_build(task, sandbox)
+    except BaseException:
+        sandbox.close()
+        raise
+    return sandbox
+
+
+def apply_solution(task: Task, sandbox: Sandbox, timeout: float | None = None) -> ExecResult:
+    """Run the task's reference solution as an agent would (for the gate)."""
+    if not task.has_solution:
+        raise TaskLoadError(task.source, f"task {task.id} has no solution to run", "solution")
+    put_files(sandbox, task.solution)
+    return sandbox.exec(task.solution_command, timeout=timeout or task.agent_timeout_s, workdir=task.workdir)
+
+
+# -- grading ---------------------------------------------------------------------------------
+def _pinned(command: str, task: Task) -> str:
+    env = {**PINNED_ENV, **task.verifier_env}
+    return "exec env -i " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + \
+        " /bin/bash --noprofile --norc -c " + shlex.quote(command)
+
+
+def reset_protected_files(task: Task, sandbox: Sandbox) -> list[str]:
+    """Reset test-steering files in the workspace to the task's originals; remove planted ones."""
+    names = " -o ".join(f"-name {shlex.quote(n)}" for n in PROTECTED_NAMES + ("*.pth",))
+    find = f"find {shlex.quote(task.workdir)} -xdev \\( {names} \\) -prune -print0 2>/dev/null; true"
+    found = sandbox.exec(_pinned(find, task), timeout=60, workdir="/").stdout.split("\0")
+    removed = []
+    for path in filter(None, found):
+        if path not in task.original_files:
+            removed.append(path)
+    if removed:
+        sandbox.exec(_pinned("rm -rf -- " + " ".join(shlex.quote(p) for p in removed), task), timeout=60, workdir="/")
+    for path, data in task.original_files.items():
+        sandbox.write_file(path, data, 0o644)
+    return removed
+
+
+def parse_pytest_summary(output: str) -> dict[str, str]:
+    """{node id: status} from the last `short test summary info` block of `pytest -rA` output.
+
+    Lines outside that block (anything the code under test printed, like a fake
+    "PASSED test_x") are ignored; a test listed twice keeps its worst status.
+    """
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if SUMMARY_HEADER.match(line)]
+    if not starts:
+        return {}
+    statuses: dict[str, str] = {}
+    for line in lines[starts[-1] + 1:]:
+        if line.startswith("="):
+            break
+        status, _, rest = line.partition(" ")
+        if status not in STATUS_RANK or not rest or rest.startswith("["):
+            continue
+        node = rest.split(" - ", 1)[0].strip()
+        if STATUS_RANK[status] >= STATUS_RANK.get(statuses.get(node, "PASSED"), 0):
+            statuses[node] = status
+    return statuses
+
+
+def r2e_key(node_id: str) -> str:
+    """R2E-Gym's test key: the node id without its file part ("TestA.test_b")."""
+    return ".".join(node_id.split("::")[1:]) or node_id
+
+
+def grade_reward_file(files: dict[str, bytes | None]) -> GradeResult:
+    raw_json, raw_txt = files.get("reward.json"), files.get("reward.txt")
+    if raw_json is not None:
+        try:
+            data = json.loads(raw_json)
+        except ValueError:
+            return GradeResult(0.0, "reward.json is not valid JSON")
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            data = {"reward": data}
+        if not isinstance(data, dict) or not data or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+            return GradeResult(0.0, "reward.json must be an object of numbers")
+        rewards = {str(k): float(v) for k, v in data.items()}
+        if not all(math.isfinite(v) for v in rewards.values()):
+            return GradeResult(0.0, "reward.json has a non-finite value", rewards=rewards)
+        reward = rewards["reward"] if "reward" in rewards else sum(rewards.values()) / len(rewards)
+        return GradeResult(reward, f"reward.json: {reward:g}", rewards=rewards)
+    if raw_txt is not None:
+        try:
+            reward = float(raw_txt.decode().strip())
+        except (UnicodeDecodeError, ValueError):
+            return GradeResult(0.0, f"reward.txt is not a number: {raw_txt[:40]!r}")
+        if not math.isfinite(reward):
+            return GradeResult(0.0, "reward.txt is not finite")
+        return GradeResult(reward, f"reward.txt: {reward:g}", rewards={"reward": reward})
+    return GradeResult(0.0, "the tests wrote no /logs/verifier/reward.txt or reward.json")
+
+
+def grade_pytest(output: str) -> GradeResult:
+    tests = parse_pytest_summary(output)
+    if not tests:
+        return GradeResult(0.0, "no pytest summary in the test output (run pytest with -rA)")
+    failed = sorted(t for t, s in tests.items() if s not in PASS_STATUSES)
+    if failed:
+        return GradeResult(0.0, f"{len(failed)}/{len(tests)} tests failed: {', '.join(failed[:3])}", tests)
+    return GradeResult(1.0, f"all {len(tests)} tests passed", tests)
+
+
+def grade_r2e(output: str, expected: dict[str, str]) -> GradeResult:
+    parsed = {r2e_key(k): v for k, v in parse_pytest_summary(output).items()}
+    want = {r2e_key(k) if "::" in k else k: v for k, v in expected.items()}
+    if not parsed:
+        return GradeResult(0.0, "no pytest summary in the test output", parsed)
+    wrong = sorted(k for k in set(want) | set(parsed) if parsed.get(k) != want.get(k))
+    if wrong:
+        k = wrong[0]
+        return GradeResult(0.0, f"{len(wrong)} tests differ from the expected output, e.g. {k}: "
+                           f"got {parsed.get(k, 'missing')}, expected {want.get(k, 'absent')}", parsed)
+    return GradeResult(1.0, f"all {len(want)} tests match the expected output", parsed)
+
+
+def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
+    tests = parse_pytest_summary(output)
+    f2p_bad = [t for t in f2p if tests.get(t) not in ("PASSED", "XFAIL")]
+    p2p_bad = [t for t in p2p if tests.get(t) not in ("PASSED", "XFAIL", "SKIPPED")]
+    if not f2p_bad and not p2p_bad:
+        return GradeResult(1.0, f"resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS pass", tests)
+    parts = []
+    if f2p_bad:
+        parts.append(f"FAIL_TO_PASS {len(f2p) - len(f2p_bad)}/{len(f2p)} ({f2p_bad[0]}: {tests.get(f2p_bad[0], 'missing')})")
+    if p2p_bad:
+        parts.append(f"PASS_TO_PASS {len(p2p) - len(p2p_bad)}/{len(p2p)} ({p2p_bad[0]}: {tests.get(p2p_bad[0], 'missing')})")
+    return GradeResult(0.0, "not resolved: " + "; ".join(parts), tests)
+
+
+def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
+    try:
+        return sandbox.read_file(path)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError:
+        return None
+
+
+def grade(task: Task, sandbox: Sandbox) -> GradeResult:
+    """Kill the agent, copy the tests in fresh, run them pinned, and score the result."""
+    sandbox.kill_all()
+    reset_protected_files(task, sandbox)
+    clean = "find /tests -mindepth 1 -delete; rm -rf /logs/verifier; mkdir -p /logs/verifier"
+    sandbox.exec(_pinned(clean, task), timeout=60, workdir="/")
+    put_files(sandbox, task.tests)
+    if task.pre_test_command:
+        pre = sandbox.exec(_pinned(task.pre_test_command, task), timeout=120, workdir=task.workdir)
+        if pre.exit_code != 0:
+            sandbox.kill_all()
+            return GradeResult(0.0, f"preparing the tests failed (exit {pre.exit_code}): {pre.output.strip()[-300:]}",
+                               output=pre.output[-OUTPUT_TAIL:], exit_code=pre.exit_code)
+    r = sandbox.exec(_pinned(task.test_command, task), timeout=task.verifier_timeout_s, workdir=task.workdir)
+    sandbox.kill_all()  # nothing the tests started may touch the results after this point
+    output = r.output
+    if r.timed_out:
+        return GradeResult(0.0, f"the tests timed out after {task.verifier_timeout_s:g}s",
+                           output=output[-OUTPUT_TAIL:], exit_code=None)
+    if task.grader == "reward_file":
+        res = grade_reward_file({name: _read_optional(sandbox, f"/logs/verifier/{name}")
+                                 for name in ("reward.json", "reward.txt")})
+    elif task.grader == "pytest":
+        res = grade_pytest(output)
+    elif task.grader == "r2e":
+        res = grade_r2e(output, task.expected["tests"])
+    elif task.grader == "swebench":
+        res = grade_swebench(output, task.expected["FAIL_TO_PASS"], task.expected["PASS_TO_PASS"])
+    else:
+        raise TaskLoadError(task.source, f"unknown grader {task.grader!r}", "grader")
+    res.output, res.exit_code = output[-OUTPUT_TAIL:], r.exit_code
+    return res

@@ -1,0 +1,95 @@
+"""The task model every loader produces: what the agent is told, how its sandbox is prepared,
+and how it is graded. Harbor's directory layout is the canonical source (DESIGN.md §5);
+terminal-bench dirs, R2E-Gym rows and SWE-bench rows are converted into the same `Task`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tinkrl.errors import TinkrlError
+
+GRADERS = ("reward_file", "pytest", "r2e", "swebench")
+
+
+class TaskLoadError(TinkrlError):
+    """A task that cannot be loaded or built: says which file (and line or field) and why."""
+
+    def __init__(self, where: str | Path, message: str, field: str | None = None):
+        self.where = str(where)
+        self.field = field
+        self.message = message
+        super().__init__(f"{self.where}: {field + ': ' if field else ''}{message}")
+
+
+@dataclass
+class FileCopy:
+    """One file or directory put into the sandbox: from the host (`src`) or literal `data`."""
+
+    dest: str
+    src: Path | None = None
+    data: bytes | None = None
+    mode: int = 0o644
+
+
+@dataclass
+class BuildStep:
+    """One step of preparing the workspace, in order: copy files in, or run a command."""
+
+    kind: str  # "copy" | "run"
+    origin: str  # "environment/Dockerfile:7" — named in errors
+    copy: FileCopy | None = None
+    command: str = ""
+    workdir: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 300.0
+
+
+@dataclass
+class Task:
+    id: str
+    source: Path  # the task directory, or the rows file a row came from
+    format: str  # "harbor" | "terminal-bench" | "r2e" | "swebench"
+    instruction: str
+    workdir: str = "/app"
+    grader: str = "reward_file"
+    env: dict[str, str] = field(default_factory=dict)  # the agent's environment variables
+    agent_timeout_s: float = 600.0
+    verifier_timeout_s: float = 600.0
+    memory_mb: int = 2048
+    pids: int = 256
+    disk_mb: int = 1024
+    build: list[BuildStep] = field(default_factory=list)
+    tests: list[FileCopy] = field(default_factory=list)  # copied fresh into /tests before grading
+    test_command: str = ""  # run from the workdir with a pinned environment
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    pre_test_command: str = ""  # e.g. SWE-bench: reset test files and apply the test patch
+    solution: list[FileCopy] = field(default_factory=list)  # copied into /solution for the gate only
+    solution_command: str = ""
+    expected: dict = field(default_factory=dict)  # r2e: {test: status}; swebench: FAIL_TO_PASS/PASS_TO_PASS
+    original_files: dict[str, bytes] = field(default_factory=dict)  # workspace-relative path -> content
+    content_hash: str = ""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def has_solution(self) -> bool:
+        return bool(self.solution_command)
+
+
+def hash_paths(paths: list[Path], extra: bytes = b"") -> str:
+    """sha256 over the relative names, modes and contents of every file under `paths`."""
+    h = hashlib.sha256(extra)
+    for root in paths:
+        root = Path(root)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
+        for p in files:
+            rel = p.name if p == root else p.relative_to(root).as_posix()
+            h.update(rel.encode() + b"\0")
+            if p.is_symlink():
+                h.update(b"L" + str(p.readlink()).encode())
+            else:
+                h.update(oct(p.stat().st_mode & 0o777).encode() + b"\0")
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
