@@ -289,7 +289,8 @@ class Server:
             raise FileNotFoundError(2, "No such file or directory", os.fsdecode(src))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
-            tf.add(os.fsdecode(src), arcname=os.path.basename(os.fsdecode(src).rstrip("/")) or ".")
+            name = os.fsdecode(src)
+            tf.add(name, arcname="." if os.path.isdir(name) else os.path.basename(name))
         return ["ok", buf.getvalue()]
 
     def handle(self, req):

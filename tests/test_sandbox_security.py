@@ -1,0 +1,176 @@
+"""Hostile commands in a bwrap sandbox are denied or contained; host and next sandbox unaffected."""
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tinkrl.sandbox import get_provider
+from tinkrl.sandbox.base import SandboxSpec
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def provider():
+    p = get_provider("bwrap")
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def sb(provider):
+    with provider.create(SandboxSpec(workdir="/app", memory_mb=256, pids=64, disk_mb=32)) as s:
+        yield s
+
+
+def test_host_files_are_invisible(sb, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    r = sb.exec(f"cat /etc/shadow; cat {secret}; ls {PROJECT}; ls -A /root /home; cat /etc/passwd")
+    assert "host secret" not in r.output
+    assert "No such file" in r.output
+    assert "pyproject.toml" not in r.output
+    passwd = sb.read_file("/etc/passwd").decode()
+    assert passwd.splitlines()[0].startswith("root:x:0:0") and len(passwd.splitlines()) == 2
+    assert sb.exec("ls -A /root").stdout == ""
+
+
+def test_no_capabilities_and_no_user_namespaces(sb):
+    caps = sb.exec("grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status").stdout.split("\n")
+    assert len([c for c in caps if c]) == 4 and all(c.endswith("0000000000000000") for c in caps if c)
+    assert sb.exec("unshare -U true").exit_code != 0
+    assert sb.exec("unshare -n true").exit_code != 0
+
+
+def test_cannot_remount_or_write_outside_writable_dirs(sb):
+    r = sb.exec("mount -o remount,rw /usr; mount -o remount,rw /; touch /usr/x /etc/x /x /bin/x 2>&1; echo done")
+    assert r.output.count("Read-only file system") >= 4
+    assert sb.exec("test -e /usr/x || test -e /x").exit_code != 0
+    assert sb.exec("touch /app/ok /tmp/ok /root/ok").exit_code == 0
+
+
+def test_no_network_even_to_host_loopback(sb):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        r = sb.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\"")
+        assert r.exit_code != 0 and ("refused" in r.output or "unreachable" in r.output)
+    finally:
+        srv.close()
+
+
+def test_host_environment_is_not_inherited(provider, monkeypatch):
+    monkeypatch.setenv("TINKRL_TEST_HOST_SECRET", "s3cr3t")
+    with provider.create(SandboxSpec(env={"VISIBLE": "yes"})) as s:
+        out = s.exec("env").stdout
+    assert "s3cr3t" not in out and "VISIBLE=yes" in out and "PATH=/usr/local/sbin" in out
+
+
+def test_supervisor_cannot_be_killed_or_inspected(sb):
+    r = sb.exec("kill -9 1; kill -INT 1; cat /proc/1/environ; ls /proc/1/fd; echo still-here")
+    assert "still-here" in r.stdout
+    assert sb.exec("echo alive").stdout == "alive\n"
+
+
+def test_fork_bomb_is_contained_and_sibling_unaffected(provider):
+    with provider.create(SandboxSpec(pids=32, memory_mb=256)) as bomb, provider.create(SandboxSpec()) as sibling:
+        results = {}
+        t = threading.Thread(target=lambda: results.update(r=bomb.exec("f(){ f | f & }; f; sleep 10", timeout=3)))
+        t.start()
+        time.sleep(0.5)
+        assert sibling.exec("for i in 1 2 3; do echo ok; done").stdout == "ok\nok\nok\n"
+        t.join()
+        assert results["r"].timed_out
+        bomb.kill_all()
+        assert bomb.exec("echo recovered").stdout == "recovered\n"
+
+
+def test_memory_limit(provider):
+    with provider.create(SandboxSpec(memory_mb=128)) as s:
+        r = s.exec("python3 -c 'x = bytearray(600 * 1024 * 1024); print(len(x))'", timeout=30)
+        assert r.exit_code != 0 and "629145600" not in r.stdout
+        assert s.exec("echo alive").stdout == "alive\n"
+
+
+def test_disk_fill_with_small_files_is_capped(provider):
+    with provider.create(SandboxSpec(disk_mb=8, memory_mb=512)) as s:
+        r = s.exec("i=0; while echo x > /app/f$i; do i=$((i+1)); done; echo made $i", timeout=20)
+        assert "No space left on device" in r.output
+        made = int(r.stdout.split()[-1])
+        assert 100 < made < 10000  # 8 MiB of 4 KiB pages
+        size = s.exec("df -k --output=size /app | tail -1").stdout.strip()
+        assert int(size) <= 8 * 1024
+        assert s.exec("rm -f /app/f*; echo freed").stdout == "freed\n"
+
+
+def test_huge_output_is_capped_head_and_tail(sb):
+    r = sb.exec("echo FIRST; head -c 200000000 /dev/zero | tr '\\0' x; echo; echo LAST", timeout=60)
+    assert r.truncated and r.exit_code == 0
+    assert r.stdout.startswith("FIRST") and r.stdout.rstrip().endswith("LAST")
+    assert len(r.stdout) < 100_000 and "bytes of output omitted" in r.stdout
+
+
+def test_timeout_kills_the_group_and_sandbox_stays_usable(sb):
+    r = sb.exec("sleep 1000 & sleep 1000", timeout=1)
+    assert r.timed_out and r.exit_code == -1
+    assert "sleep" not in sb.exec("ps -eo comm").stdout
+    assert sb.exec("echo next").stdout == "next\n"
+
+
+def test_state_and_background_processes_persist_until_kill_all(sb):
+    sb.exec("cd /tmp && export GREETING=hi && (sleep 300 &)")
+    r = sb.exec("pwd; echo $GREETING; ps -eo comm | grep -c sleep")
+    assert r.stdout.split() == ["/tmp", "hi", "1"]
+    assert sb.exec("pwd", workdir="/app").stdout == "/app\n"
+    assert sb.exec("pwd").stdout == "/tmp\n"
+    sb.kill_all()
+    assert sb.exec("ps -eo comm | grep -c sleep").stdout.strip() == "0"
+
+
+def test_files_roundtrip_and_copy_out_is_safe(sb, tmp_path):
+    sb.write_file("/app/d/a.txt", "A")
+    sb.exec("ln -s /etc/passwd /app/d/link; mkdir -p /app/d/sub && echo B > /app/d/sub/b.txt")
+    assert sb.read_file("/app/d/a.txt") == b"A"
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("/app/missing")
+    sb.copy_out("/app/d", tmp_path / "out")
+    assert (tmp_path / "out" / "a.txt").read_text() == "A"
+    assert (tmp_path / "out" / "sub" / "b.txt").read_text() == "B\n"
+    assert not (tmp_path / "out" / "link").exists()  # links never come out
+    src = tmp_path / "src"
+    (src / "x").mkdir(parents=True)
+    (src / "x" / "y.txt").write_text("Y")
+    sb.copy_in(src, "/app/in")
+    assert sb.read_file("/app/in/x/y.txt") == b"Y"
+
+
+def test_next_sandbox_starts_clean(provider):
+    with provider.create(SandboxSpec()) as a:
+        a.exec("echo dirty > /app/mark; echo dirty > /tmp/mark; (sleep 300 &)")
+    with provider.create(SandboxSpec()) as b:
+        assert b.exec("ls -A /app /tmp; ps -eo comm | grep -c sleep").stdout.split() == ["/app:", "/tmp:", "0"]
+
+
+def test_closed_sandbox_raises_sandbox_error(provider):
+    from tinkrl.sandbox.base import SandboxError
+
+    s = provider.create(SandboxSpec())
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(SandboxError):
+        s.exec("true")
+
+
+def test_bad_workdir_is_refused(provider):
+    from tinkrl.sandbox.base import SandboxError
+
+    with pytest.raises(SandboxError, match="workdir"):
+        provider.create(SandboxSpec(workdir="/usr/lib"))
