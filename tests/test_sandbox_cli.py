@@ -1,0 +1,26 @@
+"""`tinkrl sandbox run` prints the command's output and exits with its status."""
+
+import shutil
+
+import pytest
+
+from tinkrl.sandbox import get_provider
+from tinkrl.sandbox.base import SandboxError
+from tinkrl.sandbox.cli import cli_main
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def test_run_prints_output_and_exit_status(capsys):
+    assert cli_main(["run", "--workdir", "/testbed", "--", "pwd; echo oops >&2; exit 3"]) == 3
+    out = capsys.readouterr()
+    assert out.out == "/testbed\n" and out.err == "oops\n"
+    assert cli_main(["run", "--", "echo", "a b", "c"]) == 0
+    assert capsys.readouterr().out == "a b c\n"
+    assert cli_main(["run", "--timeout", "0.5", "--", "sleep 5"]) == 124
+    assert cli_main(["run", "--"]) == 2
+
+
+def test_unknown_provider_is_one_clear_error():
+    with pytest.raises(SandboxError, match="unknown sandbox provider 'nope'"):
+        get_provider("nope")

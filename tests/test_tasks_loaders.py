@@ -1,0 +1,113 @@
+"""Loaders for every format, and errors that name the file and the field or line."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tinkrl.tasks import TaskLoadError, iter_tasks, load_task
+from tinkrl.tasks.dockerfile import build_dockerfile
+
+TASKS = Path(__file__).resolve().parents[1] / "tasks"
+
+
+def test_fixture_tasks_load_in_every_format_and_grader():
+    items = list(iter_tasks([TASKS]))
+    errors = [i for i in items if isinstance(i, TaskLoadError)]
+    assert not errors, errors
+    assert len(items) >= 12
+    assert {t.format for t in items} == {"harbor", "terminal-bench", "r2e", "swebench"}
+    assert {t.grader for t in items} == {"reward_file", "pytest", "r2e", "swebench"}
+    assert all(t.instruction and t.has_solution and t.content_hash for t in items)
+
+
+def test_harbor_dockerfile_build_steps():
+    t = load_task(TASKS / "fix-permissions")
+    assert t.workdir == "/app" and t.env == {"DATA_LABEL": "processed"}
+    kinds = [(s.kind, s.origin.rsplit(":", 1)[-1]) for s in t.build]
+    assert kinds == [("copy", "4"), ("copy", "5"), ("run", "6")]
+    assert t.build[1].copy.dest == "/app/data.txt"
+
+
+def test_terminal_bench_task():
+    t = load_task(TASKS / "tb-large-files")
+    assert t.grader == "pytest" and t.verifier_env == {"TEST_DIR": "/tests"}
+    assert t.verifier_timeout_s == 60.0 and t.test_command == "bash /tests/run-tests.sh"
+    # the apt-get line only installs python3, which is present: skipped, not run
+    assert [s.kind for s in t.build] == ["run"] and "head -c" in t.build[0].command
+
+
+def test_rows_load_with_expected_results():
+    swe = [t for t in iter_tasks([TASKS / "swebench_rows.jsonl"])]
+    assert [t.id for t in swe] == ["calc__calc-1", "calc__calc-2"]
+    assert swe[0].expected["FAIL_TO_PASS"] == ["tests/test_ops.py::test_divide_by_zero"]
+    assert swe[0].workdir == "/testbed"
+    (r2e,) = iter_tasks([TASKS / "r2e_rows.json"])
+    assert r2e.expected["tests"]["TestUnicode.test_accents_dropped"] == "PASSED"
+    assert not r2e.instruction.startswith("[ISSUE]")
+
+
+def copy_task(tmp_path, name):
+    dst = tmp_path / name
+    shutil.copytree(TASKS / name, dst)
+    return dst
+
+
+def test_harbor_errors_name_file_and_field(tmp_path):
+    d = copy_task(tmp_path, "hello-file")
+    (d / "task.toml").write_text('[verifier]\ntimeout_sec = "soon"\n')
+    with pytest.raises(TaskLoadError) as e:
+        load_task(d)
+    assert "task.toml" in str(e.value) and "[verifier] timeout_sec" in str(e.value)
+    (d / "task.toml").write_text("[task]\n")
+    (d / "instruction.md").unlink()
+    with pytest.raises(TaskLoadError, match="instruction.md: missing"):
+        load_task(d)
+
+
+def test_dockerfile_errors_name_the_line(tmp_path):
+    df = tmp_path / "Dockerfile"
+    df.write_text("FROM namanjain12/sympy_final:abc\n")
+    with pytest.raises(TaskLoadError, match=r"Dockerfile:1: FROM namanjain12"):
+        build_dockerfile(df, tmp_path)
+    df.write_text("FROM ubuntu:24.04\n# comment\nRUN apt-get update && \\\n    apt-get install -y tinkrl-no-such-pkg\n")
+    with pytest.raises(TaskLoadError, match=r"Dockerfile:3: .*tinkrl-no-such-pkg"):
+        build_dockerfile(df, tmp_path)
+    df.write_text("FROM python:3.11\nWORKDIR /app\nRUN curl -sSL https://example.com/x | sh\n")
+    with pytest.raises(TaskLoadError, match=r"Dockerfile:3: .*network"):
+        build_dockerfile(df, tmp_path)
+    df.write_text("FROM python:3.11\nCOPY missing.txt /app/\n")
+    with pytest.raises(TaskLoadError, match=r"Dockerfile:2: .*missing.txt"):
+        build_dockerfile(df, tmp_path)
+    df.write_text("FROM python:3.11\nCOPY Dockerfile /usr/local/bin/\n")
+    with pytest.raises(TaskLoadError, match=r"Dockerfile:2: .*read-only"):
+        build_dockerfile(df, tmp_path)
+
+
+def test_workspace_and_setup_override_an_unbuildable_dockerfile(tmp_path):
+    d = copy_task(tmp_path, "tb-backup-script")
+    (d / "Dockerfile").write_text("FROM some/private-image:1\n")
+    assert load_task(d).build[0].kind == "copy"
+
+
+def test_bad_rows_are_reported_and_the_rest_still_load(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    good = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
+    good["workspace"] = str(TASKS / "_repos" / "calc")
+    no_ws = {k: v for k, v in good.items() if k != "workspace"} | {"docker_image": "swebench/x:1"}
+    rows.write_text("\n".join([json.dumps(no_ws), "{not json", json.dumps(good),
+                               json.dumps({**good, "FAIL_TO_PASS": "[]"})]) + "\n")
+    items = list(iter_tasks([rows]))
+    assert [type(i).__name__ for i in items] == ["TaskLoadError", "TaskLoadError", "Task", "TaskLoadError"]
+    assert items[0].field == "workspace" and "swebench/x:1" in str(items[0]) and "rows.jsonl:1" in str(items[0])
+    assert "rows.jsonl:2" in str(items[1])
+    assert items[3].field == "FAIL_TO_PASS"
+
+
+def test_terminal_bench_missing_instruction(tmp_path):
+    d = copy_task(tmp_path, "tb-hello")
+    (d / "task.yaml").write_text("difficulty: easy\n")
+    with pytest.raises(TaskLoadError) as e:
+        load_task(d)
+    assert e.value.field == "instruction" and "task.yaml" in e.value.where
