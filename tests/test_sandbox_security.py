@@ -174,3 +174,14 @@ def test_bad_workdir_is_refused(provider):
 
     with pytest.raises(SandboxError, match="workdir"):
         provider.create(SandboxSpec(workdir="/usr/lib"))
+
+
+def test_sandbox_outlives_the_thread_that_created_it(provider):
+    # --die-with-parent ties bwrap to the forking *thread*; creation goes through a long-lived one
+    box = {}
+    t = threading.Thread(target=lambda: box.update(sb=provider.create(SandboxSpec())))
+    t.start()
+    t.join()
+    time.sleep(0.2)
+    with box["sb"] as s:
+        assert s.exec("echo alive").stdout == "alive\n"
