@@ -40,6 +40,35 @@ def test_requests_run_in_seq_order_and_a_resent_request_runs_once():
     assert payload == {"result": 3}
 
 
+def test_a_quick_request_waits_for_a_blocking_one_ahead_of_it():
+    """Quick ops are called on the loop, but never ahead of a thread-bound op queued before them."""
+    import time
+
+    async def scenario() -> list[str]:
+        registry = Registry(engine=None, promises=PromiseTable())
+        session = registry.create_session("0.38.0", [])
+        model = registry.new_model(session.session_id, 0, "base", 8)
+        model.client = object()
+        ran: list[str] = []
+
+        def slow_load(_model):
+            time.sleep(0.2)
+            ran.append("load")
+
+        def encode(result):
+            return "json", {}
+
+        p1 = registry.submit(model, 1, "LoadWeights", slow_load, encode)
+        p2 = registry.submit(model, 2, "OptimStep", lambda _m: ran.append("optim"), encode, quick=True)
+        p3 = registry.submit(model, 3, "OptimStep", lambda _m: ran.append("optim2"), encode, quick=True)
+        await asyncio.wait_for(asyncio.gather(p1.done.wait(), p2.done.wait(), p3.done.wait()), 10)
+        p4 = registry.submit(model, 4, "OptimStep", lambda _m: ran.append("inline"), encode, quick=True)
+        await asyncio.wait_for(p4.done.wait(), 10)
+        return ran
+
+    assert asyncio.run(scenario()) == ["load", "optim", "optim2", "inline"]
+
+
 def test_a_failing_request_fails_its_promise_with_a_category():
     async def scenario():
         registry = Registry(engine=None, promises=PromiseTable())

@@ -36,6 +36,8 @@ SDK_VERSION = "0.38.0"
 PROTO = "application/x-protobuf"
 # A retrieve_future waits this long before answering "try again" (the SDK allows 45 s).
 LONG_POLL_S = 25.0
+# forward_backward bodies below this are decoded on the loop (a thread hop costs more).
+INLINE_DECODE_BYTES = 256 * 1024
 # Sessions that stop heartbeating (the SDK beats every 10 s) are closed after this long.
 SESSION_IDLE_S = 15 * 60.0
 
@@ -268,7 +270,11 @@ class TinkerServer:
 
     async def forward_backward(self, request: web.Request) -> web.Response:
         body = await request.read()
-        call = await asyncio.to_thread(wire.decode_forward_backward, body, request.headers.get("Content-Encoding"))
+        encoding = request.headers.get("Content-Encoding")
+        if len(body) < INLINE_DECODE_BYTES:
+            call = wire.decode_forward_backward(body, encoding)
+        else:  # a big batch: decode off the loop so other requests keep flowing
+            call = await asyncio.to_thread(wire.decode_forward_backward, body, encoding)
         if not call.data:
             raise UserError("forward_backward needs at least one datum")
         model = self.registry.model(call.model_id)
@@ -282,7 +288,7 @@ class TinkerServer:
             return "proto", wire.encode_forward_backward_output(out)
 
         kind = "Forward" if call.forward_only else "ForwardBackward"
-        promise = self.registry.submit(model, call.seq_id or None, kind, run, encode)
+        promise = self.registry.submit(model, call.seq_id or None, kind, run, encode, quick=True)
         return _future(promise.request_id, model_id=model.model_id)
 
     async def optim_step(self, request: web.Request) -> web.Response:
@@ -316,21 +322,13 @@ class TinkerServer:
         def run(m: TrainingModel) -> Any:
             return m.require_client().save_weights_and_get_sampling_client()
 
-        def encode(client: Any) -> tuple[str, Any]:
+        def register(client: Any) -> tuple[str, Any]:  # runs on the loop, before the promise resolves
+            self.registry.register_sampler(sampler_id, client, model.base_model, None)
             return "json", {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
-        loop = asyncio.get_running_loop()
-
-        def encode_and_register(client: Any) -> tuple[str, Any]:
-            # Registration touches loop-owned state: hop back onto the loop and wait.
-            asyncio.run_coroutine_threadsafe(self._register(sampler_id, client, model.base_model), loop).result()
-            return encode(client)
-
-        promise = self.registry.submit(model, req.seq_id, "SaveWeightsForSampler", run, encode_and_register)
+        # Not quick: the engine snapshots the weights before returning the client.
+        promise = self.registry.submit(model, req.seq_id, "SaveWeightsForSampler", run, register)
         return _future(promise.request_id, model_id=model.model_id)
-
-    async def _register(self, sampler_id: str, client: Any, base_model: str | None) -> None:
-        self.registry.register_sampler(sampler_id, client, base_model, None)
 
     async def load_weights(self, request: web.Request) -> web.Response:
         req = types.LoadWeightsRequest.model_validate(await _json_body(request))
@@ -369,7 +367,7 @@ class TinkerServer:
         def run(m: TrainingModel) -> Any:
             return call(m.require_client())
 
-        promise = self.registry.submit(model, seq_id, kind, run, lambda result: ("json", wire.to_json(result)))
+        promise = self.registry.submit(model, seq_id, kind, run, lambda result: ("json", wire.to_json(result)), quick=True)
         return _future(promise.request_id, model_id=model.model_id)
 
     # ------------------------------------------------------------------ sampling endpoints

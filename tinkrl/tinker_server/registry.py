@@ -82,7 +82,8 @@ class TrainingModel:
     client: Any = None  # the engine's TrainingClient, once created
     next_seq: int = 1
     by_seq: dict[int, Promise] = field(default_factory=dict)
-    waiting: dict[int, tuple[ModelOp, Encoder, Promise]] = field(default_factory=dict)
+    waiting: dict[int, tuple[ModelOp, Encoder, Promise, bool]] = field(default_factory=dict)
+    busy: int = 0  # ops handed to the submitter thread and not yet returned
     submitter: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinker-model")
     )
@@ -99,6 +100,10 @@ class SamplingSession:
     base_model: str
     model_path: str | None
     client: Any
+
+
+def _release(model: TrainingModel) -> None:
+    model.busy -= 1
 
 
 class Registry:
@@ -177,11 +182,18 @@ class Registry:
             return model.by_seq[0]
         promise = self.promises.create(kind)
         model.by_seq[0] = promise
-        self._dispatch(model, op, encode, promise)
+        self._dispatch(model, op, encode, promise, quick=False)
         return promise
 
-    def submit(self, model: TrainingModel, seq_id: int | None, kind: str, op: ModelOp, encode: Encoder) -> Promise:
-        """Queue `op` at `seq_id`; it reaches the engine after every lower seq_id did."""
+    def submit(
+        self, model: TrainingModel, seq_id: int | None, kind: str, op: ModelOp, encode: Encoder, quick: bool = False
+    ) -> Promise:
+        """Queue `op` at `seq_id`; it reaches the engine after every lower seq_id did.
+
+        `quick` ops only enqueue work on the engine and return its future at once; they are
+        called on the loop itself when nothing is pending on the submitter thread (a thread
+        hop less per request). Anything that may block goes through the thread, in order.
+        """
         if seq_id is None:
             seq_id = max(model.next_seq, max(model.waiting, default=0) + 1)
         if seq_id in model.by_seq:
@@ -194,34 +206,49 @@ class Registry:
             )
         promise = self.promises.create(kind)
         model.by_seq[seq_id] = promise
-        model.waiting[seq_id] = (op, encode, promise)
+        model.waiting[seq_id] = (op, encode, promise, quick)
         while model.next_seq in model.waiting:
-            op_, encode_, promise_ = model.waiting.pop(model.next_seq)
-            self._dispatch(model, op_, encode_, promise_)
+            op_, encode_, promise_, quick_ = model.waiting.pop(model.next_seq)
+            self._dispatch(model, op_, encode_, promise_, quick_)
             model.next_seq += 1
         for old in [s for s in model.by_seq if s < model.next_seq - _SEQ_MEMORY]:
             del model.by_seq[old]
         return promise
 
-    def _dispatch(self, model: TrainingModel, op: ModelOp, encode: Encoder, promise: Promise) -> None:
+    def _dispatch(self, model: TrainingModel, op: ModelOp, encode: Encoder, promise: Promise, quick: bool) -> None:
+        if quick and model.busy == 0:
+            try:
+                engine_future: Any = op(model)
+            except Exception as exc:
+                self._fail(promise, exc)
+                return
+            self._spawn(self._complete(engine_future, encode, promise))
+            return
         try:
             submitted = model.submitter.submit(op, model)
         except RuntimeError:  # submitter shut down: the session finished meanwhile
             promise.fail(f"model {model.model_id} was closed (its session finished)", "user")
             return
-        self._spawn(self._complete(submitted, encode, promise))
+        model.busy += 1
+        loop = asyncio.get_running_loop()
+        submitted.add_done_callback(lambda _f: loop.call_soon_threadsafe(_release, model))
+        self._spawn(self._complete(asyncio.wrap_future(submitted), encode, promise, submitted=True))
 
-    async def _complete(self, submitted: concurrent.futures.Future, encode: Encoder, promise: Promise) -> None:
+    async def _complete(self, pending: Any, encode: Encoder, promise: Promise, submitted: bool = False) -> None:
         try:
-            engine_future = await asyncio.wrap_future(submitted)
+            engine_future = await pending if submitted else pending
             result = await settle(engine_future)
-            kind, payload = await asyncio.get_running_loop().run_in_executor(blocking_pool(), encode, result)
+            kind, payload = encode(result)  # small JSON or a protobuf of bytes fields: cheap
             promise.resolve(kind, payload)  # type: ignore[arg-type]
         except Exception as exc:  # the promise carries the failure to the client
-            category = error_category(exc)
-            if category == "server":
-                log.exception("%s %s failed", promise.kind_of_request, promise.request_id)
-            promise.fail(describe(exc), category)
+            self._fail(promise, exc)
+
+    @staticmethod
+    def _fail(promise: Promise, exc: Exception) -> None:
+        category = error_category(exc)
+        if category == "server":
+            log.error("%s %s failed", promise.kind_of_request, promise.request_id, exc_info=exc)
+        promise.fail(describe(exc), category)
 
     # ------------------------------------------------------------------ sampling
     async def sampling_session(
@@ -280,17 +307,14 @@ class Registry:
 
     async def _sample(self, call: Callable[[], Any], promise: Promise, last_n: int | None) -> None:
         try:
-            loop = asyncio.get_running_loop()
-            pending = await loop.run_in_executor(blocking_pool(), call)
-            response: types.SampleResponse = await settle(pending)
+            # The engine enqueues the request and answers with a future at once; concurrent
+            # requests are merged into one decode batch by its sampler.
+            response: types.SampleResponse = await settle(call())
             if last_n is not None:
                 response = wire.mask_prompt_logprobs(response, last_n)
-            promise.resolve("proto", await loop.run_in_executor(blocking_pool(), wire.encode_sample_response, response))
+            promise.resolve("proto", wire.encode_sample_response(response))
         except Exception as exc:
-            category = error_category(exc)
-            if category == "server":
-                log.exception("sample %s failed", promise.request_id)
-            promise.fail(describe(exc), category)
+            self._fail(promise, exc)
 
     # ------------------------------------------------------------------ helpers
     def _spawn(self, coro) -> None:
