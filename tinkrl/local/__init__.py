@@ -1,0 +1,5 @@
+"""The embedded engine: the Tinker API in-process (PyTorch + LoRA, CPU or CUDA)."""
+
+from tinkrl.local.service import LocalFuture, SamplingClient, ServiceClient, TrainingClient
+
+__all__ = ["ServiceClient", "TrainingClient", "SamplingClient", "LocalFuture"]

@@ -1,0 +1,201 @@
+"""KV-cached batched sampling: many `sample()` requests decoded together in one loop.
+
+`sample_batch` takes every request that arrived while the engine was busy (see
+service.py), prefills each distinct prompt once (a GRPO group's samples share the prompt's
+KV cache), then decodes all rows in lock-step, dropping finished rows from the batch.
+
+Logprob semantics: the logprob returned for a sampled token is its log-probability under
+the model's own distribution, log_softmax(logits), at temperature 1 and before top-k/top-p
+truncation, whatever temperature/top_k/top_p the token was drawn with. It is what the
+trainer's `forward` computes for the same tokens, so importance ratios compare the same
+quantity (the policy), and `sample()` at T=0.7 and `forward()` agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import tinker
+from tinker import types
+
+from tinkrl.local.transformer import CausalLM, KVCache, causal_mask
+
+
+@dataclass
+class SampleJob:
+    prompt: list[int]
+    num_samples: int
+    params: types.SamplingParams
+    include_prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    # filled by sample_batch
+    result: types.SampleResponse | None = None
+
+
+@dataclass
+class _Row:
+    job: int
+    sample_index: int
+    prompt_len: int
+    max_tokens: int
+    stop_ids: set[int]
+    stop_strings: list[str]
+    temperature: float
+    top_k: int
+    top_p: float
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+
+def _stop_condition(params: types.SamplingParams, eos_id: int | None) -> tuple[set[int], list[str]]:
+    stop = params.stop
+    if stop is None:
+        return ({eos_id} if eos_id is not None else set()), []
+    if isinstance(stop, str):
+        return set(), [stop]
+    if all(isinstance(s, int) for s in stop):
+        return set(stop), []
+    return set(), [str(s) for s in stop]
+
+
+def _generator(seed: int | None, sample_index: int, device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{sample_index}".encode()).digest()
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+    """One token per row from fp32 logits [R, V], honouring each row's T / top_k / top_p / seed."""
+    R = logits.shape[0]
+    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=logits.device)
+    greedy = temps <= 0
+    out = logits.argmax(-1)
+    if bool(greedy.all()):
+        return out
+    scaled = logits / temps.clamp_min(1e-6)[:, None]
+    needs_filter = [i for i, r in enumerate(rows) if (r.top_k > 0 or r.top_p < 1.0) and r.temperature > 0]
+    if needs_filter:
+        idx = torch.tensor(needs_filter, device=logits.device)
+        sub = scaled[idx]
+        sorted_logits, order = sub.sort(-1, descending=True)
+        ranks = torch.arange(sub.shape[-1], device=logits.device)[None]
+        top_k = torch.tensor([rows[i].top_k if rows[i].top_k > 0 else sub.shape[-1] for i in needs_filter],
+                             device=logits.device)[:, None]
+        top_p = torch.tensor([rows[i].top_p for i in needs_filter], device=logits.device)[:, None]
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        drop = (ranks >= top_k) | (mass_before >= top_p)
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled[idx] = torch.full_like(sub, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = scaled.softmax(-1)
+    cdf = probs.cumsum(-1)
+    u = torch.empty(R, dtype=torch.float32)
+    shared = torch.rand(R)
+    for i, r in enumerate(rows):
+        u[i] = torch.rand(1, generator=r.generator)[0] if r.generator is not None else shared[i]
+    u = u.to(logits.device) * cdf[:, -1]
+    sampled = torch.searchsorted(cdf, u[:, None]).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+    return torch.where(greedy, out, sampled)
+
+
+@torch.no_grad()
+def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None,
+                 max_context: int) -> None:
+    """Run every job to completion; each job's `result` is set to a SampleResponse."""
+    device = lm.lm_head.weight.device
+    J = len(jobs)
+    lens = [len(j.prompt) for j in jobs]
+    P = max(lens)
+    for j in jobs:
+        if not j.prompt:
+            raise ValueError("sample: the prompt is empty")
+    max_new = max((j.params.max_tokens or 256) for j in jobs)
+    max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
+    ids = torch.full((J, P), eos_id or 0, dtype=torch.long)
+    attn = torch.zeros((J, P + max_new), dtype=torch.long)
+    for i, j in enumerate(jobs):
+        ids[i, P - lens[i]:] = torch.tensor(j.prompt)
+        attn[i, P - lens[i]:P] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
+    cache = KVCache.allocate(lm.config, J, P + max_new, device)
+    hidden = lm(ids, positions, causal_mask(attn[:, :P], P), cache, 0)
+
+    prompt_lp: list[np.ndarray | None] = [None] * J
+    topk: list = [None] * J
+    for i, j in enumerate(jobs):
+        if j.include_prompt_logprobs or j.topk_prompt_logprobs:
+            h = hidden[i, P - lens[i]:]
+            lp = lm.logits(h).log_softmax(-1)
+            targets = torch.tensor(j.prompt[1:], device=device)
+            vals = np.full(lens[i], np.nan, dtype=np.float32)
+            vals[1:] = lp[:-1].gather(-1, targets[:, None])[:, 0].cpu().numpy()
+            prompt_lp[i] = vals
+            if j.topk_prompt_logprobs:
+                tv, ti = lp[:-1].topk(j.topk_prompt_logprobs, -1)
+                topk[i] = [None] + [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
+    last_logits = lm.logits(hidden[:, -1])
+
+    rows: list[_Row] = []
+    for i, j in enumerate(jobs):
+        stop_ids, stop_strings = _stop_condition(j.params, eos_id)
+        budget = min(j.params.max_tokens or 256, max_new)
+        for s in range(j.num_samples):
+            rows.append(_Row(i, s, lens[i], budget, stop_ids, stop_strings, float(j.params.temperature),
+                             int(j.params.top_k or -1), float(j.params.top_p if j.params.top_p is not None else 1.0),
+                             _generator(j.params.seed, s, device)))
+    row_job = torch.tensor([r.job for r in rows], device=device)
+    cache = cache.select(row_job)
+    attn = attn[row_job]
+    logits = last_logits[row_job]
+    active = list(range(len(rows)))  # indices into `rows`, aligned with the batch dimension
+
+    for step in range(max_new):
+        logprobs = logits.log_softmax(-1)
+        nxt = _draw(logits, [rows[a] for a in active])
+        nxt_lp = logprobs.gather(-1, nxt[:, None])[:, 0]
+        keep = []
+        for b, (a, tok, lp) in enumerate(zip(active, nxt.tolist(), nxt_lp.tolist())):
+            r = rows[a]
+            r.tokens.append(tok)
+            r.logprobs.append(lp)
+            if tok in r.stop_ids:
+                r.stop_reason = "stop"
+            elif r.stop_strings and any(s in tokenizer.decode(r.tokens[-16:]) for s in r.stop_strings) and \
+                    any(s in tokenizer.decode(r.tokens) for s in r.stop_strings):
+                r.stop_reason = "stop"
+            elif len(r.tokens) >= r.max_tokens:
+                r.stop_reason = "length"
+            else:
+                keep.append(b)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            sel = torch.tensor(keep, device=device)
+            cache, attn, nxt = cache.select(sel), attn[sel], nxt[sel]
+            active = [active[b] for b in keep]
+        pos = P + step
+        attn[:, pos] = 1
+        positions = torch.tensor([[rows[a].prompt_len + step] for a in active], device=device)
+        mask = causal_mask(attn[:, :pos + 1], 1, pos)
+        hidden = lm(nxt[:, None], positions, mask, cache, pos)
+        logits = lm.logits(hidden[:, -1])
+    for r in rows:  # rows cut by the context window
+        r.stop_reason = r.stop_reason or "length"
+
+    for i, j in enumerate(jobs):
+        seqs = [types.SampledSequence(stop_reason=r.stop_reason, sequence_id=f"s{id(r):x}",
+                                      tokens_np=np.asarray(r.tokens, dtype=np.int32),
+                                      logprobs_np=np.asarray(r.logprobs, dtype=np.float32))
+                for r in rows if r.job == i]
+        j.result = types.SampleResponse(sequences=seqs, prompt_logprobs_np=prompt_lp[i],
+                                        _topk_prompt_logprobs_list=topk[i])

@@ -1,0 +1,225 @@
+"""One decoder-only transformer forward for training and sampling (Llama, Mistral, Qwen2, Qwen3).
+
+Why our own forward instead of calling the transformers model: the sampler and the trainer
+must compute the same logprobs for the same tokens (mismatch is the first cause of RL
+collapse), and the sampler needs a preallocated KV cache and one batched decode loop.
+Both run this module, so they share every op and dtype; only the kernels' blocking differs.
+
+The module tree mirrors transformers' names (`model.layers.N.self_attn.q_proj`, …,
+`lm_head`), so peft injects LoRA into it exactly as into the HF model, and adapters we save
+load into `transformers` + `peft` unchanged.
+
+Precision policy (`compute_dtype` bf16 or fp32): projection weights are stored in the
+compute dtype and multiply inputs cast to it; their outputs, the residual stream, norms,
+RoPE and attention are fp32. The unembedding is fp32 wherever a logprob is computed, so
+logits are never rounded to bf16 (bf16 logits alone move logprobs by ~0.05).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class Linear(nn.Linear):
+    """A frozen base projection: weight in the compute dtype, fp32 output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        bias = None if self.bias is None else self.bias.to(w.dtype)
+        return F.linear(x.to(w.dtype), w, bias).float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return self.weight.float() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys/values for every layer: [layers, B, kv_heads, max_len, head_dim], fp32."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def allocate(cls, cfg, batch: int, max_len: int, device) -> "KVCache":
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, _head_dim(cfg))
+        return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        return KVCache(self.k[:, rows], self.v[:, rows])
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, layer_idx: int, has_qkv_bias: bool):
+        super().__init__()
+        hd, nh, nkv, d = _head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+        self.layer_idx, self.head_dim, self.n_heads, self.n_kv = layer_idx, hd, nh, nkv
+        self.q_proj = Linear(d, nh * hd, bias=has_qkv_bias)
+        self.k_proj = Linear(d, nkv * hd, bias=has_qkv_bias)
+        self.v_proj = Linear(d, nkv * hd, bias=has_qkv_bias)
+        self.o_proj = Linear(nh * hd, d, bias=False)
+        self.qk_norm = cfg.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_pos: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            cache.k[self.layer_idx, :, :, cache_pos:cache_pos + T] = k
+            cache.v[self.layer_idx, :, :, cache_pos:cache_pos + T] = v
+            k = cache.k[self.layer_idx, :, :, :cache_pos + T]
+            v = cache.v[self.layer_idx, :, :, :cache_pos + T]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg, bias: bool):
+        super().__init__()
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(d, f, bias=bias)
+        self.up_proj = Linear(d, f, bias=bias)
+        self.down_proj = Linear(f, d, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, idx: int, qkv_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.self_attn = Attention(cfg, idx, qkv_bias)
+        self.mlp = MLP(cfg, mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, cache_pos):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, cache_pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg, qkv_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qkv_bias, mlp_bias) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The transformer. `forward` returns final hidden states (fp32); `logits` applies the head."""
+
+    def __init__(self, cfg, rotary: nn.Module, qkv_bias: bool, mlp_bias: bool):
+        super().__init__()
+        if cfg.model_type not in SUPPORTED_ARCHS:
+            raise ValueError(f"architecture {cfg.model_type!r} is not supported by the embedded engine "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        self.config = cfg
+        self.model = Backbone(cfg, qkv_bias, mlp_bias)
+        self.lm_head = Head(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = rotary  # the HF model's own rotary embedding (handles every rope_type)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None, cache_pos: int = 0) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids).float()
+        cos, sin = self.rotary(x, position_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos.float(), sin.float(), mask, cache, cache_pos)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor, exact: bool = True) -> torch.Tensor:
+        """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on)."""
+        head = getattr(self.lm_head, "base_layer", self.lm_head)  # peft wraps it when the unembedding trains
+        head.fast = not exact
+        try:
+            return self.lm_head(hidden)
+        finally:
+            head.fast = False
+
+
+class Head(nn.Linear):
+    """The unembedding: an fp32 weight, so logits are never rounded to bf16.
+
+    With `fast` set it multiplies a cached compute-dtype copy instead (4x faster on CPU).
+    """
+
+    compute_dtype = torch.float32
+    fast = False
+    _fast_weight: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast and self.compute_dtype != torch.float32:
+            if self._fast_weight is None:
+                self._fast_weight = self.weight.detach().to(self.compute_dtype)
+            return F.linear(x.to(self.compute_dtype), self._fast_weight).float()
+        return F.linear(x.float(), self.weight)
+
+
+def causal_mask(attn_mask: torch.Tensor, q_len: int, cache_pos: int = 0) -> torch.Tensor:
+    """Boolean [B, 1, q_len, k_len] mask: causal over positions, and never attending to padding.
+
+    `attn_mask` is [B, k_len] with 1 for real tokens (left padding gives leading zeros).
+    """
+    k_len = attn_mask.shape[1]
+    q_idx = torch.arange(cache_pos, cache_pos + q_len, device=attn_mask.device)[:, None]
+    k_idx = torch.arange(k_len, device=attn_mask.device)[None, :]
+    allowed = (k_idx <= q_idx)[None] & attn_mask[:, None, :].bool()
+    # A fully padded query row would give NaN; let padding rows see themselves.
+    allowed |= (k_idx == q_idx)[None]
+    return allowed[:, None]
+
+
+def build_causal_lm(hf_model: nn.Module, compute_dtype: torch.dtype, device) -> CausalLM:
+    """Copy a transformers *ForCausalLM's weights into our module tree (weights in compute dtype)."""
+    cfg = hf_model.config
+    state = hf_model.state_dict()
+    qkv_bias = any(k.endswith("self_attn.q_proj.bias") for k in state)
+    mlp_bias = any(k.endswith("mlp.gate_proj.bias") for k in state)
+    rotary = getattr(hf_model.model, "rotary_emb")
+    with torch.device("meta"):
+        lm = CausalLM(cfg, rotary=None, qkv_bias=qkv_bias, mlp_bias=mlp_bias)
+    if "lm_head.weight" not in state or getattr(cfg, "tie_word_embeddings", False):
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    tensors = {}
+    for name, _ in lm.named_parameters():
+        src = state[name]
+        fp32 = "norm" in name.split(".")[-2] or name == "lm_head.weight"
+        tensors[name] = src.to(device=device, dtype=torch.float32 if fp32 else compute_dtype)
+    lm.load_state_dict(tensors, assign=True)
+    lm.lm_head.compute_dtype = compute_dtype
+    lm.requires_grad_(False)
+    lm.rotary = rotary.to(device)
+    return lm.to(device)
