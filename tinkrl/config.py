@@ -1,0 +1,264 @@
+"""The run config: one pydantic model, loaded from YAML plus dotted `key=value` overrides.
+
+`tinkrl train [CONFIG.yaml] [key=value ...]` (or `--config_path X.yaml --overrides a=b c=d`).
+Unknown keys and bad values fail before any work with one line naming the key and what is
+allowed (`ConfigError`, exit code 2); a missing or malformed file names the file and line.
+
+Environments have one canonical shape, the `environments:` map (the OpenReward seed's form):
+each key names an environment (one of tinkrl's own, e.g. `arithmetic`, or a remote
+`Owner/Env`), with per-environment `weight`, `num_rollouts` (its group size),
+`max_failing_rollouts`, `temperature`, `reward_reduction`, `nonterminal_reward`, `splits`,
+and its own fields under `env:`. `env=NAME env.x=...` is sugar for a one-entry map.
+Groups per step = batch_size / group_size, split across environments in proportion to
+`weight` (equal by default).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tinkrl.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SplitConfig(Strict):
+    shuffle: bool = True
+    num_samples: int | None = None  # None = the whole split
+
+
+class EnvEntry(Strict):
+    """One environment in the `environments:` map."""
+
+    type: str | None = None  # tinkrl env type; defaults to the map key
+    name: str | None = None  # remote (ORS) environment name, when it differs from the key
+    base_url: str | None = None  # ORS server; None = OpenReward's hosted service
+    weight: float = Field(1.0, gt=0)
+    num_rollouts: int | None = Field(None, ge=1)  # group size for this env (default: group_size)
+    max_failing_rollouts: int = Field(0, ge=0)
+    temperature: float | None = Field(None, ge=0)
+    reward_reduction: Literal["sum", "mean", "max", "min"] = "sum"
+    nonterminal_reward: float = 0.0
+    splits: dict[str, SplitConfig] = Field(default_factory=lambda: {"train": SplitConfig()})
+    env: dict[str, Any] = Field(default_factory=dict)  # the environment's own fields
+
+
+class WandbConfig(Strict):
+    enabled: bool = False
+    entity: str | None = None
+    project: str | None = Field(None, validation_alias=AliasChoices("project", "wandb_project_name"))
+    run_name: str | None = None
+
+
+class AsyncConfig(Strict):
+    max_steps_off_policy: int = Field(1, ge=1)
+
+
+class SandboxConfig(Strict):
+    provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
+    docker: dict[str, Any] = Field(default_factory=dict)
+    kubernetes: dict[str, Any] = Field(default_factory=dict)
+
+
+ADV_ESTIMATORS = ("grpo", "grpo_std", "direct", "rloo", "entropic", "entropic_adaptive",
+                  "centered", "centered_normalized")
+LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "cross_entropy")
+
+
+class TrainConfig(Strict):
+    """Everything a training run needs. Field docs are the reference for users."""
+
+    model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    backend: Literal["local", "tinker"] = "local"
+    base_url: str | None = None  # Tinker service URL (backend=tinker); env TINKER_BASE_URL
+    device: str | None = None  # local backend: cuda / cpu (default: cuda when present)
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"  # local backend compute precision
+    lora_rank: int = Field(32, ge=1)
+    learning_rate: float = Field(4e-4, gt=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0  # 0 = no clipping (the grad norm is reported regardless)
+    batch_size: int = Field(64, ge=1)  # rollouts per step (a multiple of group_size)
+    group_size: int = Field(8, ge=1)  # rollouts per task (a GRPO group)
+    max_steps: int = Field(20, ge=0, validation_alias=AliasChoices("max_steps", "num_batches"))
+    max_tokens: int = Field(256, ge=1)  # sampled tokens per turn
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    loss_fn: Literal[LOSSES] = "importance_sampling"  # type: ignore[valid-type]
+    loss_fn_config: dict[str, float] | None = None
+    adv_estimator: Literal[ADV_ESTIMATORS] = "grpo"  # type: ignore[valid-type]
+    adv_beta: float = 2.0  # entropic estimator's beta
+    kl_penalty_coef: float = 0.0  # KL to the base model, added to the advantages
+    remove_constant_reward_groups: bool = False
+    save_every: int = Field(10, ge=0)  # steps between checkpoints (0 = only the final one)
+    eval_every: int = Field(10, ge=0)  # steps between evals (0 = only at the end)
+    eval_problems: int = Field(100, ge=0)  # held-out problems per eval
+    resume_from: str | None = None  # a state path (tinker://…/weights/… or a directory)
+    log_path: str | None = None  # run directory (default runs/<run_name>)
+    run_name: str | None = None
+    seed: int = 0
+    max_concurrent_rollouts: int = Field(256, ge=1)
+    environments: dict[str, EnvEntry] = Field(default_factory=dict)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    async_: AsyncConfig | None = Field(None, alias="async")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
+        if not self.environments:
+            raise ValueError("no environment: set env=NAME or an environments: map")
+        for key, entry in self.environments.items():
+            n = entry.num_rollouts or self.group_size
+            if entry.max_failing_rollouts and n - entry.max_failing_rollouts < 2:
+                raise ValueError(f"environments.{key}: num_rollouts - max_failing_rollouts must be >= 2 "
+                                 f"(got {n} - {entry.max_failing_rollouts})")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.log_path or Path("runs") / (self.run_name or "default"))
+
+    def group_size_for(self, key: str) -> int:
+        return self.environments[key].num_rollouts or self.group_size
+
+    def groups_per_env(self) -> dict[str, int]:
+        """Groups per step for each environment, in proportion to weight, at least one each."""
+        total_groups = self.batch_size // self.group_size
+        weights = {k: e.weight for k, e in self.environments.items()}
+        wsum = sum(weights.values())
+        shares = {k: max(1, round(total_groups * w / wsum)) for k, w in weights.items()}
+        return shares
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: YAML + overrides -> TrainConfig, with one-line errors.
+
+# Seed spellings accepted beside tinkrl's own names.
+_FLAT_ALIASES = {"wandb_project_name": "wandb.project", "wandb_run_name": "wandb.run_name",
+                 "wandb_project": "wandb.project", "num_batches": "max_steps",
+                 "groups_per_batch": None}
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: YAML scalar rules (true, 1e-4, null, [a, b], {k: v})."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        nxt = d.get(k)
+        if not isinstance(nxt, dict):
+            nxt = d[k] = {}
+        d = nxt
+    d[keys[-1]] = value
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of config keys")
+    return data
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    env_name: str | None = None
+    env_fields: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value")
+        key, text = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        value = parse_value(text)
+        if key in _FLAT_ALIASES:
+            if _FLAT_ALIASES[key] is None:
+                raise ConfigError(f"{key}: tinkrl counts batch_size in rollouts; use batch_size=groups*group_size")
+            key = _FLAT_ALIASES[key]
+        if key == "env":
+            env_name = str(value)
+        elif key.startswith("env."):
+            env_fields[key[4:]] = value
+        else:
+            _set_dotted(raw, key, value)
+    if isinstance(raw.get("env"), str):  # `env: NAME` in YAML, with optional `env_config:`
+        env_name = env_name or raw.pop("env")
+    if env_name or env_fields:
+        if env_name is None:
+            if len(raw.get("environments", {})) != 1:
+                raise ConfigError("env.* overrides need env=NAME (or exactly one entry in environments:)")
+            env_name = next(iter(raw["environments"]))
+        entry = raw.setdefault("environments", {}).setdefault(env_name, {})
+        if len(raw["environments"]) > 1 and env_name not in raw["environments"]:
+            raise ConfigError("use either env=NAME or an environments: map, not both")
+        fields = entry.setdefault("env", {})
+        for k, v in env_fields.items():
+            _set_dotted(fields, k, v)
+        raw["environments"] = {env_name: entry}
+    return raw
+
+
+def _format_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "config"
+    if err["type"] == "extra_forbidden":
+        parent = TrainConfig
+        allowed = sorted(parent.model_fields)
+        return f"unknown config key {loc!r}; allowed keys here: {', '.join(allowed) if len(err['loc']) == 1 else 'see docs'}"
+    msg = err["msg"]
+    if err["type"] == "literal_error":
+        return f"{loc}: {msg} (got {err.get('input')!r})"
+    return f"{loc}: {msg}" + (f" (got {err.get('input')!r})" if "input" in err and err["type"] != "value_error" else "")
+
+
+def load_config(config_path: str | None = None, overrides: list[str] | None = None,
+                defaults: dict | None = None) -> TrainConfig:
+    raw = dict(defaults or {})
+    if config_path:
+        raw.update(load_yaml(config_path))
+    raw = apply_overrides(raw, list(overrides or []))
+    try:
+        config = TrainConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+    from tinkrl.envs import validate_env_entries
+
+    validate_env_entries(config)
+    return config
+
+
+def load_dotenv_file(path: str | Path = ".env") -> None:
+    """Load API keys from `.env` in the working directory (never overrides the environment)."""
+    if Path(path).is_file():
+        from dotenv import load_dotenv
+
+        load_dotenv(path, override=False)
+
+
+def resolved_yaml(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+def env_or(value: str | None, var: str) -> str | None:
+    return value or os.environ.get(var)
