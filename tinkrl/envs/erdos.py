@@ -118,7 +118,14 @@ def build_messages(cfg: ErdosEnvConfig, parent: Entry) -> list[dict[str, str]]:
         "scipy are available; `initial_h_values` (numpy array, the construction below) and `n_points` are "
         f"predefined. Start from initial_h_values and improve it, e.g. by local search or gradient steps. "
         f"The program must finish within {cfg.timeout_s:g} seconds. What it prints is shown next time. "
-        "C5 is computed from the h you return; printed values are ignored.",
+        "C5 is computed from the h you return; printed values are ignored. A skeleton:",
+        "```python",
+        "def run(seed=0):",
+        "    rng = np.random.default_rng(seed)",
+        "    h = initial_h_values.copy()",
+        "    # ... change h to lower C5, keeping 0 <= h <= 1 and sum(h) == n_points / 2 ...",
+        "    return h",
+        "```",
         "",
         f"Current construction: C5 = {parent.c5:.6f}."
     ]
