@@ -8,14 +8,17 @@ Extraction:
 - `extract_final_answer(text)`: boxed content, else the `####` answer, else the last number.
 
 Equivalence (`grade` / `grade_async`): a fast path first (normalised string match, then exact
-numeric match of integers, decimals, fractions `a/b` and `\\frac{a}{b}`, percentages
-excluded); when the fast path cannot decide, math-verify (`parse` + `verify(gold, target)`, gold
-first, as documented) runs in a worker process with a per-call timeout. math-verify's own timeout
-uses SIGALRM, which only works on a process's main thread, so it runs in a
-`ProcessPoolExecutor` worker (where it does run on the main thread, as a first line of defence)
-and the caller additionally waits at most `timeout_s` + a margin; a worker that does not answer
-in time is killed and the pool recreated, so one pathological answer cannot hang training. A
-timed-out grade is incorrect and says so (`Grade.timed_out`).
+numeric match of integers, decimals, fractions `a/b` and `\\frac{a}{b}`; two different plain
+decimals are a definite mismatch); when the fast path cannot decide, math-verify (`parse` +
+`verify(gold, target)`, gold first, as documented) runs in a worker process with a per-call
+timeout. math-verify's own timeout uses SIGALRM, which only works on a process's main thread,
+so it runs in a `ProcessPoolExecutor` worker (where it does run on the main thread, as a first
+line of defence) and the caller additionally waits at most `timeout_s` + a margin; a worker
+that does not answer in time is killed and the pool recreated, so one pathological answer
+cannot hang training. A timed-out grade is incorrect and says so (`Grade.timed_out`).
+Workers are spawned (not forked from a threaded trainer), so a script that grades needs the
+usual `if __name__ == "__main__":` guard; the pool starts lazily, on the first answer the fast
+path cannot decide.
 """
 
 from __future__ import annotations
@@ -147,8 +150,16 @@ def fast_match(given: str, gold: str) -> bool | None:
         return True
     a, b = to_number(given), to_number(gold)
     if a is not None and b is not None:
-        return a == b
+        if a == b:
+            return True
+        if _is_decimal(given) and _is_decimal(gold):
+            return False
+        # A decimal vs a fraction (0.333333 vs \frac13): math-verify decides, with its rounding.
     return None
+
+
+def _is_decimal(s: str) -> bool:
+    return re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", normalize_answer(s).replace(",", "")) is not None
 
 
 # ------------------------------------------------------------------------------------------------
