@@ -1,0 +1,480 @@
+"""The agent-task environment: a multi-turn tool-using agent in a sandbox, graded by the task's tests.
+
+`env=tasks env.path=tasks` trains on task directories (Harbor, terminal-bench) and row files
+(R2E-Gym, SWE-bench) loaded by `tinkrl.tasks`. One episode: a fresh sandbox with the task's
+workspace; a system prompt listing the tools (`tinkrl.agents.tools`) and the instruction as
+the user turn; each turn the policy's action is parsed for tool calls, which run in the
+sandbox, and their results are appended as the next turn. The task's tests grade the
+sandbox at the end.
+
+Two layers, so the loop exists once:
+- `TaskSession` works on chat messages: sandbox, tool calls, limits, grading, metrics. The
+  OpenAI-endpoint evaluator (`tinkrl eval --base-url`) drives it directly.
+- `TaskEnv` is the token-in/token-out `Env` over a session: it parses sampled tokens with the
+  renderer and appends the rendered results, so every observation extends the previous
+  prompt + action token for token (never re-tokenised).
+
+What the policy causes shapes or ends the episode and is trained on: a malformed tool call
+becomes an error observation, a command that hangs a timeout observation; `submit`, the
+turn, token or time limit end the episode and it is graded; overflowing the context ends it
+with reward 0. Only infrastructure failures (the sandbox died, a task cannot be built or
+graded) raise `InfraFailure`, so the rollout leaves the episode out of its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import logging
+import math
+import shlex
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+
+import numpy as np
+import tinker
+from pydantic import BaseModel, ConfigDict, Field
+
+from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
+from tinkrl.errors import ConfigError, InfraFailure
+from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
+from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
+from tinkrl.tasks import Task, TaskLoadError, grade, iter_tasks, run_gate, start_sandbox
+
+if TYPE_CHECKING:
+    from tinkrl.envs import EnvContext, EnvDatasets
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent in a Linux sandbox (bash, python3 and git; no network). Your working "
+    "directory is {workdir}. Solve the user's task by calling the tools: one or a few calls per turn, then "
+    "read their results before you continue. When the task is done, call submit. You have at most "
+    "{max_turns} turns.")
+NO_TOOL_CALL = ("You did not call a tool. Call one of the tools ({tools}) in the format given in the system "
+                "prompt, or call submit when the task is done.")
+TRUNCATED = ("Your response was cut off at the token limit before it finished a tool call. Write shorter "
+             "responses and put the tool call first.")
+TIMEOUT_MARKER = "[the command timed out after"  # execute_bash's timeout observation
+MIN_ACTION_TOKENS = 16  # an observation that leaves less room than this overflows the context
+REPO_FORMATS = ("swebench", "r2e")  # tasks whose workspace diff is a SWE-bench `model_patch`
+END_REASONS = ("submit", "max_turns", "max_tokens", "time_limit", "context_overflow")
+
+
+class TasksEnvConfig(BaseModel):
+    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | list[str] = "tasks"
+    """Task directories, directories of them, or .json/.jsonl row files (R2E-Gym, SWE-bench)."""
+    task_ids: list[str] | None = None
+    """Only these tasks (ids or shell globs); None = every task found."""
+    test_task_ids: list[str] | None = None
+    """Tasks held out of training and rolled out once each as the test set (ids or globs)."""
+    max_turns: int = Field(10, ge=1)
+    """Assistant turns per episode; the last one ends the episode and it is graded."""
+    max_tokens_per_turn: int | None = Field(None, ge=1)
+    """Tokens sampled per turn (None: the trainer's max_tokens)."""
+    max_context_tokens: int = Field(8192, ge=64)
+    """Prompt + all turns must fit; an episode that overflows ends with reward 0."""
+    max_total_tokens: int | None = Field(None, ge=1)
+    """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
+    episode_timeout_s: float | None = Field(None, gt=0)
+    """Wall-clock limit of an episode (None: the task's agent timeout)."""
+    command_timeout_s: float = Field(60.0, gt=0)
+    """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
+    max_observation_chars: int = Field(8000, ge=200)
+    """A tool result longer than this keeps its head and tail."""
+    tool_format: Literal["hermes", "xml"] = "hermes"
+    """Tool-call syntax: Hermes `<tool_call>` JSON (Qwen2.5) or R2E-Gym's `<function=...>` XML."""
+    system_prompt: str | None = None
+    """System prompt before the tool list; `{workdir}` and `{max_turns}` are filled in."""
+    gate: bool = True
+    """Train only on tasks whose solution scores 1 and whose no-op scores 0 (cached per task)."""
+    epochs: int = Field(100, ge=1)
+    """Passes over the tasks the training dataset offers (the run's max_steps usually stops first)."""
+
+    def load_tasks(self) -> list[Task]:
+        """The selected tasks; broken ones are skipped with a warning, none at all is a ConfigError."""
+        paths = [self.path] if isinstance(self.path, str) else list(self.path)
+        tasks: list[Task] = []
+        for item in iter_tasks(paths):
+            if isinstance(item, TaskLoadError):
+                log.warning("skipping a task that does not load: %s", item)
+            else:
+                tasks.append(item)
+        if self.task_ids is not None:
+            tasks = select_tasks(tasks, self.task_ids)
+        if not tasks:
+            raise ConfigError(f"env.path: no loadable tasks in {', '.join(paths)}")
+        ids = [t.id for t in tasks]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ConfigError(f"env.path: task ids occur more than once: {', '.join(dupes)}")
+        return tasks
+
+    def build(self, ctx: "EnvContext") -> "EnvDatasets":
+        from tinkrl.envs import EnvDatasets
+
+        tasks = self.load_tasks()
+        test = select_tasks(tasks, self.test_task_ids) if self.test_task_ids else []
+        train = [t for t in tasks if t not in test]
+        provider = LazyProvider(ctx.sandbox_provider)
+        if self.gate:
+            train = gated(train, provider.get())
+        if not train:
+            raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
+        renderer = renderer_for(ctx.renderer, self.tool_format)
+
+        def builder(task: Task, group_size: int) -> TaskGroupBuilder:
+            b = TaskGroupBuilder(task, self, renderer, provider, group_size, ctx.key)
+            b.temperature = ctx.entry.temperature
+            b.max_failing_rollouts = ctx.entry.max_failing_rollouts
+            return b
+
+        n_batches = math.ceil(self.epochs * len(train) / ctx.groups_per_batch)
+        train_ds = TasksDataset(train, ctx.groups_per_batch, n_batches, ctx.seed,
+                                lambda t: builder(t, ctx.group_size))
+        test_ds = TasksDataset(test, len(test), 1, ctx.seed, lambda t: builder(t, 1), shuffle=False) if test else None
+        return EnvDatasets(train=train_ds, test=test_ds)
+
+
+TasksConfig = TasksEnvConfig  # the name users type: env=TasksConfig
+
+
+def select_tasks(tasks: list[Task], patterns: list[str]) -> list[Task]:
+    """Tasks whose id matches one of `patterns` (exact ids or shell globs); unmatched ones are an error."""
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(t.id, p) for t in tasks)]
+    if unmatched:
+        raise ConfigError(f"task_ids: no task matches {', '.join(map(repr, unmatched))}; "
+                          f"known: {', '.join(t.id for t in tasks)}")
+    return [t for t in tasks if any(fnmatch.fnmatchcase(t.id, p) for p in patterns)]
+
+
+def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
+    keep = []
+    for task in tasks:
+        res = run_gate(task, provider)
+        if res.ok:
+            keep.append(task)
+        else:
+            log.warning("task %s failed the gate and is not trained on: %s", task.id, res.detail)
+    return keep
+
+
+def renderer_for(renderer, tool_format: str):
+    """The run's renderer, or a copy of it speaking `tool_format`."""
+    if renderer.tool_format == tool_format:
+        return renderer
+    return type(renderer)(renderer.tokenizer, renderer.default_system, tool_format)
+
+
+class LazyProvider:
+    """The run's sandbox provider, made on first use (from any thread) and shared by all episodes."""
+
+    def __init__(self, factory: Callable[[], SandboxProvider | None] | SandboxProvider | None = None):
+        self._factory = factory
+        self._provider: SandboxProvider | None = factory if isinstance(factory, SandboxProvider) else None
+        self._lock = threading.Lock()
+
+    def get(self) -> SandboxProvider:
+        with self._lock:
+            if self._provider is None:
+                made = self._factory() if callable(self._factory) else None
+                if made is None:
+                    from tinkrl.sandbox import get_provider
+
+                    made = get_provider("bwrap")
+                self._provider = made
+            return self._provider
+
+
+def clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The episode on chat messages
+
+
+class TaskSession:
+    """One attempt at one task: its sandbox, the transcript, the limits, and the grade.
+
+    `start()` builds the sandbox and returns the first messages; `act()` runs one assistant
+    turn's tool calls and returns the observation messages and whether the episode ended;
+    `finish()` grades (or scores 0 after a context overflow); `close()` destroys the sandbox.
+    """
+
+    def __init__(self, task: Task, cfg: TasksEnvConfig, provider: LazyProvider, capture_patch: bool = False):
+        self.task, self.cfg, self.provider = task, cfg, provider
+        self.capture_patch = capture_patch and task.format in REPO_FORMATS
+        self.sandbox: Sandbox | None = None
+        self.messages: list[Message] = []  # the transcript (OpenAI-style messages)
+        self.turns = self.tool_calls = self.malformed_calls = self.no_tool_calls = 0
+        self.truncated_turns = self.command_timeouts = self.sampled_tokens = 0
+        self.end_reason: str | None = None
+        self.reward: float | None = None
+        self.grade_detail = ""
+        self.patch: str | None = None  # git diff of the workspace (repo tasks, when captured)
+        self._base_commit = ""
+        self._deadline = math.inf
+        self._closed = False
+
+    @property
+    def timeout_s(self) -> float:
+        return self.cfg.episode_timeout_s or self.task.agent_timeout_s
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    def first_messages(self) -> list[Message]:
+        template = self.cfg.system_prompt if self.cfg.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+        system = template.replace("{workdir}", self.task.workdir).replace("{max_turns}", str(self.cfg.max_turns))
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.task.instruction}]
+
+    async def start(self) -> list[Message]:
+        try:
+            provider = await asyncio.to_thread(self.provider.get)
+            self.sandbox = await asyncio.to_thread(start_sandbox, self.task, provider)
+        except SandboxError:
+            raise
+        except (TaskLoadError, OSError) as e:
+            raise InfraFailure(f"task {self.task.id}: the workspace could not be built: {e}", "task_build_error") \
+                from None
+        if self.capture_patch:
+            r = await asyncio.to_thread(self.sandbox.exec, "git rev-parse HEAD", timeout=30,
+                                      workdir=self.task.workdir)
+            self._base_commit = r.stdout.strip() if r.exit_code == 0 else ""
+        self._deadline = time.monotonic() + self.timeout_s
+        self.messages = self.first_messages()
+        return list(self.messages)
+
+    def _command_timeout(self, requested: Any) -> float:
+        ceiling = self.cfg.command_timeout_s
+        if isinstance(requested, (int, float)) and not isinstance(requested, bool) and requested > 0:
+            ceiling = min(ceiling, float(requested))
+        left = self._deadline - time.monotonic()
+        return max(1.0, min(ceiling, left))
+
+    async def _run_call(self, call: dict) -> tuple[str, bool]:
+        fn = call.get("function", {})
+        name, arguments = fn.get("name", ""), fn.get("arguments")
+        if name == "execute_bash":  # the episode's command ceiling, whatever the model asked for
+            args = arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    args = arguments  # run_tool answers with the JSON error
+            if isinstance(args, dict):
+                arguments = {**args, "timeout": self._command_timeout(args.get("timeout"))}
+        assert self.sandbox is not None
+        obs, done = await asyncio.to_thread(run_tool, self.sandbox, name, arguments)
+        if name == "execute_bash" and TIMEOUT_MARKER in obs:
+            self.command_timeouts += 1
+        return clip(obs, self.cfg.max_observation_chars), done
+
+    async def act(self, assistant: Message, calls: list[dict], errors: list[str], truncated: bool,
+                  sampled_tokens: int) -> tuple[list[Message], bool]:
+        """Run one assistant turn. `assistant` goes into the transcript as given; `calls` are its
+        well-formed tool calls (OpenAI-style), `errors` one line per malformed one. Returns the
+        observation messages (tool results, then notes as user turns) and whether the episode ended."""
+        if self.sandbox is None or self.done:
+            raise RuntimeError("TaskSession.act before start() or after the episode ended")
+        self.turns += 1
+        self.sampled_tokens += sampled_tokens
+        self.truncated_turns += int(truncated)
+        self.messages.append(assistant)
+        observations: list[Message] = []
+        submitted = False
+        for call in calls:
+            self.tool_calls += 1
+            obs, submitted = await self._run_call(call)
+            observations.append({"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"],
+                                 "content": obs})
+            if submitted:  # nothing after submit is run
+                break
+        notes = [f"Error: {e}" for e in errors]
+        self.malformed_calls += len(errors)
+        if not calls and not errors:
+            self.no_tool_calls += 1
+            notes.append(TRUNCATED if truncated else NO_TOOL_CALL.format(tools=", ".join(TOOL_NAMES)))
+        if notes:
+            observations.append({"role": "user", "content": "\n".join(notes)})
+        self.messages.extend(observations)
+        if submitted:
+            self.end_reason = "submit"
+        elif self.turns >= self.cfg.max_turns:
+            self.end_reason = "max_turns"
+        elif self.cfg.max_total_tokens is not None and self.sampled_tokens >= self.cfg.max_total_tokens:
+            self.end_reason = "max_tokens"
+        elif time.monotonic() >= self._deadline:
+            self.end_reason = "time_limit"
+        return observations, self.done
+
+    def overflow(self) -> None:
+        """The next observation does not fit the context: the episode ends, scored 0."""
+        self.end_reason = "context_overflow"
+
+    async def _git_patch(self) -> str:
+        assert self.sandbox is not None
+        base = shlex.quote(self._base_commit or "HEAD")
+        script = ("idx=$(mktemp) && trap 'rm -f \"$idx\"' EXIT && { cp .git/index \"$idx\" 2>/dev/null || true; } && "
+                  f"GIT_INDEX_FILE=\"$idx\" git add -A && GIT_INDEX_FILE=\"$idx\" git diff --cached {base}")
+        r = await asyncio.to_thread(self.sandbox.exec, script, timeout=60, workdir=self.task.workdir)
+        return r.stdout if r.exit_code == 0 else ""
+
+    async def finish(self) -> float:
+        """Grade the sandbox (reward 0 after a context overflow, without running the tests)."""
+        if self.end_reason is None:
+            raise RuntimeError("TaskSession.finish before the episode ended")
+        if self.reward is not None:
+            return self.reward
+        assert self.sandbox is not None
+        if self.capture_patch:
+            self.patch = await self._git_patch()
+        if self.end_reason == "context_overflow":
+            self.reward, self.grade_detail = 0.0, "context overflow: not graded, scored 0"
+            return self.reward
+        try:
+            result = await asyncio.to_thread(grade, self.task, self.sandbox)
+        except SandboxError:
+            raise
+        except (TaskLoadError, OSError) as e:
+            raise InfraFailure(f"task {self.task.id}: grading failed: {e}", "grade_error") from None
+        self.reward, self.grade_detail = float(result.reward), result.detail
+        return self.reward
+
+    def metrics(self) -> Metrics:
+        m: Metrics = {"tasks/turns": float(self.turns), "tasks/tool_calls": float(self.tool_calls),
+                      "tasks/malformed_calls": float(self.malformed_calls),
+                      "tasks/no_tool_call_turns": float(self.no_tool_calls),
+                      "tasks/truncated_turns": float(self.truncated_turns),
+                      "tasks/command_timeouts": float(self.command_timeouts),
+                      "tasks/sampled_tokens": float(self.sampled_tokens)}
+        if self.reward is not None:
+            m["tasks/reward"] = self.reward
+            m["tasks/resolved"] = float(self.reward >= 1.0)
+        for reason in END_REASONS:
+            m[f"tasks/end/{reason}"] = float(self.end_reason == reason)
+        return m
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.sandbox is not None:
+            await asyncio.to_thread(self.sandbox.close)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token-in/token-out Env
+
+
+class TaskEnv(Env):
+    """A `TaskSession` driven by sampled tokens; each observation extends prompt + action exactly."""
+
+    def __init__(self, session: TaskSession, renderer, max_tokens_per_turn: int | None = None):
+        self.session = session
+        self.renderer = renderer
+        self.max_tokens_per_turn = max_tokens_per_turn
+        self.tokens: list[int] = []  # the current prompt: everything so far, action tokens as sampled
+        self._stop: StopCondition = renderer.stop_sequences()
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.session.cfg.max_context_tokens
+
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+        messages = await self.session.start()
+        self.tokens = self.renderer.build_generation_prompt(messages, TOOL_SCHEMAS).to_ints()
+        if len(self.tokens) + MIN_ACTION_TOKENS > self.max_context_tokens:
+            raise InfraFailure(f"task {self.session.task.id}: the first prompt ({len(self.tokens)} tokens) does not "
+                               f"fit max_context_tokens={self.max_context_tokens}", "context_too_small")
+        return tinker.ModelInput.from_ints(self.tokens), self._stop
+
+    def max_tokens(self, default: int) -> int:
+        room = self.max_context_tokens - len(self.tokens)
+        return max(1, min(self.max_tokens_per_turn or default, room))
+
+    async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
+        action = list(action)
+        parsed = self.renderer.parse_response(action)
+        raw = self.renderer.tokenizer.decode(action[:-1] if parsed.ended_cleanly else action,
+                                             skip_special_tokens=False)
+        calls = parsed.message.get("tool_calls", [])
+        observations, done = await self.session.act({"role": "assistant", "content": raw}, calls,
+                                                    parsed.tool_call_errors, not parsed.ended_cleanly, len(action))
+        if not done:
+            nxt = self.tokens + action + self.renderer.continuation(observations, parsed.ended_cleanly)
+            if len(nxt) + MIN_ACTION_TOKENS <= self.max_context_tokens:
+                self.tokens = nxt
+                return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop,
+                                  metrics={}, logs={})
+            self.session.overflow()
+        reward = await self.session.finish()
+        s = self.session
+        logs = {"tasks/task": s.task.id, "tasks/end": s.end_reason or "", "tasks/grade": s.grade_detail[:500]}
+        return StepResult(reward, True, tinker.ModelInput.empty(), self._stop, metrics=s.metrics(), logs=logs)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups and datasets
+
+
+class TaskGroupBuilder(EnvGroupBuilder):
+    """`group_size` attempts at one task (a GRPO group), each in its own sandbox."""
+
+    def __init__(self, task: Task, cfg: TasksEnvConfig, renderer, provider: LazyProvider, group_size: int,
+                 tag: str = "tasks", capture_patch: bool = False):
+        self.task, self.cfg, self.renderer, self.provider = task, cfg, renderer, provider
+        self.group_size, self.tag, self.capture_patch = group_size, tag, capture_patch
+
+    async def make_envs(self) -> Sequence[Env]:
+        return [TaskEnv(TaskSession(self.task, self.cfg, self.provider, self.capture_patch), self.renderer,
+                        self.cfg.max_tokens_per_turn) for _ in range(self.group_size)]
+
+    def logging_tags(self) -> list[str]:
+        return [self.tag]
+
+
+class TasksDataset(RLDataset):
+    """Batches of `groups_per_batch` groups, cycling through the tasks in an order fixed by the seed
+    (a fresh permutation each pass), so a resumed run sees the same batches."""
+
+    def __init__(self, tasks: list[Task], groups_per_batch: int, n_batches: int, seed: int,
+                 make_builder: Callable[[Task], EnvGroupBuilder], shuffle: bool = True):
+        self.tasks, self.groups_per_batch, self.n_batches = tasks, groups_per_batch, n_batches
+        self.seed, self.make_builder, self.shuffle = seed, make_builder, shuffle
+        self._orders: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            n = len(self.tasks)
+            self._orders[epoch] = (np.random.default_rng([self.seed, epoch, 0x7A5]).permutation(n)
+                                   if self.shuffle else np.arange(n))
+        return self._orders[epoch]
+
+    def task_at(self, position: int) -> Task:
+        epoch, i = divmod(position, len(self.tasks))
+        return self.tasks[int(self._order(epoch)[i])]
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        start = index * self.groups_per_batch
+        return [self.make_builder(self.task_at(p)) for p in range(start, start + self.groups_per_batch)]
+
+    def __len__(self) -> int:
+        return self.n_batches
+
