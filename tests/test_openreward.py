@@ -1,0 +1,191 @@
+"""The ORS env against a server written with the openreward SDK (tests/ors_toy_env.py).
+
+Actions are scripted token sequences (what a policy would sample), so these tests pin the
+protocol handling: prompt and tools from the server, tool calls sent and rewards reduced,
+malformed calls returned to the model, sessions closed, a dead server recorded as InfraFailure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from ors_helpers import start_toy_server, stop
+from tinkrl.config import EnvEntry, SplitConfig
+from tinkrl.envs import EnvContext
+from tinkrl.envs.openreward import (OpenRewardEnv, OpenRewardEnvConfig, RemoteEnvSpec, open_session_count,
+                                    reduce_rewards, resolve_client)
+from tinkrl.errors import ConfigError, InfraFailure
+
+
+@pytest.fixture(scope="module")
+def toy_server():
+    proc, url = start_toy_server()
+    yield url
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    from tinkrl.local.models import load_tokenizer
+    from tinkrl.renderers import get_renderer
+
+    return get_renderer(load_tokenizer("tinkrl/tiny-llama"), "tinkrl/tiny-llama")
+
+
+def action(renderer, text: str) -> list[int]:
+    """Tokens as the sampler returns them: the text then the stop token."""
+    return renderer.tokenizer.encode(text, add_special_tokens=False) + [renderer.im_end]
+
+
+def call(name: str, **args) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def make_spec(url, renderer, reduction="sum", nonterminal=0.0, **env_fields) -> RemoteEnvSpec:
+    cfg = OpenRewardEnvConfig(**env_fields)
+    client = resolve_client("adder", "adder", url, cfg)
+    return RemoteEnvSpec("adder", client, renderer, cfg, reduction, nonterminal)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_reduce_rewards():
+    assert reduce_rewards([-0.1, 1.0], True, "sum", 5.0) == pytest.approx(0.9)
+    assert reduce_rewards([-0.1, 1.0], True, "mean", 5.0) == pytest.approx(0.45)
+    assert reduce_rewards([-0.1, 1.0], True, "max", 5.0) == 1.0
+    assert reduce_rewards([-0.1, 1.0], True, "min", 5.0) == -0.1
+    assert reduce_rewards([-0.1], False, "mean", -1.0) == pytest.approx(-0.55)
+    assert reduce_rewards([], False, "sum", -1.0) == -1.0
+    assert reduce_rewards([], True, "sum", -1.0) == 0.0
+
+
+def test_episode_prompt_tools_rewards_and_token_extension(toy_server, renderer):
+    async def episode():
+        env = OpenRewardEnv(make_spec(toy_server, renderer, "sum"), "train", 3)
+        ob, stop_cond = await env.initial_observation()
+        text = renderer.tokenizer.decode(ob.to_ints())
+        assert "What is 3 + 7?" in text and '"name": "submit"' in text and '"name": "hint"' in text
+        assert stop_cond == [renderer.im_end]
+        a1 = action(renderer, call("hint"))
+        r1 = await env.step(a1)
+        assert not r1.episode_done and r1.reward == 0.0
+        nxt = r1.next_observation.to_ints()
+        assert nxt[:len(ob.to_ints()) + len(a1)] == ob.to_ints() + a1  # prefix extends token for token
+        assert "The sum is between 3 and 10." in renderer.tokenizer.decode(nxt[len(ob.to_ints()) + len(a1):])
+        r2 = await env.step(action(renderer, "The answer: " + call("submit", answer="10")))
+        assert r2.episode_done
+        assert r2.reward == pytest.approx(0.9)  # -0.1 (hint) + 1.0 (correct), summed
+        assert r2.metrics["finished"] == 1.0 and r2.metrics["tool_calls"] == 2.0
+        record = json.loads(r2.logs["openreward.rollout"])
+        assert record["rewards"] == [-0.1, 1.0] and record["split"] == "train" and record["index"] == 3
+        assert open_session_count() == 0  # closed as soon as the episode ended
+        await env.close()  # idempotent
+
+    run(episode())
+
+
+def test_malformed_and_unknown_calls_go_back_to_the_model(toy_server, renderer):
+    async def episode():
+        env = OpenRewardEnv(make_spec(toy_server, renderer, "mean", nonterminal=-1.0, max_turns=3),
+                            "test", 0)
+        ob, _ = await env.initial_observation()
+        assert "What is 100 + 1?" in renderer.tokenizer.decode(ob.to_ints())
+        r = await env.step(action(renderer, "<tool_call>{not json}</tool_call>"))
+        assert not r.episode_done
+        tail = renderer.tokenizer.decode(r.next_observation.to_ints())
+        assert "not valid JSON" in tail
+        r = await env.step(action(renderer, call("launch_rockets", target="moon")))
+        assert "Error (not_found)" in renderer.tokenizer.decode(r.next_observation.to_ints())
+        r = await env.step(action(renderer, call("submit", wrong_field="1")))  # 3rd turn = max_turns
+        assert r.episode_done
+        assert r.metrics["finished"] == 0.0 and r.metrics["tool_errors"] == 3.0
+        assert r.reward == -1.0  # no tool reward; the non-terminal reward alone, averaged
+        await env.close()
+        assert open_session_count() == 0
+
+    run(episode())
+
+
+def test_no_tool_call_is_nudged_and_turn_limit_is_nonterminal(toy_server, renderer):
+    async def episode():
+        env = OpenRewardEnv(make_spec(toy_server, renderer, "sum", nonterminal=-0.5, max_turns=2), "train", 0)
+        await env.initial_observation()
+        r = await env.step(action(renderer, "I think it is 1."))
+        assert "No tool call found" in renderer.tokenizer.decode(r.next_observation.to_ints())
+        r = await env.step(action(renderer, call("hint")))
+        assert r.episode_done and r.reward == pytest.approx(-0.6)  # -0.1 hint + -0.5 non-terminal
+        await env.close()
+
+    run(episode())
+
+
+def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
+    entry = EnvEntry(base_url=toy_server, num_rollouts=3, max_failing_rollouts=1, temperature=0.7,
+                     splits={"train": SplitConfig(shuffle=True, num_samples=5),
+                             "test": SplitConfig(shuffle=False, num_samples=3)})
+    ctx = EnvContext(key="adder", entry=entry, renderer=renderer, model_name="tinkrl/tiny-llama",
+                     group_size=3, groups_per_batch=2, max_tokens=32, run_dir=tmp_path, seed=1)
+    ds = OpenRewardEnvConfig().build(ctx)
+    assert len(ds.train) == 3  # 5 tasks / 2 groups per batch, rounded up
+    seen = [(b.split, b.index) for i in range(3) for b in ds.train.get_batch(i)]
+    assert {s for s, _ in seen} == {"train"} and len({i for _, i in seen[:5]}) == 5
+    first = ds.train.get_batch(0)[0]
+    assert first.group_size == 3 and first.temperature == 0.7 and first.max_failing_rollouts == 1
+    assert first.logging_tags() == ["adder"]
+    assert len(run(first.make_envs())) == 3
+    assert [(b.split, b.index) for b in ds.test.get_batch(0) + ds.test.get_batch(1)] == \
+        [("test", 0), ("test", 1), ("test", 2)]
+    assert all(b.group_size == 1 for b in ds.test.get_batch(0))
+
+
+def test_config_errors_are_one_line(toy_server, renderer, tmp_path: Path):
+    def ctx(entry):
+        return EnvContext(key="adder", entry=entry, renderer=renderer, model_name="m", group_size=2,
+                          groups_per_batch=1, max_tokens=8, run_dir=tmp_path, seed=0)
+
+    with pytest.raises(ConfigError, match="validation not offered"):
+        OpenRewardEnvConfig().build(ctx(EnvEntry(base_url=toy_server, splits={"validation": SplitConfig()})))
+    with pytest.raises(ConfigError, match="not served"):
+        OpenRewardEnvConfig(variant="nope").build(ctx(EnvEntry(base_url=toy_server)))
+    with pytest.raises(ConfigError, match="cannot reach the ORS server"):
+        OpenRewardEnvConfig().build(ctx(EnvEntry(base_url="http://127.0.0.1:9")))
+
+
+def test_hosted_environment_needs_a_key(monkeypatch, renderer, tmp_path: Path):
+    monkeypatch.delenv("OPENREWARD_API_KEY", raising=False)
+    ctx = EnvContext(key="GeneralReasoning/WhoDunIt", entry=EnvEntry(), renderer=renderer, model_name="m",
+                     group_size=2, groups_per_batch=1, max_tokens=8, run_dir=tmp_path, seed=0)
+    with pytest.raises(ConfigError, match="OPENREWARD_API_KEY is not set"):
+        OpenRewardEnvConfig().build(ctx)
+
+
+def test_key_is_never_sent_to_a_self_hosted_server(monkeypatch):
+    monkeypatch.setenv("OPENREWARD_API_KEY", "secret")
+    from tinkrl.envs.openreward import ORSClient
+
+    assert ORSClient("adder", "http://127.0.0.1:1", None, "secret").api_key is None
+    assert ORSClient("Owner/Env", None, None, "secret").api_key == "secret"
+
+
+def test_server_killed_mid_episode_is_an_infra_failure(renderer):
+    proc, url = start_toy_server()
+    try:
+        async def episode():
+            env = OpenRewardEnv(make_spec(url, renderer, "sum", call_timeout_s=5.0), "train", 1)
+            await env.initial_observation()
+            stop(proc)
+            with pytest.raises(InfraFailure) as info:
+                await env.step(action(renderer, call("submit", answer="4")))
+            assert info.value.failure_mode in ("env_unreachable", "env_timeout", "env_session_lost")
+            await env.close()
+            assert open_session_count() == 0
+
+        run(episode())
+    finally:
+        stop(proc)
