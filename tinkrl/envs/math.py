@@ -122,7 +122,10 @@ class MathEnvConfig(BaseModel):
             train: RLDataset = ArithmeticDataset(gen, spec, ctx.group_size, ctx.groups_per_batch, ctx.seed)
             test_problems = gen.test_problems(ctx.eval_problems)
         else:
-            train_problems, test_problems = load_problems(self, ctx.eval_problems)
+            try:
+                train_problems, test_problems = load_problems(self, ctx.eval_problems)
+            except ConfigError as e:
+                raise ConfigError(f"environments.{ctx.key}.env: {e}") from None
             split = ctx.entry.splits.get("train") if ctx.entry is not None else None
             if split is not None and split.num_samples is not None:
                 train_problems = train_problems[:split.num_samples]
@@ -361,12 +364,16 @@ def _hf_offline():
     import huggingface_hub.constants as hub_constants
 
     saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE, os.environ.get("HF_DATASETS_OFFLINE"))
+    bars_were_off = not datasets.is_progress_bar_enabled()
     datasets.config.HF_HUB_OFFLINE = True
     hub_constants.HF_HUB_OFFLINE = True
     os.environ["HF_DATASETS_OFFLINE"] = "1"
+    datasets.disable_progress_bars()
     try:
         yield
     finally:
+        if not bars_were_off:
+            datasets.enable_progress_bars()
         datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved[0], saved[1]
         if saved[2] is None:
             os.environ.pop("HF_DATASETS_OFFLINE", None)
@@ -452,7 +459,8 @@ def read_hf_cache(name: str) -> dict[str | None, list[dict]]:
 
 def _read(name: str, data_path: str | None) -> dict[str | None, list[dict]]:
     if data_path:
-        return read_local(data_path, SOURCES[name].configs[0])
+        configs = SOURCES[name].configs  # one named config (gsm8k: main/): prefer its folder
+        return read_local(data_path, configs[0] if len(configs) == 1 else None)
     return read_hf_cache(name)
 
 
@@ -465,21 +473,22 @@ def _norm_problem(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def rows_to_problems(name: str, rows: list[dict], where: str) -> list[Problem]:
+def rows_to_problems(name: str, rows: list[dict], where: str, split: str = "") -> list[Problem]:
     """Dataset rows -> problems with reference answers (rows without an answer are skipped)."""
     out = []
+    tag = f"{name}/{split}/" if split else f"{name}/"
     if name == "gsm8k":
         _require(rows, ("question", "answer"), where)
         for i, r in enumerate(rows):
             ans = grading.extract_gsm8k_answer(str(r["answer"]))
             if ans:
-                out.append(Problem(str(r["question"]), ans, id=f"gsm8k/{i}"))
+                out.append(Problem(str(r["question"]), ans, id=f"{tag}{i}"))
     elif name == "hendrycks":
         _require(rows, ("problem", "solution"), where)
         for i, r in enumerate(rows):
             ans = grading.extract_boxed(str(r["solution"]))
             if ans:
-                out.append(Problem(str(r["problem"]), ans, id=str(r.get("unique_id") or f"hendrycks/{i}")))
+                out.append(Problem(str(r["problem"]), ans, id=str(r.get("unique_id") or f"{tag}{i}")))
     else:  # math500, polaris: an answer column (MATH-500 also has the solution)
         _require(rows, ("problem", "answer"), where)
         for i, r in enumerate(rows):
@@ -487,7 +496,7 @@ def rows_to_problems(name: str, rows: list[dict], where: str) -> list[Problem]:
             if not ans and r.get("solution"):
                 ans = grading.extract_boxed(str(r["solution"])) or ""
             if ans:
-                out.append(Problem(str(r["problem"]), ans, id=str(r.get("unique_id") or f"{name}/{i}")))
+                out.append(Problem(str(r["problem"]), ans, id=str(r.get("unique_id") or f"{tag}{i}")))
     return out
 
 
@@ -512,7 +521,7 @@ def load_problems(cfg: MathEnvConfig, eval_problems: int) -> tuple[list[Problem]
         train = [p for p in pool if _norm_problem(p.question) not in excluded]
         return train, m500[:eval_problems]
     if name == "gsm8k" and "train" in splits and "test" in splits:
-        return (rows_to_problems(name, splits["train"], where),
-                rows_to_problems(name, splits["test"], where)[:eval_problems])
+        return (rows_to_problems(name, splits["train"], where, "train"),
+                rows_to_problems(name, splits["test"], where, "test")[:eval_problems])
     pool = rows_to_problems(name, [r for rows in splits.values() for r in rows], where)
     return _hold_out(pool, eval_problems)
