@@ -1,0 +1,166 @@
+"""`tinkrl eval` end to end: the embedded engine (tiny random model) and an OpenAI-compatible endpoint.
+
+The endpoint is a scripted test double of a remote model on 127.0.0.1: it answers with
+structured `tool_calls`, with tool calls left in the text (the renderer's parser takes
+over), or with HTTP 500 (an infrastructure failure, recorded, and the run goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tinkrl.tasks.eval import cli_main, pass_at_k
+
+TASKS = Path(__file__).resolve().parents[1] / "tasks"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 3, 2) == 1.0 and pass_at_k(1, 1, 1) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(1, 0, 2)
+
+
+def test_bad_arguments_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--model", "m", "--base-url", "http://127.0.0.1:1/v1"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        cli_main(["--n", "0"])
+    assert "--n must be at least 1" in capsys.readouterr().err
+    assert cli_main(["--tasks", str(TASKS), "--task-id", "no-such-task", "--model", "tinkrl/tiny-llama"]) == 2
+    assert "no task matches 'no-such-task'" in capsys.readouterr().err
+
+
+@needs_bwrap
+def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys):
+    rc = cli_main(["--tasks", str(TASKS), "--task-id", "hello-file", "--task-id", "calc__calc-1",
+                   "--model", "tinkrl/tiny-llama", "--n", "2", "--max-turns", "2", "--max-tokens", "8",
+                   "--output-path", str(tmp_path), "--run-id", "tiny", "--n-concurrent", "4"])
+    assert rc == 0
+    out = tmp_path / "tiny"
+    trials = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(t["task_id"], t["attempt"]) for t in trials] == [("hello-file", 1), ("hello-file", 2),
+                                                              ("calc__calc-1", 1), ("calc__calc-1", 2)]
+    for t in trials:
+        # random weights never solve a task: every trial runs its 2 turns and is graded 0
+        assert t["failure_mode"] is None and t["reward"] == 0.0 and t["turns"] == 2
+        assert t["end_reason"] == "max_turns" and t["sampled_tokens"] <= 16
+        assert [m["role"] for m in t["transcript"][:3]] == ["system", "user", "assistant"]
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["overall"]["pass@1"] == 0.0 and summary["overall"]["pass@2"] == 0.0
+    assert summary["model"] == "tinkrl/tiny-llama" and len(summary["tasks"]) == 2
+    table = (out / "results.md").read_text()
+    assert "| hello-file | harbor | 2 | 0 | 0 | 0.000 |" in table and "pass@2" in table
+    assert table.strip() in capsys.readouterr().out
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert preds == [{"instance_id": "calc__calc-1", "model_name_or_path": "tinkrl/tiny-llama",
+                      "model_patch": preds[0]["model_patch"]}]
+    assert (out / "predictions.attempt2.jsonl").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# A scripted remote model behind an OpenAI-compatible endpoint
+
+HELLO = "printf 'Hello, world!\\n' > /app/hello.txt"
+CALC_FIX = ("python3 - <<'EOF'\np = 'calc/ops.py'\ns = open(p).read()\n"
+            "s = s.replace('    return a / b', '    if b == 0:\\n        raise ValueError(\"division by zero\")\\n"
+            "    return a / b')\nopen(p, 'w').write(s)\nEOF")
+
+
+def _completion(content, calls=(), finish="tool_calls"):
+    tool_calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                  for cid, name, args in calls]
+    msg = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "scripted-model",
+            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+
+
+class ScriptedModel(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path.endswith("/models"):
+            self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "created": 0,
+                                                         "owned_by": "tests"}]})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(req)
+        instruction = req["messages"][1]["content"]
+        turn = sum(m["role"] == "assistant" for m in req["messages"])
+        if "hello.txt" in instruction:
+            if turn == 0:
+                return self._send(200, _completion(None, [("call_hello_1", "execute_bash", {"command": HELLO})]))
+            # a server without a tool parser: the call stays in the text
+            return self._send(200, _completion('Done.\n<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
+                                               finish="stop"))
+        if "calc.divide" in instruction:
+            return self._send(200, _completion("Fixing it.", [("c1", "execute_bash", {"command": CALC_FIX}),
+                                                               ("c2", "submit", {})]))
+        self._send(500, {"error": {"message": "the model server crashed"}})
+
+
+@pytest.fixture
+def endpoint():
+    ScriptedModel.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedModel)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@needs_bwrap
+def test_eval_against_an_openai_compatible_endpoint(endpoint, tmp_path):
+    rc = cli_main(["--dataset-path", str(TASKS), "-t", "hello-file", "-t", "calc__calc-1", "-t", "fix-permissions",
+                   "--base-url", endpoint, "--api-key", "sk-test", "--n", "1", "--max-turns", "3",
+                   "--output-path", str(tmp_path), "--run-id", "remote", "--temperature", "0"])
+    assert rc == 0
+    out = tmp_path / "remote"
+    trials = {t["task_id"]: t for t in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    hello, calc, perms = trials["hello-file"], trials["calc__calc-1"], trials["fix-permissions"]
+    assert hello["reward"] == 1.0 and hello["turns"] == 2 and hello["end_reason"] == "submit"
+    assert hello["tool_calls"] == 2  # one structured, one parsed from the text
+    assert calc["reward"] == 1.0 and calc["turns"] == 1
+    assert perms["failure_mode"] == "model_error" and perms["reward"] is None and "crashed" in perms["failure_detail"]
+
+    reqs = [r for r in ScriptedModel.requests if "hello.txt" in r["messages"][1]["content"]]
+    assert [t["function"]["name"] for t in reqs[0]["tools"]] == ["execute_bash", "file_editor", "search", "submit"]
+    assert reqs[0]["model"] == "scripted-model" and reqs[0]["temperature"] == 0
+    second = reqs[1]["messages"]
+    assert second[2]["tool_calls"][0]["id"] == "call_hello_1"
+    assert second[3] == {"role": "tool", "tool_call_id": "call_hello_1", "content": "[exit code: 0]"}
+
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["overall"]["infra_failures"] == 1 and summary["overall"]["resolved"] == 2
+    assert summary["overall"]["pass@1"] == 1.0  # infra failures are left out, not scored 0
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 1 and preds[0]["instance_id"] == "calc__calc-1"
+    assert preds[0]["model_name_or_path"] == "scripted-model"
+    assert '+        raise ValueError("division by zero")' in preds[0]["model_patch"]

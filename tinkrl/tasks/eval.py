@@ -1,0 +1,431 @@
+"""`tinkrl eval`: run an agent K times on each task and report pass@1 / pass@K.
+
+    tinkrl eval --tasks tasks --model HuggingFaceTB/SmolLM2-135M-Instruct --n 4
+    tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --n 4
+    tinkrl eval --dataset-path tasks --task-id 'tb-*' --base-url http://localhost:8000/v1 --served-model M
+
+The policy is the embedded engine (`--model`, `--checkpoint`: the token-level `TaskEnv`
+through the trainer's own rollout loop) or any OpenAI-compatible endpoint (`--base-url`:
+the same `TaskSession` fed chat messages, tools sent as `tools=`, tool calls read from
+`tool_calls` or, when a server leaves them in the text, parsed with the renderer). Either
+way the episode, its limits and its grading are the training environment's.
+
+Written to `<output-path>/<run-id>/`: `results.jsonl` (one line per trial: reward, turns,
+end reason, failure_mode, grade detail, transcript), `results.json` and `results.md` (the
+per-task table with unbiased pass@k), and for SWE tasks (SWE-bench, R2E-Gym rows)
+`predictions.jsonl` in SWE-bench's format (`instance_id`, `model_name_or_path`,
+`model_patch` = the git diff of the workspace), one file per attempt when K > 1.
+Infrastructure failures are recorded per trial and left out of pass@k; the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinkrl.errors import InfraFailure, TinkrlError
+from tinkrl.tasks.model import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Trial:
+    task_id: str
+    format: str
+    attempt: int  # 1-based
+    reward: float | None = None  # None when infrastructure failed
+    resolved: bool = False  # reward >= 1
+    turns: int = 0
+    tool_calls: int = 0
+    malformed_calls: int = 0
+    command_timeouts: int = 0
+    sampled_tokens: int = 0
+    end_reason: str | None = None
+    grade_detail: str = ""
+    failure_mode: str | None = None
+    failure_detail: str = ""
+    seconds: float = 0.0
+    patch: str | None = None
+    transcript: list[dict] = field(default_factory=list)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n trials with c successes: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} trials, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def trial_from_session(session, attempt: int, seconds: float, failure: InfraFailure | None = None,
+                       failure_mode: str | None = None, failure_detail: str = "") -> Trial:
+    mode = failure.failure_mode if failure is not None else failure_mode
+    ok = mode is None and session.reward is not None
+    return Trial(
+        task_id=session.task.id, format=session.task.format, attempt=attempt,
+        reward=session.reward if ok else None, resolved=bool(ok and session.reward >= 1.0),
+        turns=session.turns, tool_calls=session.tool_calls, malformed_calls=session.malformed_calls,
+        command_timeouts=session.command_timeouts, sampled_tokens=session.sampled_tokens,
+        end_reason=session.end_reason, grade_detail=session.grade_detail, failure_mode=mode,
+        failure_detail=str(failure) if failure is not None else failure_detail, seconds=round(seconds, 2),
+        patch=session.patch, transcript=list(session.messages))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+
+
+class EnginePolicy:
+    """The embedded engine (a base model or a checkpoint), through the token-level TaskEnv."""
+
+    def __init__(self, sampling_client, model_name: str, cfg, renderer, provider, temperature: float):
+        self.sampling_client, self.model_name, self.cfg = sampling_client, model_name, cfg
+        self.renderer, self.provider, self.temperature = renderer, provider, temperature
+
+    async def run(self, task: Task, attempt: int) -> Trial:
+        from tinkrl.envs.tasks import TaskEnv, TaskSession
+        from tinkrl.rl.rollouts import do_rollout
+
+        session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
+        env = TaskEnv(session, self.renderer, self.cfg.max_tokens_per_turn)
+        t0 = time.monotonic()
+        traj = await do_rollout(env, self.sampling_client, self.cfg.max_tokens_per_turn, self.temperature)
+        return trial_from_session(session, attempt, time.monotonic() - t0, failure_mode=traj.failure_mode,
+                                  failure_detail=traj.failure_detail)
+
+
+def _is_context_error(e: Exception) -> bool:
+    text = str(e).lower()
+    return any(w in text for w in ("context length", "context_length", "maximum context", "too many tokens",
+                                   "prompt is too long", "context window"))
+
+
+def openai_history(messages: list[dict]) -> list[dict]:
+    """The transcript as OpenAI chat messages (tool results keep only role, id and content)."""
+    out = []
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": m.get("tool_call_id") or "call_0", "content": m["content"]})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content", "tool_calls")})
+    return out
+
+
+class TextToolParser:
+    """The renderer's text tool-call parser for endpoints that return calls as text. Parsing text
+    needs no tokenizer, so an endpoint-only eval never loads a model's tokenizer."""
+
+    def __init__(self, tool_format: str):
+        self.tool_format = tool_format
+
+    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
+        from tinkrl.renderers import ChatMLRenderer
+
+        return ChatMLRenderer.parse_tool_calls(self, text)  # type: ignore[arg-type]
+
+
+class OpenAIPolicy:
+    """Any OpenAI-compatible chat endpoint, through the message-level TaskSession."""
+
+    def __init__(self, base_url: str, api_key: str | None, model_name: str | None, cfg, renderer, provider,
+                 temperature: float, timeout_s: float = 600.0):
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY")
+                                         or "EMPTY", timeout=timeout_s, max_retries=2)
+        self.model_name, self.cfg, self.renderer = model_name, cfg, renderer
+        self.provider, self.temperature = provider, temperature
+
+    async def resolve_model(self) -> str:
+        """The served model: --served-model, or the endpoint's only/first listed model."""
+        import openai
+
+        if self.model_name:
+            return self.model_name
+        try:
+            models = [m.id async for m in self.client.models.list()]
+        except openai.OpenAIError as e:
+            raise TinkrlError(f"cannot list the models of {self.client.base_url}: {e} (pass --served-model)") from None
+        if not models:
+            raise TinkrlError(f"{self.client.base_url} serves no models; pass --served-model")
+        self.model_name = models[0]
+        return self.model_name
+
+    async def _complete(self, session):
+        import openai
+
+        try:
+            return await self.client.chat.completions.create(
+                model=self.model_name, messages=openai_history(session.messages), tools=_tool_schemas(),
+                temperature=self.temperature, max_tokens=self.cfg.max_tokens_per_turn)
+        except openai.BadRequestError as e:
+            if _is_context_error(e):
+                return None
+            raise InfraFailure(f"the model endpoint rejected the request: {e}", "model_error") from None
+        except openai.OpenAIError as e:
+            raise InfraFailure(f"the model endpoint failed: {type(e).__name__}: {e}", "model_error") from None
+
+    async def episode(self, session) -> None:
+        from tinkrl.envs.tasks import MIN_ACTION_TOKENS
+        from tinkrl.renderers import tool_call
+
+        await session.start()
+        while True:
+            resp = await self._complete(session)
+            if resp is None:  # the endpoint says the conversation no longer fits
+                session.overflow()
+                break
+            if not resp.choices:
+                raise InfraFailure("the model endpoint returned no choices", "model_error")
+            choice = resp.choices[0]
+            msg = choice.message
+            content = msg.content or ""
+            calls = [tool_call(c.function.name, c.function.arguments or "{}", c.id)
+                     for c in (msg.tool_calls or []) if getattr(c, "function", None) is not None]
+            errors: list[str] = []
+            if not calls:  # servers without a tool parser leave the calls in the text
+                content, calls, errors = self.renderer.parse_tool_calls(content)
+            assistant: dict[str, Any] = {"role": "assistant", "content": content or ("" if not calls else None)}
+            if calls:
+                assistant["tool_calls"] = calls
+            usage = resp.usage
+            _, done = await session.act(assistant, calls, errors, choice.finish_reason == "length",
+                                        usage.completion_tokens if usage else 0)
+            if done:
+                break
+            if usage and usage.total_tokens + MIN_ACTION_TOKENS > self.cfg.max_context_tokens:
+                session.overflow()
+                break
+        await session.finish()
+
+    async def run(self, task: Task, attempt: int) -> Trial:
+        from tinkrl.envs.tasks import TaskSession
+
+        session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
+        t0 = time.monotonic()
+        try:
+            await self.episode(session)
+            return trial_from_session(session, attempt, time.monotonic() - t0)
+        except InfraFailure as e:
+            return trial_from_session(session, attempt, time.monotonic() - t0, failure=e)
+        finally:
+            await session.close()
+
+
+def _tool_schemas() -> list[dict]:
+    from tinkrl.agents.tools import TOOL_SCHEMAS
+
+    return TOOL_SCHEMAS
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and reporting
+
+
+async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True) -> list[Trial]:
+    """Every task n times, at most n_concurrent episodes at once; trials in (task, attempt) order."""
+    sem = asyncio.Semaphore(n_concurrent)
+    total, finished = len(tasks) * n, 0
+
+    async def one(task: Task, attempt: int) -> Trial:
+        nonlocal finished
+        async with sem:
+            try:
+                trial = await policy.run(task, attempt)
+            except Exception as e:  # a bug in one trial must not lose the others' results
+                log.exception("trial %s#%d crashed", task.id, attempt)
+                trial = Trial(task.id, task.format, attempt, failure_mode="agent_crash",
+                              failure_detail=f"{type(e).__name__}: {e}")
+        finished += 1
+        if progress:
+            what = (f"reward={trial.reward:g} turns={trial.turns} end={trial.end_reason}" if trial.failure_mode is None
+                    else f"FAILED ({trial.failure_mode}: {trial.failure_detail[:120]})")
+            print(f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)", file=sys.stderr, flush=True)
+        return trial
+
+    return list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(1, n + 1))))
+
+
+def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
+    """Per-task rows and the overall row (pass@k averaged over the tasks that have k valid trials)."""
+    by_task: dict[str, list[Trial]] = {}
+    for t in trials:
+        by_task.setdefault(t.task_id, []).append(t)
+    rows = []
+    for task_id, ts in by_task.items():
+        valid = [t for t in ts if t.failure_mode is None]
+        n, c = len(valid), sum(t.resolved for t in valid)
+        rows.append({
+            "task": task_id, "format": ts[0].format, "trials": len(ts), "infra_failures": len(ts) - n,
+            "resolved": c, "mean_reward": sum(t.reward or 0.0 for t in valid) / n if n else None,
+            "mean_turns": sum(t.turns for t in valid) / n if n else None,
+            "pass@1": pass_at_k(n, c, 1) if n >= 1 else None,
+            f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+        })
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in rows if r[key] is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    overall = {"task": f"all ({len(rows)} tasks)", "format": "", "trials": sum(r["trials"] for r in rows),
+               "infra_failures": sum(r["infra_failures"] for r in rows), "resolved": sum(r["resolved"] for r in rows),
+               "mean_reward": mean("mean_reward"), "mean_turns": mean("mean_turns"), "pass@1": mean("pass@1"),
+               f"pass@{k}": mean(f"pass@{k}")}
+    return rows, overall
+
+
+def format_table(rows: list[dict], overall: dict, k: int) -> str:
+    cols = ["task", "format", "trials", "infra_failures", "resolved", "mean_reward", "mean_turns", "pass@1"]
+    if k > 1:
+        cols.append(f"pass@{k}")
+
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows + [overall]:
+        lines.append("| " + " | ".join(cell(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall: dict, table: str,
+                  meta: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "results.jsonl", "w") as f:
+        for t in trials:
+            f.write(json.dumps(asdict(t), ensure_ascii=False) + "\n")
+    (out_dir / "results.json").write_text(json.dumps({**meta, "tasks": rows, "overall": overall}, indent=2) + "\n")
+    (out_dir / "results.md").write_text(table + "\n")
+    repo = [t for t in trials if t.format in ("swebench", "r2e")]
+    if not repo:
+        return
+    n = max(t.attempt for t in repo)
+    for attempt in range(1, n + 1):
+        name = "predictions.jsonl" if attempt == 1 else f"predictions.attempt{attempt}.jsonl"
+        with open(out_dir / name, "w") as f:
+            for t in repo:
+                if t.attempt == attempt:
+                    f.write(json.dumps({"instance_id": t.task_id, "model_name_or_path": meta["model"],
+                                        "model_patch": t.patch or ""}) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tinkrl eval", description="Run an agent on task directories and report pass@k.")
+    p.add_argument("--tasks", "--dataset-path", "-p", dest="tasks", action="append", metavar="DIR",
+                   help="task dirs, dirs of them, or .json/.jsonl row files (repeatable; default: tasks)")
+    p.add_argument("--task-id", "-t", dest="task_ids", action="append", metavar="ID",
+                   help="only these tasks (ids or shell globs; repeatable)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="base model for the embedded engine (default: the default model)")
+    src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
+    src.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
+    p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
+    p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
+    p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
+    p.add_argument("--max-context-tokens", type=int, default=8192)
+    p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
+    p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
+    p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--n-concurrent", type=int, default=4)
+    p.add_argument("--output-path", default="runs/eval", help="results go to OUTPUT_PATH/RUN_ID/")
+    p.add_argument("--run-id", default=None, help="default: the start time, YYYY-MM-DD__HH-MM-SS")
+    p.add_argument("--sandbox", default="bwrap", help="sandbox provider (bwrap, docker, kubernetes)")
+    p.add_argument("--device", default=None, help="embedded engine device (cuda/cpu; default: the best there is)")
+    return p
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    for name in ("n", "max_turns", "max_tokens", "n_concurrent"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_context_tokens < 64:
+        parser.error("--max-context-tokens must be at least 64")
+    if args.temperature < 0:
+        parser.error("--temperature must be >= 0")
+    if (args.api_key or args.served_model) and not args.base_url:
+        parser.error("--api-key and --served-model go with --base-url")
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from tinkrl.envs.tasks import LazyProvider, TasksEnvConfig
+    from tinkrl.sandbox import get_provider
+
+    cfg = TasksEnvConfig(path=args.tasks or ["tasks"], task_ids=args.task_ids, max_turns=args.max_turns,
+                         max_tokens_per_turn=args.max_tokens, max_context_tokens=args.max_context_tokens,
+                         episode_timeout_s=args.episode_timeout, command_timeout_s=args.command_timeout,
+                         tool_format=args.tool_format, gate=False)
+    tasks = cfg.load_tasks()
+    provider = get_provider(args.sandbox)
+    try:
+        if args.base_url:
+            policy: Any = OpenAIPolicy(args.base_url, args.api_key, args.served_model, cfg,
+                                       TextToolParser(args.tool_format), LazyProvider(provider), args.temperature)
+            model_name = await policy.resolve_model()
+            model_label = model_name
+        else:
+            from tinkrl.local import ServiceClient
+            from tinkrl.local.models import DEFAULT_MODEL
+            from tinkrl.renderers import get_renderer
+
+            service = ServiceClient(device=args.device)
+            if args.checkpoint:
+                sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
+                model_label = args.checkpoint
+            else:
+                sc = await asyncio.to_thread(service.create_sampling_client, base_model=args.model or DEFAULT_MODEL)
+                model_label = args.model or DEFAULT_MODEL
+            model_name = sc.get_base_model()
+            renderer = get_renderer(sc.get_tokenizer(), model_name, args.tool_format)
+            policy = EnginePolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
+        run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
+        out_dir = Path(args.output_path) / run_id
+        print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
+        t0 = time.monotonic()
+        trials = await evaluate(tasks, policy, args.n, args.n_concurrent)
+        seconds = time.monotonic() - t0
+    finally:
+        provider.close()
+    rows, overall = summarize(trials, args.n)
+    table = format_table(rows, overall, args.n)
+    meta = {"run_id": run_id, "model": model_label, "base_model": model_name, "n_attempts": args.n,
+            "temperature": args.temperature, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
+            "max_context_tokens": args.max_context_tokens, "tool_format": args.tool_format,
+            "seconds": round(seconds, 1), "base_url": args.base_url}
+    write_outputs(out_dir, trials, rows, overall, table, meta)
+    print(table)
+    print(f"results: {out_dir} ({seconds:.0f}s)", file=sys.stderr)
+    return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(args, parser)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="tinkrl eval: %(message)s")
+    try:
+        return asyncio.run(_main(args))
+    except TinkrlError as e:
+        print(f"tinkrl eval: {e}", file=sys.stderr)
+        return 2
