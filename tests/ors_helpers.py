@@ -25,7 +25,8 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> N
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; log: {getattr(proc, 'log_path', '?')}")
+            log = Path(getattr(proc, "log_path", "/dev/null")).read_text()[-3000:]
+            raise RuntimeError(f"server exited with {proc.returncode}; its log ends:\n{log}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if json.loads(r.read()).get("status") == "ok":

@@ -1,0 +1,99 @@
+"""`tinkrl serve env arithmetic` driven by the openreward SDK's own client, and by tinkrl's ORS env."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from ors_helpers import free_port, start_server, stop
+from tinkrl.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def arithmetic_server():
+    port = free_port()
+    proc, url = start_server(["-m", "tinkrl.cli", "serve", "env", "--port", str(port), "--train-size", "20",
+                              "--eval-problems", "5", "arithmetic", "arithmetic.max_value=20"], port)
+    yield url
+    stop(proc)
+
+
+def _sum(question: str) -> int:
+    a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", question).groups())
+    return a + b
+
+
+def test_sdk_client_lists_splits_tasks_tools_and_gets_rewards(arithmetic_server):
+    from openreward import OpenReward
+
+    with OpenReward(api_key="") as client:
+        env = client.environments.get("arithmetic", base_url=arithmetic_server)
+        assert env.list_splits() == ["train", "test"]
+        train = env.list_tasks("train")
+        assert len(train) == 20 and len(env.list_tasks("test")) == 5
+        spec = train[3].task_spec
+        assert set(spec) == {"id", "question"}  # the reference answer stays on the server
+        assert all(10 <= int(x) <= 20 for x in re.findall(r"\d+", spec["question"]))
+        tools = env.list_tools()
+        assert [t.name for t in tools] == ["answer"]
+        assert tools[0].input_schema["required"] == ["answer"]
+
+        with env.session(split="train", index=3) as session:
+            prompt = session.get_prompt()
+            assert spec["question"] in prompt[0].text and "answer" in prompt[0].text
+            out = session.call_tool("answer", {"answer": f"The sum is {_sum(spec['question'])}."})
+            assert out.reward == 1.0 and out.finished
+        with env.session(split="train", index=3) as session:
+            out = session.call_tool("answer", {"answer": str(_sum(spec["question"]) + 1)})
+            assert out.reward == 0.0 and out.finished
+        with env.session(split="test", index=0) as session:
+            from openreward.api.errors import ToolCallError
+
+            with pytest.raises(ToolCallError) as err:
+                session.call_tool("answer", {"wrong": "1"})
+            assert err.value.reason == "input_validation"
+
+
+def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
+    """The ORS env (client side) drives the served arithmetic env: prompt, tool call, reward."""
+    from tinkrl.config import EnvEntry, SplitConfig
+    from tinkrl.envs import EnvContext
+    from tinkrl.envs.openreward import OpenRewardEnvConfig
+    from tinkrl.local.models import load_tokenizer
+    from tinkrl.renderers import get_renderer
+
+    renderer = get_renderer(load_tokenizer("tinkrl/tiny-llama"), "tinkrl/tiny-llama")
+    entry = EnvEntry(base_url=arithmetic_server, name="arithmetic",
+                     splits={"train": SplitConfig(shuffle=False), "test": SplitConfig()})
+    ctx = EnvContext(key="remote-arith", entry=entry, renderer=renderer, model_name="tinkrl/tiny-llama",
+                     group_size=2, groups_per_batch=2, max_tokens=16, run_dir=tmp_path, seed=0)
+    ds = OpenRewardEnvConfig().build(ctx)
+    assert ds.test is not None and len(ds.train) == 10
+
+    async def episode():
+        env = (await ds.train.get_batch(0)[0].make_envs())[0]
+        ob, _ = await env.initial_observation()
+        text = renderer.tokenizer.decode(ob.to_ints())
+        question = re.search(r"What is \d+ \+ \d+\?", text).group(0)
+        call = {"name": "answer", "arguments": {"answer": str(_sum(question))}}
+        act = renderer.tokenizer.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call>",
+                                        add_special_tokens=False) + [renderer.im_end]
+        res = await env.step(act)
+        await env.close()
+        return res
+
+    res = asyncio.run(episode())
+    assert res.episode_done and res.reward == 1.0 and res.metrics["finished"] == 1.0
+
+
+def test_unknown_or_unsupported_env_is_a_config_error():
+    from tinkrl.envs.ors_server import build_environments, cli_main, parse_env_args
+
+    with pytest.raises(ConfigError, match="unknown environment"):
+        build_environments(parse_env_args(["nosuchenv"]))
+    with pytest.raises(ConfigError, match="not supported"):
+        build_environments(parse_env_args(["erdos"]))
+    assert cli_main(["arithmetic.max_value"]) == 2
