@@ -9,6 +9,11 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
 /usr/bin/python3 -c "import scipy" >/dev/null 2>&1 || need+=(python3-scipy)  # erdos env: model code may use scipy
 command -v git >/dev/null 2>&1 || need+=(git)
+# docker provider tests: rootful podman (Docker API via `podman system service`), runc (crun
+# fails on this kind's cgroup hybrid mode), busybox-static for the test image's root fs
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+[ -x /bin/busybox ] || need+=(busybox-static)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing system packages: ${need[*]}"

@@ -1,0 +1,124 @@
+"""A real container engine for tests: Debian's podman with a test-local config.
+
+No Docker engine runs on this machine kind, but podman does, given runc (crun fails on the
+cgroup v1/v2 hybrid here) and no default ulimits. Everything lives under one temp dir
+(config via CONTAINERS_CONF / CONTAINERS_STORAGE_CONF, storage, the API socket), so /etc
+is never touched. The test image is a busybox root filesystem built here and imported
+with `podman import` (there is no registry to pull from). `podman system service` serves
+the Docker-compatible API that the docker SDK talks to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BUSYBOX = "/bin/busybox"  # Debian busybox-static (scripts/install-system.sh)
+TEST_IMAGE = "localhost/tinkrl-test-busybox:1"
+
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+
+
+def unavailable_reason() -> str | None:
+    """Why podman cannot run here (None when it can)."""
+    if not shutil.which("podman"):
+        return "podman is not installed (scripts/install-system.sh installs it: apt-get install podman runc)"
+    if not shutil.which("runc"):
+        return "runc is not installed (apt-get install runc)"
+    if not os.path.exists(BUSYBOX):
+        return f"{BUSYBOX} missing (apt-get install busybox-static)"
+    if os.geteuid() != 0:
+        return "the podman tests run rootful podman (need root)"
+    return None
+
+
+@dataclass
+class Podman:
+    root: Path
+    env: dict[str, str]
+    socket: Path
+    service: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def run(self, *args: str, check: bool = True, input_: bytes | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=self.env, check=check, capture_output=True, input=input_,
+                              timeout=120)
+
+    def stop(self) -> None:
+        if self.service and self.service.poll() is None:
+            self.service.terminate()
+            try:
+                self.service.wait(10)
+            except subprocess.TimeoutExpired:
+                self.service.kill()
+        # remove every container this engine still has (tests clean up; this is the backstop)
+        self.run("rm", "-af", "-t", "0", check=False)
+
+
+def busybox_rootfs_tar(dest: Path) -> Path:
+    """A tar of a minimal root filesystem: busybox and its applets, /tmp, /etc/passwd."""
+    tar_path = dest / "rootfs.tar"
+    if tar_path.exists():
+        return tar_path
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    with tarfile.open(tar_path, "w") as tf:
+        def add_dir(name: str, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tf.addfile(info)
+
+        for d in ("bin", "etc", "proc", "sys", "dev", "root", "app", "run"):
+            add_dir(d)
+        add_dir("tmp", 0o1777)
+        tf.add(BUSYBOX, arcname="bin/busybox")
+        for a in applets:
+            if a in ("busybox",) or "/" in a:
+                continue
+            info = tarfile.TarInfo(f"bin/{a}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            tf.addfile(info)
+        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"),
+                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            import io
+            tf.addfile(info, io.BytesIO(data))
+    return tar_path
+
+
+def start(root: Path, with_service: bool = True) -> Podman:
+    """Configure podman under `root`, import the test image, and serve the Docker API."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "containers.conf").write_text(CONTAINERS_CONF)
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n')
+    env = {**os.environ, "CONTAINERS_CONF": str(root / "containers.conf"),
+           "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"), "TMPDIR": str(root)}
+    pm = Podman(root=root, env=env, socket=root / "podman.sock")
+    have = pm.run("image", "exists", TEST_IMAGE, check=False).returncode == 0
+    if not have:
+        pm.run("import", "--change", "CMD=/bin/sh", str(busybox_rootfs_tar(root)), TEST_IMAGE)
+    if with_service:
+        pm.service = subprocess.Popen(["podman", "system", "service", "--time=0", pm.base_url], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=open(root / "service.log", "ab"))
+        deadline = time.monotonic() + 30
+        while not pm.socket.exists():
+            if pm.service.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"podman system service did not start: {(root / 'service.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+    return pm

@@ -1,0 +1,392 @@
+"""The `docker` sandbox provider: one container per episode through the Docker Engine API.
+
+Works against Docker Engine and against Podman's Docker-compatible socket (`podman system
+service`). Each container gets the task's image, CPU/memory/pids limits, a size-capped
+/tmp, no network unless the task asks for it, and labels naming its run, task and owner
+process. Leaked containers (their owner process is gone, or their TTL passed) are removed
+when a provider starts and when it closes; `tinkrl sandbox reap --provider docker` does
+the same by hand. Commands run through `exec` with a deadline (see `scaleout.exec_script`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import tarfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
+from tinkrl.sandbox.scaleout import (DEFAULT_MAX_OUTPUT, KEEPALIVE, KILL_ALL_SCRIPT, Capture, Owner, check_abs,
+                                     dns_name, exec_script, judge_timeout, safe_extract, shell_argv,
+                                     tar_host_path, tar_single_file)
+
+LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
+SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
+HARD_DEADLINE_GRACE_S = 15.0  # past a command's timeout, stop waiting for its stream
+
+
+class DockerSandboxConfig(BaseModel):
+    """`sandbox.docker.*`: how the docker provider reaches its engine and shapes containers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    """Engine socket, e.g. unix:///run/podman/podman.sock; default: $DOCKER_HOST, else the
+    first of /var/run/docker.sock and /run/podman/podman.sock that exists."""
+    image: str | None = None
+    """Image for tasks that name none (a task's own image always wins)."""
+    pull: Literal["missing", "always", "never"] = "missing"
+    """When to pull the image before starting a container."""
+    network: str = "bridge"
+    """Network for tasks that ask for one (tasks that don't get network_mode none)."""
+    run_id: str | None = None
+    """Labels every container; default: a fresh id per provider."""
+    ttl_s: float = Field(default=6 * 3600, gt=0)
+    """A container older than this is a leak whatever its owner; the reaper removes it."""
+    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
+    """Kept per stream and command (head + tail)."""
+    api_timeout_s: float = Field(default=120, gt=0)
+    """Timeout of one Engine API call (not of commands)."""
+    reap_on_start: bool = True
+    """Remove leaked tinkrl containers of dead owners on this host when the provider starts."""
+    no_new_privileges: bool = True
+    """Run containers with no-new-privileges (setuid binaries don't raise privileges)."""
+
+
+def _client(cfg: DockerSandboxConfig):
+    try:
+        import docker  # the Docker SDK; imported lazily so bwrap-only installs never need it
+    except ModuleNotFoundError:
+        raise SandboxError("the docker provider needs the docker SDK: pip install 'tinkrl[cluster]'",
+                           "sandbox_unavailable") from None
+    url = cfg.base_url or os.environ.get("DOCKER_HOST")
+    if not url:
+        found = [s for s in SOCKETS if os.path.exists(s)]
+        if not found:
+            raise SandboxError("no Docker engine: set sandbox.docker.base_url or DOCKER_HOST (no socket at "
+                               f"{' or '.join(SOCKETS)})", "sandbox_unavailable")
+        url = "unix://" + found[0]
+    try:
+        client = docker.DockerClient(base_url=url, timeout=int(cfg.api_timeout_s))
+        client.ping()
+    except Exception as e:  # noqa: BLE001 - any failure to reach the engine reads the same to the user
+        raise SandboxError(f"cannot reach the Docker engine at {url}: {e}", "sandbox_unavailable") from None
+    return client
+
+
+def owner_labels(owner: Owner, run_id: str, task_id: str, ttl_s: float, provider_id: str) -> dict[str, str]:
+    return {
+        f"{LABEL}.managed": "true",
+        f"{LABEL}.run-id": run_id,
+        f"{LABEL}.task-id": task_id,
+        f"{LABEL}.owner": owner.name,
+        f"{LABEL}.owner-host": owner.host,
+        f"{LABEL}.owner-pid": str(owner.pid),
+        f"{LABEL}.owner-start": owner.start,
+        f"{LABEL}.provider-id": provider_id,
+        f"{LABEL}.expires-at": str(int(time.time() + ttl_s)),
+    }
+
+
+def leak_reason(labels: dict[str, str], now: float | None = None) -> str | None:
+    """Why a tinkrl container is a leak (owner process dead, TTL passed), or None if it is live."""
+    now = time.time() if now is None else now
+    try:
+        if float(labels.get(f"{LABEL}.expires-at", "inf")) < now:
+            return "expired"
+    except ValueError:
+        pass
+    owner = Owner(host=labels.get(f"{LABEL}.owner-host", ""), pid=int(labels.get(f"{LABEL}.owner-pid") or 0),
+                  start=labels.get(f"{LABEL}.owner-start", ""))
+    if owner.process_alive() is False:
+        return "owner gone"
+    return None
+
+
+def reap_containers(client, run_id: str | None = None, dry_run: bool = False,
+                    now: float | None = None) -> list[tuple[str, str]]:
+    """Remove leaked tinkrl containers; with `run_id`, every container of that run.
+
+    Returns (container name, reason) for each one removed (or that would be, on dry_run).
+    A container whose owner lives on another host is only removed once its TTL passes.
+    """
+    flt = {"label": [f"{LABEL}.managed=true"] + ([f"{LABEL}.run-id={run_id}"] if run_id else [])}
+    done = []
+    for c in client.containers.list(all=True, filters=flt):
+        reason = f"run {run_id}" if run_id else leak_reason(c.labels, now)
+        if reason is None:
+            continue
+        if not dry_run:
+            try:
+                c.remove(force=True)
+            except Exception as e:  # noqa: BLE001 - already gone, or the engine refused: report and go on
+                if "404" not in str(e) and "No such container" not in str(e):
+                    reason += f" (remove failed: {e})"
+        done.append((c.name, reason))
+    return done
+
+
+class DockerSandbox(Sandbox):
+    """One running container; every call goes through the Engine API."""
+
+    def __init__(self, provider: "DockerProvider", spec: SandboxSpec, container):
+        self.provider = provider
+        self.spec = spec
+        self.container = container
+        self.name = container.name
+        self._api = provider.client.api
+        self._closed = False
+
+    # -- exec ----------------------------------------------------------------------------
+    def _raw_exec(self, argv: list[str], timeout: float, user: str | None = None,
+                  max_output: int | None = None) -> tuple[int, str, str, bool, bool, float]:
+        """(exit code or -1, stdout, stderr, gave_up, truncated, seconds) of one exec."""
+        limit = max_output or self.provider.config.max_output_bytes
+        out, err = Capture(limit), Capture(limit)
+        t0 = time.monotonic()
+        try:
+            ex = self._api.exec_create(self.container.id, argv, stdout=True, stderr=True, stdin=False,
+                                       tty=False, user=user or "")
+            stream = self._api.exec_start(ex["Id"], stream=True, demux=True)
+        except Exception as e:  # noqa: BLE001
+            raise self._infra(f"exec failed: {e}") from None
+
+        def pump():
+            try:
+                for o, e in stream:
+                    if o:
+                        out.add(o)
+                    if e:
+                        err.add(e)
+            except Exception:  # noqa: BLE001 - the stream died with the container; judged below
+                pass
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        reader.join(timeout + HARD_DEADLINE_GRACE_S)
+        gave_up = reader.is_alive()
+        code = -1
+        if not gave_up:
+            try:
+                info = self._api.exec_inspect(ex["Id"])
+                code = info.get("ExitCode")
+                code = -1 if code is None else int(code)
+            except Exception as e:  # noqa: BLE001
+                raise self._infra(f"exec inspect failed: {e}") from None
+        o, ot = out.result()
+        e_, et = err.result()
+        return code, o, e_, gave_up, ot or et, time.monotonic() - t0
+
+    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None,
+             workdir: str | None = None, user: str | None = None) -> ExecResult:
+        self._check_open()
+        script = exec_script(command, timeout, env=env, workdir=workdir, default_workdir=self.spec.workdir)
+        code, out, err, gave_up, cut, dur = self._raw_exec(shell_argv(script), timeout, user=user)
+        timed_out = gave_up or judge_timeout(code, dur, timeout)
+        if gave_up:
+            self.kill_all()
+        return ExecResult(exit_code=-1 if timed_out else code, stdout=out, stderr=err, timed_out=timed_out,
+                          truncated=cut, duration_s=dur)
+
+    def kill_all(self) -> None:
+        self._check_open()
+        self._raw_exec(shell_argv(KILL_ALL_SCRIPT), 30.0)
+
+    # -- files ---------------------------------------------------------------------------
+    def _mkdir(self, path: str) -> None:
+        code, out, err, *_ = self._raw_exec(["mkdir", "-p", path], 30.0)
+        if code != 0:
+            raise self._infra(f"mkdir {path} failed: {(out + err).strip()}")
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._check_open()
+        path = check_abs(path)
+        if isinstance(data, str):
+            data = data.encode()
+        parent, name = os.path.split(path)
+        self._mkdir(parent or "/")
+        self._put(parent or "/", tar_single_file(name, data, mode))
+
+    def _put(self, dest_dir: str, tar: bytes) -> None:
+        try:
+            ok = self._api.put_archive(self.container.id, dest_dir, tar)
+        except Exception as e:  # noqa: BLE001
+            raise self._infra(f"copy into {dest_dir} failed: {e}") from None
+        if not ok:
+            raise self._infra(f"copy into {dest_dir} failed")
+
+    def _get(self, path: str) -> bytes:
+        import docker.errors
+
+        try:
+            stream, _ = self._api.get_archive(self.container.id, path)
+            return b"".join(stream)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(2, "No such file or directory", path) from None
+        except Exception as e:  # noqa: BLE001
+            raise self._infra(f"copy out of {path} failed: {e}") from None
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        data = self._get(check_abs(path))
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            for m in tf.getmembers():
+                if m.isfile():
+                    return tf.extractfile(m).read()
+        raise IsADirectoryError(21, "Is a directory", path)
+
+    def copy_in(self, src: Path, dest: str) -> None:
+        """A host file to `dest`, or a host directory's contents into directory `dest`."""
+        self._check_open()
+        src, dest = Path(src), check_abs(dest)
+        if src.is_file():
+            self.write_file(dest, src.read_bytes(), src.stat().st_mode & 0o777)
+            return
+        if not src.is_dir():
+            raise FileNotFoundError(2, "No such file or directory", str(src))
+        self._mkdir(dest)
+        self._put(dest, tar_host_path(src, "."))
+
+    def copy_out(self, src: str, dest: Path) -> None:
+        """A sandbox file to host path `dest`, or a directory's contents into directory `dest`."""
+        self._check_open()
+        safe_extract(self._get(check_abs(src)), Path(dest), strip_top=True)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.container.remove(force=True)
+        except Exception as e:  # noqa: BLE001 - gone already is fine; anything else is left to the reaper
+            if "404" not in str(e) and "No such container" not in str(e):
+                self.provider._note(f"could not remove container {self.name}: {e}")
+        self.provider._forget(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.name} is closed", "sandbox_closed")
+
+    def _infra(self, message: str) -> SandboxError:
+        return SandboxError(f"docker sandbox {self.name}: {message}", "sandbox_error")
+
+
+class DockerProvider(SandboxProvider):
+    """Creates docker/podman containers. Options: the fields of `DockerSandboxConfig`."""
+
+    name = "docker"
+
+    def __init__(self, config: DockerSandboxConfig | dict[str, Any] | None = None, **options: Any):
+        if isinstance(config, DockerSandboxConfig):
+            config = config.model_dump()
+        self.config = DockerSandboxConfig(**{**(config or {}), **options})
+        self.client = _client(self.config)
+        self.owner = Owner.current()
+        self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
+        self.provider_id = uuid.uuid4().hex[:12]
+        self.notes: list[str] = []
+        self._live: set[DockerSandbox] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        if self.config.reap_on_start:
+            for name, reason in reap_containers(self.client):
+                self._note(f"removed leaked container {name} ({reason})")
+        # Leaks at exit: close() normally; the atexit hook covers a run that forgot to.
+        ref = weakref.ref(self)
+        atexit.register(lambda: (p := ref()) is not None and p.close())
+
+    def _note(self, msg: str) -> None:
+        self.notes.append(msg)
+
+    def _image(self, spec: SandboxSpec) -> str:
+        image = spec.image or self.config.image
+        if not image:
+            raise SandboxError("the docker provider needs an image: the task names none and "
+                               "sandbox.docker.image is unset", "bad_config")
+        import docker.errors
+
+        if self.config.pull == "always":
+            need = True
+        else:
+            try:
+                self.client.images.get(image)
+                need = False
+            except docker.errors.ImageNotFound:
+                need = True
+        if need and self.config.pull == "never":
+            raise SandboxError(f"image {image} is not present and sandbox.docker.pull is never", "image_pull")
+        if need:
+            try:
+                self.client.images.pull(image)
+            except Exception as e:  # noqa: BLE001
+                raise SandboxError(f"cannot pull image {image}: {e}", "image_pull") from None
+        return image
+
+    def create(self, spec: SandboxSpec | None = None) -> DockerSandbox:
+        if self._closed:
+            raise SandboxError("docker provider is closed", "sandbox_closed")
+        spec = spec or SandboxSpec()
+        image = self._image(spec)
+        task_id = spec.labels.get("task_id") or spec.labels.get("task") or ""
+        run_id = spec.labels.get("run_id") or self.run_id
+        labels = {f"{LABEL}.{k.replace('_', '-')}": str(v) for k, v in spec.labels.items()}
+        labels.update(owner_labels(self.owner, run_id, task_id, self.config.ttl_s, self.provider_id))
+        name = f"tinkrl-{dns_name(run_id, 16)}-{dns_name(task_id or 'sbx', 24)}-{uuid.uuid4().hex[:8]}"
+        kwargs: dict[str, Any] = dict(
+            command=shell_argv("mkdir -p /logs/verifier /tests 2>/dev/null; " + KEEPALIVE),
+            entrypoint=[], name=name, detach=True, labels=labels, hostname="sandbox",
+            working_dir=spec.workdir, environment=dict(spec.env),
+            mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
+            nano_cpus=int(spec.cpu * 1e9), pids_limit=spec.pids,
+            tmpfs={"/tmp": f"size={spec.disk_mb}m"},
+            network_mode=self.config.network if spec.network else "none",
+        )
+        if self.config.no_new_privileges:
+            kwargs["security_opt"] = ["no-new-privileges"]
+        try:
+            container = self.client.containers.run(image, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            # a half-created container carries our labels; remove it now rather than leak it
+            try:
+                self.client.containers.get(name).remove(force=True)
+            except Exception:  # noqa: BLE001
+                pass
+            raise SandboxError(f"cannot start a container from {image}: {e}", "sandbox_start") from None
+        sb = DockerSandbox(self, spec, container)
+        with self._lock:
+            self._live.add(sb)
+        return sb
+
+    def _forget(self, sb: DockerSandbox) -> None:
+        with self._lock:
+            self._live.discard(sb)
+
+    def close(self) -> None:
+        """Remove this provider's containers (any still open) and reap leaks. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            live = list(self._live)
+        for sb in live:
+            sb.close()
+        try:
+            flt = {"label": [f"{LABEL}.provider-id={self.provider_id}"]}
+            for c in self.client.containers.list(all=True, filters=flt):
+                c.remove(force=True)
+            reap_containers(self.client)
+        except Exception as e:  # noqa: BLE001 - at exit, a missing engine must not raise
+            self._note(f"cleanup at close failed: {e}")
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
