@@ -50,6 +50,7 @@ def test_extract_gsm8k_and_final_answer():
     ("1/2", r"\dfrac{1}{2}", True),
     ("-3/4", r"-\frac{3}{4}", True),
     ("1,000", "1000", True),
+    ("1,234.5", "1234.50", True),
     ("12.0", "12", True),
     (r"\text{(B)}", r"\text{(B)}", True),
     ("$5$.", "5", True),
@@ -63,6 +64,7 @@ def test_fast_match_decides(given, gold, expected):
 def test_fast_match_leaves_symbolic_answers_to_math_verify():
     assert g.fast_match(r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt3}{2}") is None
     assert g.fast_match("0.333333", r"\frac13") is None  # decimal vs fraction: math-verify's rounding
+    assert g.fast_match("3, 2", "2, 3") is None  # a list, not the number 32 (commas are not thousands here)
     assert g.grade("", "5") == g.Grade(False, "empty")
     assert g.grade(None, "5").correct is False
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # Extraction
 # ------------------------------------------------------------------------------------------------
 
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 
 
@@ -125,8 +126,11 @@ def normalize_answer(s: str) -> str:
 
 
 def to_number(s: str) -> Fraction | None:
-    """Exact value of an integer / decimal / a/b / \\frac{a}{b} string (commas allowed), else None."""
-    t = normalize_answer(s).replace(",", "")
+    """Exact value of an integer / decimal / a/b / \\frac{a}{b} string, else None.
+
+    Commas count only as thousands separators ("1,234"); "2,3" is a list, not a number.
+    """
+    t = _strip_thousands(normalize_answer(s))
     if not t:
         return None
     try:
@@ -159,7 +163,11 @@ def fast_match(given: str, gold: str) -> bool | None:
 
 
 def _is_decimal(s: str) -> bool:
-    return re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", normalize_answer(s).replace(",", "")) is not None
+    return re.fullmatch(r"-?\d+(?:\.\d+)?|-?\.\d+", _strip_thousands(normalize_answer(s))) is not None
+
+
+def _strip_thousands(t: str) -> str:
+    return t.replace(",", "") if _THOUSANDS_RE.fullmatch(t) else t
 
 
 # ------------------------------------------------------------------------------------------------
