@@ -121,6 +121,21 @@ def test_arithmetic_test_set_group_size(renderer):
         ds.test.get_batch(1)
 
 
+def test_arithmetic_space_without_train_problems_fails_at_build(renderer):
+    # 2 + 2 is the only problem and its hash puts it in the test half
+    with pytest.raises(ConfigError, match=r"arithmetic: no train problems in \[2, 2\]"):
+        build(renderer, env={"min_value": 2, "max_value": 2, "test_fraction": 0.5})
+    ds = build(renderer, env={"min_value": 1, "max_value": 1, "test_fraction": 0.5})  # 1 + 1: train only
+    assert ds.test is None and ds.train.get_batch(3)[0].problem.answer == "2"
+
+
+def test_grade_reply_ignores_reasoning_before_think_end():
+    r = asyncio.run(m.grade_reply("<think>maybe 12</think>It is 13.", "13", "number"))
+    assert (r.correct, r.well_formed, r.given, r.method) == (True, True, "13", "number")
+    r = asyncio.run(m.grade_reply("<think>\\boxed{13}</think>no box", "13", "boxed"))
+    assert (r.correct, r.well_formed) == (False, False)
+
+
 @pytest.mark.parametrize("op", ["-", "*", "/"])
 def test_arithmetic_operations(renderer, op):
     ds = build(renderer, env={"operations": [op], "min_value": 2, "max_value": 30}, groups=20)

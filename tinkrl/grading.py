@@ -45,7 +45,7 @@ _THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 
 
-def _strip_think(text: str) -> str:
+def strip_think(text: str) -> str:
     """The part after a reasoning block (`<think>...</think>`), where the final answer lives."""
     return text.rsplit("</think>", 1)[1] if "</think>" in text else text
 
@@ -97,7 +97,7 @@ def extract_gsm8k_answer(text: str) -> str | None:
 
 def extract_final_answer(text: str) -> str | None:
     """The response's final answer: \\boxed{} content, else after `####`, else the last number."""
-    text = _strip_think(text)
+    text = strip_think(text)
     for extract in (extract_boxed, extract_gsm8k_answer):
         ans = extract(text)
         if ans:

@@ -90,7 +90,8 @@ class MathEnvConfig(BaseModel):
     """hendrycks only: local copy of MATH-500 (the test set, excluded from training)."""
     # -- prompting and reward ----------------------------------------------------------------------
     instruction: str | None = None
-    """Appended to each question; None = nothing for arithmetic, a \\boxed{} request otherwise."""
+    """Appended as is to each question (start it with a space); None = nothing for arithmetic, a \\boxed{}
+    request otherwise."""
     system_prompt: str | None = None
     """Optional system turn before the question (None = the renderer's default)."""
     format_coef: float = Field(0.0, ge=0)
@@ -119,6 +120,7 @@ class MathEnvConfig(BaseModel):
                            format_coef=self.format_coef, grade_timeout_s=self.grade_timeout_s, tag=ctx.key)
         if self.dataset == "arithmetic":
             gen = ArithmeticProblems(self.min_value, self.max_value, list(self.operations), self.test_fraction)
+            gen.sample(_rng("probe"), test=False)  # an empty train split fails now, not at step 0
             train: RLDataset = ArithmeticDataset(gen, spec, ctx.group_size, ctx.groups_per_batch, ctx.seed)
             test_problems = gen.test_problems(ctx.eval_problems)
         else:
@@ -177,29 +179,40 @@ class MathEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         parsed = self.spec.renderer.parse_response(list(action))
-        text = parsed.message.get("content") or ""
-        metrics: Metrics = {}
-        if self.spec.style == "number":
-            given = grading.extract_last_number(grading._strip_think(text))
-            correct = given is not None and grading.to_number(given) == grading.to_number(self.problem.answer)
-            well_formed = given is not None
-            method = "number"
-        else:
-            given = grading.extract_final_answer(text)
-            g = await grading.grade_async(given, self.problem.answer, grading.pool_for(self.spec.grade_timeout_s))
-            correct, method = g.correct, g.method
-            well_formed = grading.extract_boxed(grading._strip_think(text)) is not None
-            if g.timed_out:
-                metrics["grade_timeout"] = 1.0
-        fmt = bool(parsed.ended_cleanly and well_formed)
-        reward = float(correct) + self.spec.format_coef * (float(fmt) - 1.0)
-        metrics.update({"correct": float(correct), "format": float(fmt)})
-        logs = {"answer": "" if given is None else given[:200], "reference": self.problem.answer[:200],
-                "grade": method}
+        reply = await grade_reply(parsed.message.get("content") or "", self.problem.answer, self.spec.style,
+                                  self.spec.grade_timeout_s)
+        fmt = bool(parsed.ended_cleanly and reply.well_formed)
+        reward = float(reply.correct) + self.spec.format_coef * (float(fmt) - 1.0)
+        metrics: Metrics = {"correct": float(reply.correct), "format": float(fmt)}
+        if reply.timed_out:
+            metrics["grade_timeout"] = 1.0
+        logs = {"answer": (reply.given or "")[:200], "reference": self.problem.answer[:200], "grade": reply.method}
         if self.problem.id:
             logs["problem_id"] = self.problem.id
         return StepResult(reward=reward, episode_done=True, next_observation=tinker.ModelInput.empty(),
                           next_stop_condition=self.spec.renderer.stop_sequences(), metrics=metrics, logs=logs)
+
+
+@dataclass(frozen=True)
+class ReplyGrade:
+    correct: bool
+    well_formed: bool  # number style: has a number; boxed style: has \boxed{}
+    given: str | None  # the extracted final answer
+    method: str  # "number" or grading.Grade.method
+    timed_out: bool = False
+
+
+async def grade_reply(text: str, reference: str, style: Literal["number", "boxed"],
+                      timeout_s: float = 10.0) -> ReplyGrade:
+    """Grade a reply's text the way MathEnv does (also used by servers that expose these problems)."""
+    body = grading.strip_think(text)
+    if style == "number":
+        given = grading.extract_last_number(body)
+        correct = given is not None and grading.to_number(given) == grading.to_number(reference)
+        return ReplyGrade(correct, given is not None, given, "number")
+    given = grading.extract_final_answer(text)
+    g = await grading.grade_async(given, reference, grading.pool_for(timeout_s))
+    return ReplyGrade(g.correct, grading.extract_boxed(body) is not None, given, g.method, g.timed_out)
 
 
 class MathGroupBuilder(EnvGroupBuilder):
@@ -231,7 +244,6 @@ class ArithmeticProblems:
 
     def __init__(self, min_value: int, max_value: int, operations: list[str], test_fraction: float = 0.1):
         self.lo, self.hi, self.ops, self.test_fraction = min_value, max_value, operations, test_fraction
-        self.nonzero = [v for v in (self.lo, self.hi) if v != 0]
 
     def is_test(self, a: int, op: str, b: int) -> bool:
         h = hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=8).digest()
