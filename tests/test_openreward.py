@@ -139,8 +139,8 @@ def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
     assert first.group_size == 3 and first.temperature == 0.7 and first.max_failing_rollouts == 1
     assert first.logging_tags() == ["adder"]
     assert len(run(first.make_envs())) == 3
-    assert [(b.split, b.index) for b in ds.test.get_batch(0) + ds.test.get_batch(1)] == \
-        [("test", 0), ("test", 1), ("test", 2)]
+    assert len(ds.test) == 1  # every eval task in one batch, one rollout each
+    assert [(b.split, b.index) for b in ds.test.get_batch(0)] == [("test", 0), ("test", 1), ("test", 2)]
     assert all(b.group_size == 1 for b in ds.test.get_batch(0))
 
 
@@ -189,3 +189,56 @@ def test_server_killed_mid_episode_is_an_infra_failure(renderer):
         run(episode())
     finally:
         stop(proc)
+
+
+def test_upload_sends_each_finished_episode_to_the_rollout_api(toy_server, renderer, monkeypatch):
+    """Uploads go to OpenReward's rollout API (here a local stand-in recording POST /v1/rollouts)."""
+    import threading
+
+    from aiohttp import web
+
+    from tinkrl.envs.openreward import close_uploads, upload_rollouts
+    from tinkrl.rl.types import Trajectory, TrajectoryGroup, Transition
+
+    received: list[dict] = []
+
+    async def rollouts(request):
+        received.extend((await request.json())["events"])
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/rollouts", rollouts)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("OPENREWARD_API_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OPENREWARD_API_KEY", "test-key")
+
+    async def episode():
+        env = OpenRewardEnv(make_spec(toy_server, renderer), "train", 2)
+        ob, _ = await env.initial_observation()
+        a = action(renderer, "Let me submit. " + call("submit", answer="7"))
+        r = await env.step(a)
+        return Trajectory([Transition(ob, a, [0.0] * len(a), r.reward, True, "stop", None, r.metrics, r.logs)])
+
+    try:
+        traj = run(episode())
+        group = TrajectoryGroup([traj], [0.0], [{}], ["adder"])
+        upload_rollouts([("adder", group)], step=4, run_name="ors-test", model_name="tinkrl/tiny-llama")
+        final = close_uploads()
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    assert final == {"openreward/uploaded": 1.0, "openreward/upload_errors": 0.0}
+    started = [e for e in received if e.get("rolloutName")] or [e for e in received if "runName" in e]
+    assert started and started[0].get("runName") == "ors-test"
+    assert "adder-train-2-step4-r0" in json.dumps(started[0])
+    kinds = [e.get("type") for e in received if e.get("type")]
+    assert kinds[:4] == ["user_message", "assistant_message", "tool_call", "tool_result"], kinds
+    last = [e for e in received if e.get("type") == "tool_result"][-1]
+    assert last["content"] == "Correct!" and last["reward"] == 1.0 and last["isFinished"] is True
