@@ -150,3 +150,25 @@ def test_resume_refuses_a_buffer_of_another_size(tmp_path, renderer, provider):
     _dataset(tmp_path, renderer, provider)
     with pytest.raises(ConfigError, match="n_points"):
         _dataset(tmp_path, renderer, provider, n_points=50)
+
+
+def test_the_documented_launch_keys_build_the_env_through_the_registry(tmp_path, renderer, provider):
+    from tinkrl.config import load_config
+    from tinkrl.envs import EnvContext, make_env_config
+
+    config = load_config(None, ["env=ErdosConfig", "env.n_points=200", "env.buffer_size=16", "env.epsilon=0.125",
+                                "env.max_tokens=2048", "env.teacher_forcing=True",
+                                "env.context_window_tokens=4096", "adv_estimator=entropic", "adv_beta=2.0",
+                                "batch_size=512", "group_size=64", "lora_rank=32"])
+    key, entry = next(iter(config.environments.items()))
+    cfg = make_env_config(key, entry)
+    assert isinstance(cfg, ErdosEnvConfig)
+    assert (cfg.n_points, cfg.buffer_size, cfg.epsilon, cfg.max_tokens, cfg.teacher_forcing,
+            cfg.context_window_tokens) == (200, 16, 0.125, 2048, True, 4096)
+    ctx = EnvContext(key=key, entry=entry, renderer=renderer, model_name=config.model_name, group_size=64,
+                     groups_per_batch=config.groups_per_env()[key], max_tokens=config.max_tokens, run_dir=tmp_path,
+                     seed=0, sandbox_provider=lambda: provider)
+    datasets = cfg.build(ctx)
+    batch = datasets.train.get_batch(0)
+    assert len(batch) == 8 and (tmp_path / "best.json").exists() and (tmp_path / "erdos_buffer.json").exists()
+    assert datasets.on_step(0, [])["erdos/best_c5"] == pytest.approx(json.loads((tmp_path / "best.json").read_text())["c5"])

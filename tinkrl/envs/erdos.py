@@ -82,8 +82,6 @@ class ErdosEnvConfig(BaseModel):
     """|∫h − 1| allowed before h is normalised to integral 1."""
     parallel_runs: int | None = Field(None, ge=1)
     """Programs run at once (None: CPU count)."""
-    num_steps: int = Field(50, ge=1)
-    """Training steps (batches) the dataset offers."""
     closing_text: str = DEFAULT_CLOSING_TEXT
     """The forced text of two-phase sampling (not trained on)."""
     prompt_code_chars: int = Field(4000, ge=0)
@@ -92,6 +90,15 @@ class ErdosEnvConfig(BaseModel):
     """The tail of the parent's stdout shown in the prompt."""
     plot: bool = True
     """Write best_h.png whenever the best construction improves."""
+
+    def build(self, ctx: Any) -> Any:
+        """The registry's entry point (tinkrl.envs.EnvContext -> EnvDatasets)."""
+        from tinkrl.envs import EnvDatasets
+
+        dataset = build_erdos_dataset(self, renderer=ctx.renderer, group_size=ctx.group_size,
+                                      groups_per_batch=ctx.groups_per_batch, run_dir=Path(ctx.run_dir),
+                                      seed=ctx.seed, sandbox_provider=ctx.sandbox_provider())
+        return EnvDatasets(train=dataset, on_step=lambda step, groups: dataset.batch_metrics(step))
 
 
 ErdosConfig = ErdosEnvConfig  # the name users type: env=ErdosConfig
@@ -404,7 +411,7 @@ class ErdosDataset(RLDataset):
         return [ErdosGroupBuilder(self.search, p, index, i, self.group_size) for i, p in enumerate(parents)]
 
     def __len__(self) -> int:
-        return self.search.cfg.num_steps
+        return 10**9  # an open-ended search: the trainer's max_steps decides when it stops
 
     def batch_metrics(self, index: int) -> Metrics:
         """Per-step search metrics; call after the batch's rollouts finished."""
