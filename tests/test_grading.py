@@ -120,3 +120,12 @@ def test_math_verify_own_timeout_is_reported_incorrect():
         assert g.grade("x^2-1", "(x-1)(x+1)", p).correct  # the same pool still grades
     finally:
         p.close()
+
+
+def test_crashed_worker_is_retried_once_then_reported_and_pool_recovers(pool):
+    import os
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool, match="died twice"):
+        pool.run(os._exit, 3)  # the worker process dies on every try
+    assert g.grade("2+2", "4", pool).correct  # fast path: "2+2" is no number -> math-verify on a fresh pool

@@ -261,37 +261,50 @@ class GraderPool:
         pool.shutdown(wait=False, cancel_futures=True)
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> tuple[bool, Any]:
-        """(finished, result) of fn(*args) in a worker; (False, None) when it ran out of time."""
+        """(finished, result) of fn(*args) in a worker; (False, None) when it ran out of time.
+
+        Raises BrokenProcessPool when the worker died twice (e.g. a crash in native code).
+        """
         limit = self.timeout_s + self.kill_margin_s if timeout_s is None else timeout_s
         with self._slots:
             for attempt in range(2):
                 pool, gen = self._get_pool()
                 try:
                     fut = pool.submit(fn, *args)
+                except (BrokenProcessPool, RuntimeError):  # shut down by a concurrent kill
+                    self._kill(gen)
+                    continue
+                try:
                     return True, fut.result(timeout=limit)
                 except cf.TimeoutError:
                     self.timeouts += 1
                     log.warning("grader: a call ran over %.1fs; killing the worker pool", limit)
                     self._kill(gen)
                     return False, None
-                except (BrokenProcessPool, RuntimeError):
-                    # The pool was killed under us (another call timed out): retry once on a new one.
+                except (BrokenProcessPool, cf.CancelledError):
+                    # The pool died under this call (another call's kill, or this call crashed it).
                     self._kill(gen)
                     if attempt == 1:
-                        raise
-        raise AssertionError("unreachable")
+                        raise BrokenProcessPool("the grader worker died twice on this call") from None
+        raise BrokenProcessPool("could not submit to the grader pool")
 
     async def run_async(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> tuple[bool, Any]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._waiters, lambda: self.run(fn, *args, timeout_s=timeout_s))
 
     def math_verify(self, given: str, gold: str) -> Grade:
-        finished, result = self.run(_math_verify_worker, given, gold, max(1, int(round(self.timeout_s))))
+        try:
+            finished, result = self.run(_math_verify_worker, given, gold, max(1, int(round(self.timeout_s))))
+        except BrokenProcessPool as e:
+            return Grade(False, "error", detail=str(e))
         return _to_grade(finished, result, self.timeout_s)
 
     async def math_verify_async(self, given: str, gold: str) -> Grade:
-        finished, result = await self.run_async(_math_verify_worker, given, gold,
-                                                max(1, int(round(self.timeout_s))))
+        try:
+            finished, result = await self.run_async(_math_verify_worker, given, gold,
+                                                    max(1, int(round(self.timeout_s))))
+        except BrokenProcessPool as e:
+            return Grade(False, "error", detail=str(e))
         return _to_grade(finished, result, self.timeout_s)
 
     def close(self) -> None:
