@@ -38,6 +38,7 @@ def test_extract_gsm8k_and_final_answer():
     sol = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 1,072"
     assert g.extract_gsm8k_answer(sol) == "1072"
     assert g.extract_gsm8k_answer("no marker 5") is None
+    assert g.extract_gsm8k_answer("so #### 2.\nThe answer is: 2 apples") == "2"  # only the marked line
     # boxed first, then ####, then the last number; text before </think> is ignored
     assert g.extract_final_answer(r"maybe 3 \boxed{4} or 5") == "4"
     assert g.extract_final_answer("work 3\n#### 9") == "9"

@@ -4,7 +4,7 @@ Extraction:
 - `extract_boxed(text)`: the content of the LAST `\\boxed{...}` (or `\\fbox{...}`), nested braces
   balanced; also the brace-less form `\\boxed 5`.
 - `extract_last_number(text)`: the last number (thousands commas removed, e.g. "1,234" -> "1234").
-- `extract_gsm8k_answer(text)`: what follows the last `####` (GSM8K's reference-answer format).
+- `extract_gsm8k_answer(text)`: the line after the last `####` (GSM8K's reference-answer format).
 - `extract_final_answer(text)`: boxed content, else the `####` answer, else the last number.
 
 Equivalence (`grade` / `grade_async`): a fast path first (normalised string match, then exact
@@ -88,11 +88,11 @@ def extract_last_number(text: str) -> str | None:
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
-    """Text after the last `####`, commas removed (GSM8K reference solutions end `#### 42`)."""
+    """The rest of the line after the last `####`, commas removed (GSM8K solutions end `#### 42`)."""
     if "####" not in text:
         return None
-    tail = text.rsplit("####", 1)[1].strip()
-    return tail.replace(",", "").strip() or None
+    tail = text.rsplit("####", 1)[1].strip().split("\n", 1)[0]
+    return tail.replace(",", "").strip().rstrip(".").strip() or None
 
 
 def extract_final_answer(text: str) -> str | None:
