@@ -112,32 +112,37 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
                  max_context: int) -> None:
     """Run every job to completion; each job's `result` is set to a SampleResponse."""
     device = lm.lm_head.weight.device
-    J = len(jobs)
-    lens = [len(j.prompt) for j in jobs]
-    P = max(lens)
     for j in jobs:
         if not j.prompt:
             raise ValueError("sample: the prompt is empty")
+    # Prefill each distinct prompt once: a GRPO group's rollouts all ask with the same prompt.
+    unique: dict[tuple[int, ...], int] = {}
+    job_prompt = [unique.setdefault(tuple(j.prompt), len(unique)) for j in jobs]
+    prompts = list(unique)
+    U = len(prompts)
+    lens = [len(p) for p in prompts]
+    P = max(lens)
     max_new = max((j.params.max_tokens or 256) for j in jobs)
     max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
-    ids = torch.full((J, P), eos_id or 0, dtype=torch.long)
-    attn = torch.zeros((J, P + max_new), dtype=torch.long)
-    for i, j in enumerate(jobs):
-        ids[i, P - lens[i]:] = torch.tensor(j.prompt)
-        attn[i, P - lens[i]:P] = 1
+    ids = torch.full((U, P), eos_id or 0, dtype=torch.long)
+    attn = torch.zeros((U, P + max_new), dtype=torch.long)
+    for u, prompt in enumerate(prompts):
+        ids[u, P - lens[u]:] = torch.tensor(prompt)
+        attn[u, P - lens[u]:P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
-    cache = KVCache.allocate(lm.config, J, P + max_new, device)
+    cache = KVCache.allocate(lm.config, U, P + max_new, device)
     hidden = lm(ids, positions, causal_mask(attn[:, :P], P), cache, 0)
 
-    prompt_lp: list[np.ndarray | None] = [None] * J
-    topk: list = [None] * J
+    prompt_lp: list[np.ndarray | None] = [None] * len(jobs)
+    topk: list = [None] * len(jobs)
     for i, j in enumerate(jobs):
         if j.include_prompt_logprobs or j.topk_prompt_logprobs:
-            h = hidden[i, P - lens[i]:]
+            u = job_prompt[i]
+            h = hidden[u, P - lens[u]:]
             lp = lm.logits(h).log_softmax(-1)
             targets = torch.tensor(j.prompt[1:], device=device)
-            vals = np.full(lens[i], np.nan, dtype=np.float32)
+            vals = np.full(lens[u], np.nan, dtype=np.float32)
             vals[1:] = lp[:-1].gather(-1, targets[:, None])[:, 0].cpu().numpy()
             prompt_lp[i] = vals
             if j.topk_prompt_logprobs:
@@ -150,10 +155,10 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         stop_ids, stop_strings = _stop_condition(j.params, eos_id)
         budget = min(j.params.max_tokens or 256, max_new)
         for s in range(j.num_samples):
-            rows.append(_Row(i, s, lens[i], budget, stop_ids, stop_strings, float(j.params.temperature),
+            rows.append(_Row(i, s, len(j.prompt), budget, stop_ids, stop_strings, float(j.params.temperature),
                              int(j.params.top_k or -1), float(j.params.top_p if j.params.top_p is not None else 1.0),
                              _generator(j.params.seed, s, device)))
-    row_job = torch.tensor([r.job for r in rows], device=device)
+    row_job = torch.tensor([job_prompt[r.job] for r in rows], device=device)
     cache = cache.select(row_job)
     attn = attn[row_job]
     logits = last_logits[row_job]
@@ -170,8 +175,7 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
             r.logprobs.append(lp)
             if tok in r.stop_ids:
                 r.stop_reason = "stop"
-            elif r.stop_strings and any(s in tokenizer.decode(r.tokens[-16:]) for s in r.stop_strings) and \
-                    any(s in tokenizer.decode(r.tokens) for s in r.stop_strings):
+            elif r.stop_strings and any(s in tokenizer.decode(r.tokens[-16:]) for s in r.stop_strings):
                 r.stop_reason = "stop"
             elif len(r.tokens) >= r.max_tokens:
                 r.stop_reason = "length"

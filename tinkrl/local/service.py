@@ -32,8 +32,9 @@ from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
 from tinkrl.local.models import (DEFAULT_MODEL, known_models, default_dtype, load_model, pick_device,
                                  tinkrl_home)
+from tinkrl.local.packing import batch_packs, pack_sequences, pack_tensors
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm, causal_mask
+from tinkrl.local.transformer import CausalLM, build_causal_lm
 
 LORA_ALPHA = 32  # scaling = alpha / rank, as in Tinker: the best learning rate barely moves with rank
 ATTN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -375,9 +376,9 @@ class TrainingClient(_ClientHandle):
         data = list(data)
         return self.engine.submit(lambda: self._forward_backward_custom(data, loss_fn))
 
-    def _batch(self, data: list[types.Datum]):
-        """Right-padded token batch; returns ids, positions, mask, targets, per-datum lengths and inputs."""
-        lens, inputs = [], []
+    @staticmethod
+    def _inputs(data: list[types.Datum]) -> list[dict[str, torch.Tensor]]:
+        inputs = []
         for i, d in enumerate(data):
             n = d.model_input.length
             tensors = {k: v.to_torch() for k, v in d.loss_fn_inputs.items()}
@@ -385,30 +386,17 @@ class TrainingClient(_ClientHandle):
                 if t.shape[0] != n:
                     raise losses.LossInputError(f"datum {i}: loss_fn_inputs[{k!r}] has length {t.shape[0]} but "
                                                 f"model_input has {n} tokens (targets are inputs shifted by one)")
-            lens.append(n)
             inputs.append(tensors)
-        T = max(lens)
-        ids = torch.zeros(len(data), T, dtype=torch.long)
-        valid = torch.zeros(len(data), T, dtype=torch.long)
-        for i, d in enumerate(data):
-            ids[i, :lens[i]] = torch.tensor(d.model_input.to_ints())
-            valid[i, :lens[i]] = 1
-        dev = self.engine.device
-        ids, valid = ids.to(dev), valid.to(dev)
-        positions = torch.arange(T, device=dev)[None].expand(len(data), T)
-        return ids, positions, causal_mask(valid, T), lens, inputs
+        return inputs
 
-    def _microbatches(self, data: list[types.Datum]) -> list[list[int]]:
-        order = sorted(range(len(data)), key=lambda i: data[i].model_input.length)
-        batches, cur, cur_max = [], [], 0
-        for i in order:
-            n = data[i].model_input.length
-            if cur and max(cur_max, n) * (len(cur) + 1) > MAX_TOKENS_PER_MICROBATCH:
-                batches.append(cur)
-                cur, cur_max = [], 0
-            cur.append(i)
-            cur_max = max(cur_max, n)
-        return batches + ([cur] if cur else [])
+    def _hidden_states(self, data: list[types.Datum], grad: bool, max_tokens: int = MAX_TOKENS_PER_MICROBATCH):
+        """Yield (micro-batch [(datum index, hidden [n, d])]) with shared prefixes run once (packing.py)."""
+        seqs = [d.model_input.to_ints() for d in data]
+        for mb in batch_packs(pack_sequences(seqs, max_tokens=max_tokens), max_tokens):
+            ids, positions, mask = pack_tensors(mb, self.engine.device)
+            with torch.set_grad_enabled(grad):
+                hidden = self.model(ids, positions, mask)
+                yield [(i, hidden[r, idx]) for r, p in enumerate(mb) for i, idx in p.members]
 
     def _logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Target logprobs of one datum: the exact fp32 head where the loss can be non-zero;
@@ -430,19 +418,17 @@ class TrainingClient(_ClientHandle):
             raise losses.LossInputError("forward_backward needs at least one datum")
         keys = set(data[0].loss_fn_inputs)
         losses.check_loss(loss_fn, config, keys)
+        inputs = self._inputs(data)
         out_lp: list[torch.Tensor | None] = [None] * len(data)
         total = 0.0
-        for mb in self._microbatches(data):
-            batch = [data[i] for i in mb]
-            ids, positions, mask, lens, inputs = self._batch(batch)
+        for members in self._hidden_states(data, grad=backward):
             with torch.set_grad_enabled(backward):
-                hidden = self.model(ids, positions, mask)
-                loss = hidden.new_zeros(())
-                for b, i in enumerate(mb):
-                    dev_inputs = {k: v.to(hidden.device) for k, v in inputs[b].items()}
+                loss = torch.zeros((), device=self.engine.device)
+                for i, hidden in members:
+                    dev_inputs = {k: v.to(hidden.device) for k, v in inputs[i].items()}
                     targets = dev_inputs["target_tokens"].long()
                     active = losses.active_positions(loss_fn, dev_inputs)
-                    lp = self._logprobs(hidden[b, :lens[b]], targets, active)
+                    lp = self._logprobs(hidden, targets, active)
                     loss = loss + losses.datum_loss(loss_fn, lp, dev_inputs, config)
                     out_lp[i] = lp.detach().float().cpu()
             if backward and loss.requires_grad:
@@ -453,12 +439,12 @@ class TrainingClient(_ClientHandle):
                                            metrics={"loss:sum": total})
 
     def _forward_backward_custom(self, data: list[types.Datum], loss_fn: Callable) -> types.ForwardBackwardOutput:
-        ids, positions, mask, lens, inputs = self._batch(data)
-        hidden = self.model(ids, positions, mask)
-        lps = []
-        for b in range(len(data)):
-            targets = inputs[b]["target_tokens"].long().to(hidden.device)
-            lps.append(self._logprobs(hidden[b, :lens[b]], targets, torch.ones_like(targets, dtype=torch.bool)))
+        inputs = self._inputs(data)
+        lps: list[torch.Tensor | None] = [None] * len(data)
+        for members in self._hidden_states(data, grad=True, max_tokens=1 << 30):  # one graph for the user's loss
+            for i, hidden in members:
+                targets = inputs[i]["target_tokens"].long().to(hidden.device)
+                lps[i] = self._logprobs(hidden, targets, torch.ones_like(targets, dtype=torch.bool))
         loss, metrics = loss_fn(data, lps)
         loss.backward()
         outputs = [{"logprobs": types.TensorData.from_torch(lp.detach().cpu())} for lp in lps]

@@ -1,0 +1,71 @@
+"""Running episodes: one env through the policy, and a GRPO group of them, concurrently.
+
+What the policy causes (turn/token limits, a stop for length, a broken tool call) is part of
+the episode. Only infrastructure failures (`InfraFailure`: a dead sandbox or env server, a
+transport error) become a trajectory's `failure_mode`: recorded, left out of the group, never
+scored as reward 0. A group with more failures than its builder's `max_failing_rollouts`
+is dropped by the trainer and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+
+from tinker import types
+
+from tinkrl.errors import InfraFailure
+from tinkrl.rl.types import Env, EnvGroupBuilder, Trajectory, TrajectoryGroup, Transition
+
+log = logging.getLogger(__name__)
+
+
+async def do_rollout(env: Env, sampling_client, max_tokens: int, temperature: float, top_p: float = 1.0) -> Trajectory:
+    transitions: list[Transition] = []
+    try:
+        ob, stop = await env.initial_observation()
+        while True:
+            params = types.SamplingParams(max_tokens=env.max_tokens(max_tokens), temperature=temperature,
+                                          top_p=top_p, stop=stop)
+            resp = await sampling_client.sample(ob, 1, params)
+            seq = resp.sequences[0]
+            step = await env.step(list(seq.tokens), stop_reason=seq.stop_reason)
+            transitions.append(Transition(ob, list(seq.tokens), list(seq.logprobs or []), step.reward,
+                                          step.episode_done, seq.stop_reason, step.action_mask, step.metrics,
+                                          step.logs))
+            if step.episode_done:
+                return Trajectory(transitions, step.next_observation)
+            ob, stop = step.next_observation, step.next_stop_condition
+    except InfraFailure as e:
+        return Trajectory(transitions, None, failure_mode=e.failure_mode, failure_detail=str(e))
+    finally:
+        try:
+            await env.close()
+        except Exception:  # closing must never take the run down
+            log.warning("env.close failed:\n%s", traceback.format_exc())
+
+
+async def do_group_rollout(builder: EnvGroupBuilder, sampling_client, max_tokens: int, temperature: float,
+                           top_p: float = 1.0, semaphore: asyncio.Semaphore | None = None) -> TrajectoryGroup:
+    temperature = builder.temperature if builder.temperature is not None else temperature
+
+    async def one(env: Env) -> Trajectory:
+        if semaphore is None:
+            return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
+        async with semaphore:
+            return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
+
+    try:
+        envs = await builder.make_envs()
+        trajectories = await asyncio.gather(*(one(e) for e in envs))
+        ok = [t for t in trajectories if t.failure_mode is None]
+        failed = [t for t in trajectories if t.failure_mode is not None]
+        ok_envs = [e for e, t in zip(envs, trajectories) if t.failure_mode is None]
+        group_rewards = await builder.compute_group_rewards(ok, ok_envs) if ok else []
+    except InfraFailure as e:
+        failed, ok, group_rewards = [Trajectory([], None, e.failure_mode, str(e))], [], []
+    finally:
+        await builder.cleanup()
+    return TrajectoryGroup(ok, [r for r, _ in group_rewards], [m for _, m in group_rewards],
+                           builder.logging_tags(), failed)

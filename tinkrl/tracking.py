@@ -1,0 +1,68 @@
+"""Run logging: `metrics.jsonl` (one line per step), `checkpoints.jsonl`, rollouts, and W&B.
+
+`metrics.jsonl` never holds a step twice: on resume, lines at or after the resumed step are
+dropped before new ones are appended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+    return rows
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        f.flush()
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, config_dump: dict, wandb_cfg, run_name: str, resume_step: int):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        rows = [r for r in read_jsonl(self.metrics_path) if r.get("step", -1) < resume_step]
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+        self.wandb = None
+        if wandb_cfg.enabled:
+            import wandb  # optional dependency: pip install tinkrl[wandb]
+
+            self.wandb = wandb.init(entity=wandb_cfg.entity, project=wandb_cfg.project or "tinkrl",
+                                    name=wandb_cfg.run_name or run_name, config=config_dump,
+                                    id=run_name, resume="allow", dir=str(run_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        append_jsonl(self.metrics_path, {"step": step, **metrics})
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def write_rollouts(self, step: int, rows: list[dict]) -> None:
+        path = self.run_dir / "rollouts" / f"step_{step:06d}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
