@@ -61,8 +61,10 @@ def test_config_defaults_and_errors():
     cfg = m.MathEnvConfig()
     assert (cfg.dataset, cfg.min_value, cfg.max_value, cfg.operations, cfg.format_coef) == \
         ("arithmetic", 10, 99, ["+"], 0.0)
-    with pytest.raises(ValueError, match="min_value"):
-        m.MathEnvConfig(min_value=50, max_value=10)
+    with pytest.raises(ConfigError, match=r"environments.arithmetic.env.max_value: .*must be >= min_value \(50\)"):
+        make_env_config("arithmetic", EnvEntry(env={"min_value": 50, "max_value": 10}))
+    with pytest.raises(ConfigError, match="env.data_path: .*does not apply"):
+        make_env_config("arithmetic", EnvEntry(env={"data_path": "x.jsonl"}))
     with pytest.raises(ConfigError, match="unknown key 'max_val'"):
         make_env_config("arithmetic", EnvEntry(env={"max_val": 5}))
     with pytest.raises(ConfigError, match="fixed to 'arithmetic'"):

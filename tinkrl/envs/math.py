@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import tinker
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tinkrl import grading
 from tinkrl.errors import ConfigError
@@ -99,15 +99,26 @@ class MathEnvConfig(BaseModel):
     grade_timeout_s: float = Field(10.0, gt=0)
     """Per-answer time limit for math-verify; a timed-out grade is incorrect."""
 
-    @model_validator(mode="after")
-    def _check(self) -> "MathEnvConfig":
-        if self.min_value > self.max_value:
-            raise ValueError(f"min_value ({self.min_value}) must be <= max_value ({self.max_value})")
-        if "/" in self.operations and self.min_value <= 0 <= self.max_value and self.min_value == self.max_value:
-            raise ValueError("division needs a non-zero operand in [min_value, max_value]")
-        if self.dataset == "arithmetic" and (self.data_path or self.test_data_path):
-            raise ValueError("data_path/test_data_path do not apply to the synthetic arithmetic dataset")
-        return self
+    @field_validator("max_value")
+    @classmethod
+    def _max_at_least_min(cls, v: int, info: ValidationInfo) -> int:
+        if "min_value" in info.data and v < info.data["min_value"]:
+            raise ValueError(f"must be >= min_value ({info.data['min_value']})")
+        return v
+
+    @field_validator("operations")
+    @classmethod
+    def _division_needs_nonzero(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if "/" in v and info.data.get("min_value") == info.data.get("max_value") == 0:
+            raise ValueError("'/' needs a non-zero operand in [min_value, max_value]")
+        return v
+
+    @field_validator("data_path", "test_data_path")
+    @classmethod
+    def _only_for_datasets(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("dataset") == "arithmetic":
+            raise ValueError("does not apply to the synthetic arithmetic dataset")
+        return v
 
     def build(self, ctx: "EnvContext") -> "EnvDatasets":
         from tinkrl.envs import EnvDatasets
