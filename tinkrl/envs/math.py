@@ -12,7 +12,8 @@ reply:
   answer is the last \\boxed{} content, else what follows `####`, else the last number
   (`tinkrl.grading.extract_final_answer`), graded by `tinkrl.grading.grade_async` (exact/numeric
   fast path, then math-verify in a worker process with a timeout); format = ended with the stop
-  token and contains \\boxed{}. Text before a closing `</think>` is ignored.
+  token and contains \\boxed{}. Text before a closing `</think>` is ignored. `grade_reply` is this
+  grading on its own (for servers exposing the same problems).
 
 Arithmetic problems are drawn from a seeded RNG per (seed, batch index), so a resumed run gets
 the same batches. Each (a, op, b) is assigned to train or test by a hash of the problem itself
@@ -21,8 +22,9 @@ the same batches. Each (a, op, b) is assigned to train or test by a hash of the 
 Datasets are read with HF `datasets` from `data_path` (a local file or directory) or from the
 local HF cache, never downloaded; a missing dataset is one clear error naming where it looked.
 In a directory, files are assigned to splits by name (a path part or file name containing
-`train` / `test`); `tinkrl/envs/data/<dataset>/` holds small samples in that layout.
-- gsm8k: train = train split, test = test split (answers after `####`).
+`train` / `test`; an HF snapshot such as gsm8k's `main/train-00000-of-00001.parquet` works as
+is); `tinkrl/envs/data/<dataset>/` holds small samples in that layout.
+- gsm8k: train = train split, test = the first `eval_problems` of the test split.
 - hendrycks: train = every problem of all 7 subjects (train + test) minus the MATH-500 problems,
   test = MATH-500 (read from `test_data_path` or the HF cache); answers = last \\boxed{} of the
   solution.
