@@ -3,12 +3,14 @@
 `python tests/ors_toy_env.py --port N` serves it on 127.0.0.1. Tasks are additions; tools:
 `hint` (reward -0.1, episode goes on) and `submit` (reward 1 if the answer is the sum, else 0;
 finishes the episode). Used by the ORS client and training tests as an independent server.
+`--die-at-session K` SIGKILLs the server when the K-th session is created (a crash mid-run).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 
@@ -23,8 +25,14 @@ class SubmitParams(BaseModel):
 class Adder(Environment):
     """What is a + b? Submit the sum."""
 
+    sessions = 0
+    die_at_session = 0
+
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec, secrets)
+        Adder.sessions += 1
+        if Adder.sessions == Adder.die_at_session:
+            os.kill(os.getpid(), signal.SIGKILL)
         self.a, self.b = int(task_spec["a"]), int(task_spec["b"])
 
     @classmethod
@@ -59,7 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--die-at-session", type=int, default=0)
     args = parser.parse_args()
+    Adder.die_at_session = args.die_at_session
     uvicorn.run(Server([Adder]).app, host=args.host, port=args.port, log_level="warning")
 
 
