@@ -1,0 +1,189 @@
+"""Run black-box agents per rollout through the OpenAI-compatible server and get Trajectories back.
+
+An external agent knows only an OpenAI base URL. Each rollout gets its own,
+`<server>/rollouts/<rollout_id>/v1`, so everything the agent samples is captured under that
+rollout without the agent's cooperation. When the agent is done, a grader gives the reward,
+and the captured calls become a `Trajectory` (see `capture.captured_to_trajectory`) that the
+trainer turns into datums like any other.
+
+Agents:
+- a Python callable `agent(session: AgentSession)` (sync callables run on a worker thread,
+  so a blocking `openai.OpenAI` client is fine), or
+- a `CommandAgent`: a process started with `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
+  `OPENAI_MODEL`, `TINKRL_ROLLOUT_ID` and `TINKRL_INSTRUCTION` in its environment, and
+  `{base_url}`, `{api_key}`, `{model}`, `{rollout_id}`, `{instruction}` substituted in argv.
+
+What counts as whose fault: the agent running past its time limit is the policy's doing
+(the episode is graded as it stands); a sandbox dying is infrastructure
+(`InfraFailure`, recorded as the trajectory's `failure_mode`); an agent that crashes or
+exits non-zero is recorded as `failure_mode="agent_error"` (excluded from its group, never
+scored 0), as is an agent that never called the model (`"no_model_calls"`: no tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence, Union
+
+from tinkrl.errors import InfraFailure
+from tinkrl.proxy.capture import MergeStats, captured_to_trajectory
+from tinkrl.proxy.server import ProxyServer
+from tinkrl.rl.types import Trajectory, TrajectoryGroup
+
+log = logging.getLogger("tinkrl.proxy.agents")
+
+
+@dataclass
+class AgentSession:
+    """What an external agent gets for one rollout."""
+
+    base_url: str  # OpenAI base URL (ends in /v1) that captures into this rollout
+    api_key: str
+    model: str
+    rollout_id: str
+    instruction: str = ""
+    sandbox: Any = None  # the task's sandbox, for in-process agents that act on it
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CommandAgent:
+    """An agent run as a process; argv entries may contain {base_url} {api_key} {model} {rollout_id} {instruction}."""
+
+    argv: Sequence[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+    async def __call__(self, session: AgentSession) -> None:
+        values = {"base_url": session.base_url, "api_key": session.api_key, "model": session.model,
+                  "rollout_id": session.rollout_id, "instruction": session.instruction}
+        argv = [a.format(**values) for a in self.argv]
+        env = {**os.environ, **self.env, "OPENAI_BASE_URL": session.base_url, "OPENAI_API_BASE": session.base_url,
+               "OPENAI_API_KEY": session.api_key, "OPENAI_MODEL": session.model,
+               "TINKRL_ROLLOUT_ID": session.rollout_id, "TINKRL_INSTRUCTION": session.instruction}
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        try:
+            out, _ = await proc.communicate()
+        except asyncio.CancelledError:  # the time limit: stop the process, then let the caller grade
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            tail = out.decode(errors="replace").strip()[-500:]
+            raise AgentError(f"agent command {argv[0]} exited {proc.returncode}: {tail}")
+
+
+class AgentError(Exception):
+    """The agent program itself failed (not the policy, not the infrastructure)."""
+
+
+Agent = Union[CommandAgent, Callable[[AgentSession], Union[None, Awaitable[None]]]]
+
+
+@dataclass
+class ExternalRollout:
+    trajectory: Trajectory
+    stats: MergeStats
+    reward: float
+    rollout_id: str
+    timed_out: bool = False
+    grade_detail: str = ""
+
+
+class ExternalAgentRunner:
+    """Runs agents against `server` (reachable at `base_url`, without /v1) and collects their tokens."""
+
+    def __init__(self, server: ProxyServer, base_url: str, api_key: str | None = None):
+        self.server = server
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key or server.api_key or "EMPTY"
+
+    def session(self, rollout_id: str | None = None, **kwargs: Any) -> AgentSession:
+        rid = rollout_id or uuid.uuid4().hex
+        return AgentSession(f"{self.base_url}/rollouts/{rid}/v1", self.api_key, self.server.served_model_name,
+                            rid, **kwargs)
+
+    async def _run_agent(self, agent: Agent, session: AgentSession, timeout_s: float | None) -> bool:
+        """Run the agent to completion or its time limit; True when it was stopped at the limit."""
+        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None)):
+            work = agent(session)
+        else:
+            work = asyncio.to_thread(agent, session)
+        try:
+            await asyncio.wait_for(work, timeout_s)
+            return False
+        except asyncio.TimeoutError:
+            # A thread cannot be stopped: calls it still makes land in a rollout nobody reads any more.
+            return True
+
+    async def run(self, agent: Agent, grader: Callable[[], Union[float, Awaitable[float]]], *,
+                  timeout_s: float | None = None, rollout_id: str | None = None, instruction: str = "",
+                  sandbox: Any = None, context: dict[str, Any] | None = None) -> ExternalRollout:
+        """One rollout: run the agent, grade, and build its trajectory from the captured calls."""
+        session = self.session(rollout_id, instruction=instruction, sandbox=sandbox, context=context or {})
+        failure: tuple[str, str] | None = None
+        timed_out = False
+        try:
+            timed_out = await self._run_agent(agent, session, timeout_s)
+        except InfraFailure as e:
+            failure = (e.failure_mode, str(e))
+        except Exception as e:
+            failure = ("agent_error", f"{type(e).__name__}: {e}")
+        reward, detail = 0.0, ""
+        if failure is None:
+            try:
+                value = grader()
+                reward = float(await value if inspect.isawaitable(value) else value)
+            except InfraFailure as e:
+                failure = (e.failure_mode, str(e))
+        calls = self.server.capture.pop(session.rollout_id)
+        trajectory, stats = captured_to_trajectory(calls, reward)
+        if failure is None and not calls:
+            failure = ("no_model_calls", "the agent finished without calling the model")
+        if failure is not None:
+            trajectory.failure_mode, trajectory.failure_detail = failure
+            log.warning("rollout %s failed (%s): %s", session.rollout_id, *failure)
+        return ExternalRollout(trajectory, stats, reward, session.rollout_id, timed_out, detail)
+
+    async def run_task(self, agent: Agent, task: Any, provider: Any, *, timeout_s: float | None = None) -> ExternalRollout:
+        """One rollout on a tinkrl task: fresh sandbox, the agent acts on it, the task's grader scores it."""
+        from tinkrl.tasks.grading import grade, start_sandbox
+
+        try:
+            sandbox = await asyncio.to_thread(start_sandbox, task, provider)
+        except InfraFailure as e:
+            traj = Trajectory(transitions=[], failure_mode=e.failure_mode, failure_detail=str(e))
+            return ExternalRollout(traj, MergeStats(), 0.0, "")
+        details: list[str] = []
+
+        async def grader() -> float:
+            result = await asyncio.to_thread(grade, task, sandbox)
+            details.append(result.detail)
+            return result.reward
+
+        try:
+            rollout = await self.run(agent, grader, timeout_s=timeout_s or task.agent_timeout_s,
+                                     instruction=task.instruction, sandbox=sandbox, context={"task": task})
+        finally:
+            await asyncio.to_thread(sandbox.close)
+        rollout.grade_detail = details[0] if details else ""
+        return rollout
+
+    async def run_task_group(self, agent: Agent, task: Any, provider: Any, group_size: int, *,
+                             timeout_s: float | None = None) -> tuple[TrajectoryGroup, MergeStats]:
+        """`group_size` concurrent rollouts of one task: a GRPO group, failures kept apart."""
+        rollouts = await asyncio.gather(*(self.run_task(agent, task, provider, timeout_s=timeout_s)
+                                          for _ in range(group_size)))
+        kept = [r for r in rollouts if r.trajectory.failure_mode is None]
+        stats = sum((r.stats for r in rollouts), MergeStats())
+        group = TrajectoryGroup(trajectories_G=[r.trajectory for r in kept], final_rewards_G=[0.0] * len(kept),
+                                metrics_G=[{**r.stats.to_metrics(), "timed_out": float(r.timed_out)} for r in kept],
+                                tags=[getattr(task, "id", "task")],
+                                failures=[r.trajectory for r in rollouts if r.trajectory.failure_mode is not None])
+        return group, stats

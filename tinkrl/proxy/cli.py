@@ -1,0 +1,92 @@
+"""`tinkrl serve openai`: an OpenAI-compatible server over the policy, with token capture.
+
+    tinkrl serve openai [--host 127.0.0.1] [--port 8001] [--model NAME | --checkpoint PATH]
+                        [--backend local|tinker] [--api-key KEY]
+
+Point any OpenAI client at it (`OPENAI_BASE_URL=http://127.0.0.1:8001/v1`); a base URL of
+`http://127.0.0.1:8001/rollouts/<id>/v1` captures every call under rollout `<id>`, fetched
+with `GET /v1/rollouts/<id>`. `POST /v1/admin/weights {"model_path": ...}` swaps weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tinkrl serve openai",
+                                description="Serve the policy over the OpenAI API (chat/completions, completions, "
+                                            "models), recording every sampled token per rollout.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="base model to serve (default: the engine's default model)")
+    src.add_argument("--checkpoint", default=None, metavar="PATH",
+                     help="sampler weights to serve: tinker://… path or a checkpoint directory")
+    p.add_argument("--backend", choices=["local", "tinker"], default="local",
+                   help="local: the embedded engine; tinker: the Tinker API at --base-url / TINKER_BASE_URL")
+    p.add_argument("--base-url", default=None, help="Tinker service URL for --backend tinker")
+    p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY); default: any")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the base model)")
+    p.add_argument("--max-context", type=int, default=None, help="context length in tokens (default: the model's)")
+    p.add_argument("--tool-format", choices=["hermes", "xml"], default="hermes", help="tool-call syntax in the prompt")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p
+
+
+def _base_model_of_checkpoint(path: str) -> str | None:
+    """The base model recorded next to local sampler weights (the local engine's metadata)."""
+    try:
+        from tinkrl.local.service import resolve_path
+
+        return json.loads((resolve_path(path) / "tinkrl_meta.json").read_text())["base_model"]
+    except Exception:
+        return None
+
+
+def build_server(args: argparse.Namespace):
+    from tinkrl.backends import make_service_client
+    from tinkrl.local.models import DEFAULT_MODEL
+    from tinkrl.proxy.server import ProxyServer
+
+    service = make_service_client(args.backend, base_url=args.base_url)
+    if args.checkpoint:
+        client = service.create_sampling_client(model_path=args.checkpoint)
+        get_base = getattr(client, "get_base_model", None)
+        model_name = (get_base() if callable(get_base) else None) or _base_model_of_checkpoint(args.checkpoint)
+        if not model_name:
+            raise ValueError(f"cannot tell the base model of checkpoint {args.checkpoint!r}")
+        label = args.checkpoint
+    else:
+        model_name = args.model or DEFAULT_MODEL
+        client = service.create_sampling_client(base_model=model_name)
+        label = model_name
+    return ProxyServer(client, model_name=model_name, served_model_name=args.served_model_name,
+                       api_key=args.api_key, max_context=args.max_context, tool_format=args.tool_format,
+                       service_client=service, label=label)
+
+
+def cli_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.checkpoint and args.backend == "local" and not args.checkpoint.startswith("tinker://") \
+            and not Path(args.checkpoint).expanduser().exists():
+        print(f"tinkrl serve openai: checkpoint {args.checkpoint!r} does not exist", file=sys.stderr)
+        return 2
+    try:
+        server = build_server(args)
+    except Exception as e:  # a bad model, checkpoint or backend is user input: one line, exit 2
+        print(f"tinkrl serve openai: {e}", file=sys.stderr)
+        return 2
+    url = f"http://{args.host}:{args.port}"
+    print(f"tinkrl serve openai: {server.served_model_name} ({server.policy.label}) on {url}/v1\n"
+          f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={args.api_key or 'EMPTY'}\n"
+          f"  per-rollout capture: {url}/rollouts/<rollout_id>/v1", flush=True)
+    web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
