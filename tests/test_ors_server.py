@@ -97,3 +97,35 @@ def test_unknown_or_unsupported_env_is_a_config_error():
     with pytest.raises(ConfigError, match="not supported"):
         build_environments(parse_env_args(["erdos"]))
     assert cli_main(["arithmetic.max_value"]) == 2
+
+
+def test_serve_tasks_runs_tools_in_a_sandbox_and_grades_on_submit():
+    """`tinkrl serve env tasks`: the agent tools over ORS, the task's tests give the reward."""
+    from openreward import OpenReward
+
+    port = free_port()
+    proc, url = start_server(["-m", "tinkrl.cli", "serve", "env", "--port", str(port), "tasks",
+                              "tasks.path=tasks/hello-file", "tasks.gate=false"], port)
+    try:
+        with OpenReward(api_key="") as client:
+            # variant= names the environment's path: "/tasks" alone is the task-list route
+            env = client.environments.get("tasks", variant="tasks", base_url=url)
+            assert env.list_splits() == ["train"]
+            assert [t.task_spec for t in env.list_tasks("train")] == [{"id": "hello-file"}]
+            tools = {t.name: t for t in env.list_tools()}
+            assert {"execute_bash", "file_editor", "submit"} <= set(tools)
+            assert "command" in tools["execute_bash"].input_schema["properties"]
+            with env.session(split="train", index=0) as session:
+                assert "hello.txt" in session.get_prompt()[0].text
+                out = session.call_tool("execute_bash", {"command": "echo 'Hello, world!' > /app/hello.txt && "
+                                                                    "cat /app/hello.txt"})
+                assert "Hello, world!" in out.blocks[0].text and not out.finished and out.reward is None
+                out = session.call_tool("execute_bash", {"nonsense": 1})  # a bad call is an observation
+                assert "rror" in out.blocks[0].text and not out.finished
+                out = session.call_tool("submit", {})
+                assert out.finished and out.reward == 1.0
+            with env.session(split="train", index=0) as session:  # a fresh sandbox: nothing done -> 0
+                out = session.call_tool("submit", {})
+                assert out.finished and out.reward == 0.0
+    finally:
+        stop(proc)

@@ -4,7 +4,9 @@ Each ENV (a name from the environment registry, e.g. `arithmetic`, `gsm8k`, `tas
 optional fields as `ENV.field=value`) becomes an environment class of the `openreward` SDK
 and all are served by its `Server` (HTTP + SSE, the Open Reward Standard), so any ORS
 client — another trainer, `openreward`'s own client, another machine — can train on them.
-The first ENV is the server's default; the others are at `/<name>/...`.
+The first ENV is the server's default; the others are at `/<name>/...` (an SDK client picks
+one with `environments.get(name, variant=name, base_url=...)`; do so for `tasks`, whose bare
+`/tasks` path is the server's task-list route).
 
 Mapping onto ORS (splits, tasks, prompt, tools; a session is one episode):
 - math (`arithmetic`, `gsm8k`, `math500`, `hendrycks`, `polaris`): splits `train` and
