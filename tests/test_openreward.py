@@ -242,3 +242,35 @@ def test_upload_sends_each_finished_episode_to_the_rollout_api(toy_server, rende
     assert kinds[:4] == ["user_message", "assistant_message", "tool_call", "tool_result"], kinds
     last = [e for e in received if e.get("type") == "tool_result"][-1]
     assert last["content"] == "Correct!" and last["reward"] == 1.0 and last["isFinished"] is True
+
+
+def test_sessions_left_open_by_an_interrupted_run_are_deleted_at_exit(toy_server):
+    """Ctrl-C can stop a run before Env.close(): the exit hook still deletes the server's sessions."""
+    import urllib.error
+    import urllib.request
+
+    from tinkrl.envs.openreward import ORSSession, _delete_leftover_sessions
+
+    client = resolve_client("adder", "adder", toy_server, OpenRewardEnvConfig())
+
+    async def open_and_abandon():
+        s = ORSSession(client, "train", 0, {}, 0, 30)
+        await s.open()
+        await s._api.aclose()
+        return s._session.sid
+
+    sid = run(open_and_abandon())
+    assert open_session_count() == 1
+
+    def ping() -> int:
+        req = urllib.request.Request(toy_server + "/ping", data=b"{}", method="POST",
+                                     headers={"X-Session-ID": sid, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert ping() == 200  # the server still holds it
+    _delete_leftover_sessions()  # what atexit runs
+    assert open_session_count() == 0 and ping() == 404

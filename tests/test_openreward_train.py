@@ -43,6 +43,7 @@ def toy_server():
     stop(proc)
 
 
+@pytest.mark.slow  # ~1 min; the mixed run below trains the same remote env in the default suite
 def test_two_steps_on_a_remote_ors_env(toy_server, tmp_path: Path):
     entry = adder_entry(toy_server)
     entry["splits"]["test"] = {"num_samples": 2}
