@@ -27,7 +27,11 @@ default_ulimits = []
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+exit_command_delay = 5
 """
+# exit_command_delay: how long podman keeps a finished exec session (and its conmon
+# process) for Docker API clients to inspect its exit code. The default, 300 s, piles up
+# hundreds of sleeping conmons over a test run; 0 loses the exit code.
 
 
 def unavailable_reason() -> str | None:
@@ -112,7 +116,8 @@ def start(root: Path, with_service: bool = True) -> Podman:
     pm = Podman(root=root, env=env, socket=root / "podman.sock")
     have = pm.run("image", "exists", TEST_IMAGE, check=False).returncode == 0
     if not have:
-        pm.run("import", "--change", "CMD=/bin/sh", str(busybox_rootfs_tar(root)), TEST_IMAGE)
+        pm.run("import", "--change", "CMD=/bin/sh", "--change", "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
+               str(busybox_rootfs_tar(root)), TEST_IMAGE)
     if with_service:
         pm.service = subprocess.Popen(["podman", "system", "service", "--time=0", pm.base_url], env=env,
                                       stdout=subprocess.DEVNULL, stderr=open(root / "service.log", "ab"))
