@@ -231,3 +231,27 @@ def test_the_cli_entry_point_serves_the_sdk(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--api-key", "secret"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "tml-" in bad.stderr
+
+
+def test_concurrent_sample_requests_from_several_clients_are_all_served(engine):
+    """Many rollouts sample at once (the cookbook keeps hundreds in flight); the server
+    hands them to the engine concurrently, where the sampler merges them into batches."""
+    import asyncio
+
+    with serve_in_thread(engine) as url:
+        with tinker.ServiceClient(base_url=url, api_key=KEY) as sc_a, tinker.ServiceClient(base_url=url, api_key=KEY) as sc_b:
+            samplers = [sc.create_sampling_client(base_model=TINY_MODEL).result() for sc in (sc_a, sc_b)]
+            params = types.SamplingParams(max_tokens=5, temperature=1.0, stop=[])
+
+            async def rollouts():
+                calls = [
+                    samplers[i % 2].sample(types.ModelInput.from_ints([1, 10 + i, 20 + i]), 2, params)
+                    for i in range(16)
+                ]
+                return await asyncio.gather(*calls)
+
+            results = asyncio.run(rollouts())
+    assert len(results) == 16
+    for result in results:
+        assert [len(s.tokens) for s in result.sequences] == [5, 5]
+        assert all(np.isfinite(s.logprobs).all() and max(s.logprobs) <= 0 for s in result.sequences)
