@@ -14,6 +14,7 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
+[ -x /usr/lib/podman/netavark ] || need+=(netavark iptables)  # podman bridge network (tasks that ask for network)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing system packages: ${need[*]}"

@@ -173,3 +173,19 @@ def test_reap_by_run_id_and_provider_start_reaps(podman, provider):
     with pytest.raises(SandboxError):
         sb.exec("true")
     sb.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/lib/podman/netavark"),
+                    reason="podman's bridge network needs netavark (apt-get install netavark iptables)")
+def test_a_task_that_asks_for_network_gets_an_interface(provider):
+    with provider.create(SandboxSpec(image=IMAGE, network=True)) as sb:
+        ifaces = sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split()
+    assert "lo" in ifaces and len(ifaces) >= 2  # no traffic is sent: only the interface is checked
+
+
+def test_the_registry_builds_the_provider(podman):
+    from tinkrl.sandbox import get_provider
+
+    p = get_provider("docker", base_url=podman.base_url, reap_on_start=False)
+    assert isinstance(p, DockerProvider) and p.config.base_url == podman.base_url
+    p.close()

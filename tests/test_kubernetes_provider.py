@@ -215,3 +215,12 @@ def test_bad_credentials_and_missing_image_are_clear(kube, tmp_path):
         provider(kube).create(SandboxSpec())
     with pytest.raises(SandboxError, match="cannot load Kubernetes credentials"):
         provider(kube, kubeconfig=str(tmp_path / "nope")).create(SandboxSpec(image=IMAGE))
+
+
+def test_the_registry_builds_the_provider(kube):
+    from tinkrl.sandbox import get_provider
+
+    p = get_provider("kubernetes", kubeconfig=kube.kc, namespace="sbx", max_concurrent=3)
+    assert isinstance(p, KubernetesProvider) and p.config.max_concurrent == 3
+    with pytest.raises(Exception, match="max_concurrent"):
+        get_provider("kubernetes", max_concurrent=0)
