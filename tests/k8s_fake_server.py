@@ -292,7 +292,7 @@ def _make_handler(kube: FakeKube):
                 return self._send(401, status(401, "Unauthorized", "Unauthorized"))
             # /api/v1/namespaces/{ns}/pods[/{name}[/exec]]
             if len(parts) < 5 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
-                return self._send(404, status(404, "NotFound", f"the server could not find the requested resource"))
+                return self._send(404, status(404, "NotFound", "the server could not find the requested resource"))
             ns = parts[3]
             name = parts[5] if len(parts) > 5 else ""
             sub = parts[6] if len(parts) > 6 else ""
