@@ -53,7 +53,9 @@ def active_positions(loss_fn: str, inputs: dict[str, torch.Tensor]) -> torch.Ten
         return inputs["weights"] != 0
     if loss_fn == "dro":
         return torch.ones_like(inputs["advantages"], dtype=torch.bool)
-    active = inputs["advantages"] != 0
+    # Sampled tokens (non-zero sampler logprob) always get the exact head, so the logprobs
+    # reported for them are exact even where the advantage happens to be 0.
+    active = (inputs["advantages"] != 0) | (inputs["logprobs"] != 0)
     if loss_fn == "gspo":
         active |= inputs["sequence_ratio_mask"] != 0
     return active

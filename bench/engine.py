@@ -1,0 +1,195 @@
+"""Embedded-engine throughput, side by side with transformers/peft in one process.
+
+Sampling: 32 requests x 16 new tokens through `SamplingClient.sample` (concurrent calls, and
+the same 32 jobs handed to the sampler as one pre-made batch) against `transformers`
+`generate` on one left-padded batch of the same 32 prompts. Training: LoRA
+forward+backward tokens/s through `TrainingClient.forward_backward` against a plain peft
+loop over the same datums. Each comparison at one precision on both sides.
+
+    python bench/engine.py [--precision float32 bfloat16] [--model NAME | --random smollm2|qwen2.5-0.5b]
+        [--device cpu|cuda] [--repeats 3] [--out docs/bench_engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tinker import types  # noqa: E402
+
+RANDOM_ARCHS = {  # real architectures, random weights (no download)
+    "smollm2": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                    tie_word_embeddings=True, rope_theta=100000.0),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True, rope_theta=1000000.0),
+}
+
+
+def random_model_dir(arch: str) -> str:
+    """Materialise a random-weight model of a real architecture (with SmolLM2's tokenizer when it fits)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tinkrl.local.models import load_tokenizer, tinkrl_home
+
+    out = tinkrl_home() / "models" / f"random--{arch}"
+    if not (out / "config.json").is_file():
+        spec = dict(RANDOM_ARCHS[arch])
+        cfg = AutoConfig.for_model(spec.pop("model_type"), max_position_embeddings=4096, bos_token_id=1,
+                                   eos_token_id=2, pad_token_id=2, **spec)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.save_pretrained(out)
+        load_tokenizer("tinkrl/tiny-llama").save_pretrained(out)
+    return str(out)
+
+
+def prompts(tokenizer, n: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {10 + 3 * i} + {97 - 2 * i}?"}],
+                                             tokenize=False, add_generation_prompt=True)
+        out.append(tokenizer.encode(text, add_special_tokens=False))
+    return out
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n: int = 32, new: int = 16) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from tinkrl.local import ServiceClient
+    from tinkrl.local.models import resolve_model_dir
+    from tinkrl.local.sampler import SampleJob, sample_batch
+
+    sc = ServiceClient(device=device, dtype=precision).create_sampling_client(base_model=model_name)
+    engine = sc.engine
+    ps = prompts(engine.tokenizer, n)
+    params = types.SamplingParams(max_tokens=new, temperature=1.0, stop=[])
+
+    def concurrent():
+        with ThreadPoolExecutor(n) as pool:
+            futs = list(pool.map(lambda p: sc.sample(types.ModelInput.from_ints(p), 1, params), ps))
+            return [f.result() for f in futs]
+
+    def prebatched():
+        jobs = [SampleJob(p, 1, params) for p in ps]
+        engine.submit(lambda: sample_batch(engine.base, jobs, engine.tokenizer, engine.eos_id,
+                                           engine.max_context)).result()
+
+    t_conc = timed(concurrent, repeats)
+    t_pre = timed(prebatched, repeats)
+
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    path = resolve_model_dir(model_name) if not model_name.startswith("/") else model_name
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    tok = engine.tokenizer
+    width = max(map(len, ps))
+    ids = torch.tensor([[tok.pad_token_id or 2] * (width - len(p)) + p for p in ps], device=device)
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps], device=device)
+
+    def generate():
+        with torch.no_grad():
+            hf.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new, min_new_tokens=new, do_sample=True,
+                        temperature=1.0, top_k=0, pad_token_id=tok.pad_token_id or 2)
+
+    t_hf = timed(generate, repeats)
+    tokens = n * new
+    return {"sampling/tinkrl_concurrent_tok_s": tokens / t_conc, "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
+            "sampling/hf_generate_tok_s": tokens / t_hf, "sampling/speedup_vs_generate": t_hf / t_conc,
+            "sampling/concurrent_over_prebatched": t_pre / t_conc}
+
+
+def bench_training(model_name: str, precision: str, device: str, repeats: int, rank: int = 16) -> dict:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tinkrl.local import ServiceClient
+    from tinkrl.local.models import resolve_model_dir
+
+    svc = ServiceClient(device=device, dtype=precision)
+    tc = svc.create_lora_training_client(model_name, rank=rank, seed=0)
+    tok = tc.get_tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    results = {}
+    # RL-shaped data: 8 prompts x 8 responses of 16 tokens (shared prompts), and 64 distinct prompts.
+    for label, ps in (("grouped", [p for p in prompts(tok, 8) for _ in range(8)]), ("distinct", prompts(tok, 64))):
+        seqs = [p + torch.randint(100, 40000, (16,), generator=gen).tolist() for p in ps]
+        datums = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
+                              loss_fn_inputs={"target_tokens": s[1:], "weights": [0.0] * (len(s) - 17) + [1.0] * 16})
+                  for s in seqs]
+        n_tokens = sum(len(s) - 1 for s in seqs)
+        t_ours = timed(lambda: tc.forward_backward(datums, "cross_entropy").result(), repeats)
+
+        dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+        hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(model_name) if "/" in model_name and not
+                                                  model_name.startswith("/") else model_name, dtype=dtype).to(device)
+        peft_model = get_peft_model(hf, LoraConfig(r=rank, lora_alpha=32, target_modules="all-linear"))
+        width = max(map(len, seqs))
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
+        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+        labels = ids.clone()
+        for row, s in enumerate(seqs):
+            labels[row, :len(s) - 16] = -100
+            labels[row, len(s):] = -100
+
+        def peft_step():
+            out = peft_model(input_ids=ids, attention_mask=attn, labels=labels)
+            out.loss.backward()
+
+        t_peft = timed(peft_step, repeats)
+        results[f"train_{label}/tinkrl_tok_s"] = n_tokens / t_ours
+        results[f"train_{label}/peft_tok_s"] = n_tokens / t_peft
+        results[f"train_{label}/speedup"] = t_peft / t_ours
+        del peft_model, hf
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap.add_argument("--random", choices=sorted(RANDOM_ARCHS), help="random weights of a real architecture")
+    ap.add_argument("--precision", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    model = random_model_dir(args.random) if args.random else args.model
+    rows = []
+    for precision in args.precision:
+        row = {"model": args.random or args.model, "precision": precision, "device": args.device,
+               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+               "date": time.strftime("%Y-%m-%d")}
+        row.update(bench_sampling(model, precision, args.device, args.repeats))
+        if not args.skip_training:
+            row.update(bench_training(model, precision, args.device, args.repeats))
+        rows.append(row)
+        print(json.dumps(row, indent=1), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
