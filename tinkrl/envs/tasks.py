@@ -123,7 +123,8 @@ class TasksEnvConfig(BaseModel):
 
         tasks = self.load_tasks()
         test = select_tasks(tasks, self.test_task_ids) if self.test_task_ids else []
-        train = [t for t in tasks if t not in test]
+        held_out = {t.id for t in test}
+        train = [t for t in tasks if t.id not in held_out]
         provider = LazyProvider(ctx.sandbox_provider)
         if self.gate:
             train = gated(train, provider.get())
