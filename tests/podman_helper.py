@@ -71,6 +71,10 @@ class Podman:
                 self.service.kill()
         # remove every container this engine still has (tests clean up; this is the backstop)
         self.run("rm", "-af", "-t", "0", check=False)
+        # podman bind-mounts its overlay dir onto itself; undo it so the temp dir can go
+        overlay = self.root / "graph" / "overlay"
+        if os.path.ismount(overlay):
+            subprocess.run(["umount", str(overlay)], check=False, capture_output=True)
 
 
 def busybox_rootfs_tar(dest: Path) -> Path:
