@@ -162,6 +162,21 @@ def test_command_timeout_is_an_observation_and_a_cut_action_is_closed(renderer, 
     assert r.metrics["tasks/tool_calls"] == 3
 
 
+def test_time_limit_caps_commands_ends_the_episode_and_it_is_graded(renderer, provider):
+    async def episode():
+        env = make_env(renderer, provider, episode_timeout_s=2, command_timeout_s=60)
+        try:
+            await env.initial_observation()
+            # the command's timeout is capped by the time the episode has left
+            return await env.step(action(renderer, call("execute_bash", {"command": HELLO + "; sleep 30"})))
+        finally:
+            await env.close()
+
+    r = run(episode())
+    assert r.episode_done and r.logs["tasks/end"] == "time_limit" and r.reward == 1.0
+    assert r.metrics["tasks/command_timeouts"] == 1 and r.metrics["tasks/end/time_limit"] == 1
+
+
 def test_context_overflow_ends_the_episode_with_reward_0(renderer, provider):
     from tinkrl.agents.tools import TOOL_SCHEMAS
     from tinkrl.envs.tasks import TasksEnvConfig, TaskSession

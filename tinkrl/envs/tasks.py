@@ -85,7 +85,11 @@ class TasksEnvConfig(BaseModel):
     max_total_tokens: int | None = Field(None, ge=1)
     """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
     episode_timeout_s: float | None = Field(None, gt=0)
-    """Wall-clock limit of an episode (None: the task's agent timeout)."""
+    """Time limit of an episode (None: the task's agent timeout); see `timeout_includes_sampling`."""
+    timeout_includes_sampling: bool = False
+    """Count the model's sampling time against the limit (wall clock, as terminal-bench does). Off by
+    default: sampling latency depends on the trainer's batch and hardware, not on the policy, so only
+    the time the agent's commands take in the sandbox is counted."""
     command_timeout_s: float = Field(60.0, gt=0)
     """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
     max_observation_chars: int = Field(8000, ge=200)
@@ -226,7 +230,8 @@ class TaskSession:
         self.grade_detail = ""
         self.patch: str | None = None  # git diff of the workspace (repo tasks, when captured)
         self._base_commit = ""
-        self._deadline = math.inf
+        self._started = math.inf
+        self._sandbox_s = 0.0  # time spent running tool calls
         self._closed = False
 
     @property
@@ -255,15 +260,21 @@ class TaskSession:
             r = await asyncio.to_thread(self.sandbox.exec, "git rev-parse HEAD", timeout=30,
                                       workdir=self.task.workdir)
             self._base_commit = r.stdout.strip() if r.exit_code == 0 else ""
-        self._deadline = time.monotonic() + self.timeout_s
+        self._started = time.monotonic()
         self.messages = self.first_messages()
         return list(self.messages)
+
+    def elapsed_s(self) -> float:
+        """Time counted against the episode's limit."""
+        if self.cfg.timeout_includes_sampling:
+            return max(0.0, time.monotonic() - self._started)
+        return self._sandbox_s
 
     def _command_timeout(self, requested: Any) -> float:
         ceiling = self.cfg.command_timeout_s
         if isinstance(requested, (int, float)) and not isinstance(requested, bool) and requested > 0:
             ceiling = min(ceiling, float(requested))
-        left = self._deadline - time.monotonic()
+        left = self.timeout_s - self.elapsed_s()
         return max(1.0, min(ceiling, left))
 
     async def _run_call(self, call: dict) -> tuple[str, bool]:
@@ -279,7 +290,11 @@ class TaskSession:
             if isinstance(args, dict):
                 arguments = {**args, "timeout": self._command_timeout(args.get("timeout"))}
         assert self.sandbox is not None
-        obs, done = await asyncio.to_thread(run_tool, self.sandbox, name, arguments)
+        t0 = time.monotonic()
+        try:
+            obs, done = await asyncio.to_thread(run_tool, self.sandbox, name, arguments)
+        finally:
+            self._sandbox_s += time.monotonic() - t0
         if name == "execute_bash" and TIMEOUT_MARKER in obs:
             self.command_timeouts += 1
         return clip(obs, self.cfg.max_observation_chars), done
@@ -318,7 +333,7 @@ class TaskSession:
             self.end_reason = "max_turns"
         elif self.cfg.max_total_tokens is not None and self.sampled_tokens >= self.cfg.max_total_tokens:
             self.end_reason = "max_tokens"
-        elif time.monotonic() >= self._deadline:
+        elif self.elapsed_s() >= self.timeout_s:
             self.end_reason = "time_limit"
         return observations, self.done
 

@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
     p.add_argument("--max-context-tokens", type=int, default=8192)
     p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
+    p.add_argument("--wall-clock-timeout", action="store_true",
+                   help="count the model's time against the episode timeout too (default: only commands')")
     p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
     p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -373,7 +375,8 @@ async def _main(args: argparse.Namespace) -> int:
 
     cfg = TasksEnvConfig(path=args.tasks or ["tasks"], task_ids=args.task_ids, max_turns=args.max_turns,
                          max_tokens_per_turn=args.max_tokens, max_context_tokens=args.max_context_tokens,
-                         episode_timeout_s=args.episode_timeout, command_timeout_s=args.command_timeout,
+                         episode_timeout_s=args.episode_timeout,
+                         timeout_includes_sampling=args.wall_clock_timeout, command_timeout_s=args.command_timeout,
                          tool_format=args.tool_format, gate=False)
     tasks = cfg.load_tasks()
     provider = get_provider(args.sandbox)
