@@ -69,12 +69,16 @@ def cli_main(argv: list[str]) -> int:
         return 2
     server = TinkerServer(engine, api_key=args.api_key)
     key_hint = args.api_key or "tml-local"
-    print(
+    banner = (
         f"tinkrl serve tinker: Tinker protocol (SDK {SDK_VERSION}) on http://{args.host}:{args.port}\n"
-        f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}",
-        flush=True,
+        f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}"
     )
-    web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+    try:  # run_app calls `print` once the socket is bound
+        web.run_app(server.app, host=args.host, port=args.port, access_log=None,
+                    print=lambda _msg: print(banner, flush=True))
+    except OSError as e:  # port taken, address not local, ...
+        print(f"tinkrl serve tinker: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
     return 0
 
 
