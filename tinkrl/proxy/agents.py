@@ -59,10 +59,17 @@ class CommandAgent:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
 
+    @staticmethod
+    def _substitute(arg: str, values: dict[str, str]) -> str:
+        # Plain replacement, not str.format: argv may hold code or JSON with braces of its own.
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        return arg
+
     async def __call__(self, session: AgentSession) -> None:
         values = {"base_url": session.base_url, "api_key": session.api_key, "model": session.model,
                   "rollout_id": session.rollout_id, "instruction": session.instruction}
-        argv = [a.format(**values) for a in self.argv]
+        argv = [self._substitute(a, values) for a in self.argv]
         env = {**os.environ, **self.env, "OPENAI_BASE_URL": session.base_url, "OPENAI_API_BASE": session.base_url,
                "OPENAI_API_KEY": session.api_key, "OPENAI_MODEL": session.model,
                "TINKRL_ROLLOUT_ID": session.rollout_id, "TINKRL_INSTRUCTION": session.instruction}
