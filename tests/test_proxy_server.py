@@ -195,3 +195,42 @@ def test_cli_refuses_a_missing_checkpoint(capsys):
 
     assert cli_main(["--checkpoint", "/no/such/checkpoint"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_tinker_backend_serves_the_same_api():
+    """`--backend tinker`: the proxy over the official SDK, talking to `tinkrl serve tinker`."""
+    from tinkrl.backends import make_service_client
+    from tinkrl.tinker_server.cli import serve_in_thread as serve_tinker
+
+    with serve_tinker(ServiceClient()) as tinker_url:
+        service = make_service_client("tinker", base_url=tinker_url, api_key="tml-local")
+        sampler = service.create_sampling_client(base_model=TINY_MODEL)
+        server = ProxyServer(sampler, model_name=TINY_MODEL, service_client=service)
+        with serve_in_thread(server) as url:
+            client = openai.OpenAI(base_url=url + "/rollouts/sdk/v1", api_key="EMPTY", max_retries=0, timeout=300)
+            r = client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=5, logprobs=True, seed=2)
+            calls = server.capture.pop("sdk")
+    assert len(calls) == 1 and len(calls[0].samples[0].tokens) == r.usage.completion_tokens
+    assert [round(e.logprob, 4) for e in r.choices[0].logprobs.content] == \
+        [round(x, 4) for x in calls[0].samples[0].logprobs[:len(r.choices[0].logprobs.content)]]
+
+
+def test_64_concurrent_requests_all_succeed_and_capture_apart(env):
+    import asyncio
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=env["url"] + "/v1", api_key=KEY, max_retries=0, timeout=600)
+        try:
+            return await asyncio.gather(*(client.chat.completions.create(
+                model=TINY_MODEL, messages=[{"role": "user", "content": f"request {i}"}], max_tokens=4, seed=i,
+                extra_headers={"X-Rollout-Id": f"load-{i % 8}"}) for i in range(64)))
+        finally:
+            await client.close()
+
+    replies = asyncio.run(run())
+    assert len(replies) == 64 and all(r.choices[0].message.content is not None for r in replies)
+    per_rollout = [env["server"].capture.pop(f"load-{k}") for k in range(8)]
+    assert [len(calls) for calls in per_rollout] == [8] * 8
+    ids = {c.call_id for calls in per_rollout for c in calls}
+    assert ids == {r.id for r in replies}
