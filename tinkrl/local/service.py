@@ -399,7 +399,7 @@ class TrainingClient(_ClientHandle):
                 yield [(i, hidden[r, idx]) for r, p in enumerate(mb) for i, idx in p.members]
 
     def _logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        """Target logprobs of one datum: the exact fp32 head where the loss can be non-zero;
+        """Target logprobs of tokens: the exact fp32 head where the loss can be non-zero;
         elsewhere (no loss, no gradient) the faster compute-dtype head, without grad."""
         lp = hidden.new_zeros(targets.shape[0])
         idle = ~active
@@ -421,15 +421,18 @@ class TrainingClient(_ClientHandle):
         inputs = self._inputs(data)
         out_lp: list[torch.Tensor | None] = [None] * len(data)
         total = 0.0
+        dev = self.engine.device
         for members in self._hidden_states(data, grad=backward):
             with torch.set_grad_enabled(backward):
-                loss = torch.zeros((), device=self.engine.device)
-                for i, hidden in members:
-                    dev_inputs = {k: v.to(hidden.device) for k, v in inputs[i].items()}
-                    targets = dev_inputs["target_tokens"].long()
-                    active = losses.active_positions(loss_fn, dev_inputs)
-                    lp = self._logprobs(hidden, targets, active)
-                    loss = loss + losses.datum_loss(loss_fn, lp, dev_inputs, config)
+                dev_inputs = [{k: v.to(dev) for k, v in inputs[i].items()} for i, _ in members]
+                # One head pass over every datum of the micro-batch, then each datum's loss.
+                targets = torch.cat([d["target_tokens"].long() for d in dev_inputs])
+                active = torch.cat([losses.active_positions(loss_fn, d) for d in dev_inputs])
+                lps = self._logprobs(torch.cat([h for _, h in members]), targets, active)
+                lps = lps.split([h.shape[0] for _, h in members])
+                loss = torch.zeros((), device=dev)
+                for (i, _), lp, d in zip(members, lps, dev_inputs):
+                    loss = loss + losses.datum_loss(loss_fn, lp, d, config)
                     out_lp[i] = lp.detach().float().cpu()
             if backward and loss.requires_grad:
                 loss.backward()
