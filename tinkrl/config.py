@@ -23,6 +23,8 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tinkrl.errors import ConfigError
+from tinkrl.sandbox.docker import DockerSandboxConfig
+from tinkrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 
 class Strict(BaseModel):
@@ -63,8 +65,16 @@ class AsyncConfig(Strict):
 
 class SandboxConfig(Strict):
     provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
-    docker: dict[str, Any] = Field(default_factory=dict)
-    kubernetes: dict[str, Any] = Field(default_factory=dict)
+    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
+    kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
+
+    def provider_options(self) -> dict[str, Any]:
+        return getattr(self, self.provider).model_dump() if self.provider != "bwrap" else {}
+
+
+class OpenRewardConfig(Strict):
+    upload: bool = False  # upload ORS trajectories to OpenReward's rollout API (needs OPENREWARD_API_KEY)
+    run_name: str | None = None  # default: the run's name
 
 
 ADV_ESTIMATORS = ("grpo", "grpo_std", "direct", "rloo", "entropic", "entropic_adaptive",
@@ -111,6 +121,7 @@ class TrainConfig(Strict):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     async_: AsyncConfig | None = Field(None, alias="async")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    openreward: OpenRewardConfig = Field(default_factory=OpenRewardConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

@@ -71,8 +71,7 @@ def build_envs(config: TrainConfig, renderer, run_dir: Path) -> list[EnvRun]:
         if not sandbox_cache:
             from tinkrl.sandbox import get_provider
 
-            opts = getattr(config.sandbox, config.sandbox.provider, {}) if config.sandbox.provider != "bwrap" else {}
-            sandbox_cache.append(get_provider(config.sandbox.provider, **opts))
+            sandbox_cache.append(get_provider(config.sandbox.provider, **config.sandbox.provider_options()))
         return sandbox_cache[0]
 
     runs = []
@@ -336,6 +335,12 @@ class Run:
             for er in envs:
                 if er.on_step is not None:
                     metrics.update(er.on_step(step, [g for k, g in keyed_groups if k == er.key]))
+            if c.openreward.upload:
+                from tinkrl.envs.openreward import upload_rollouts
+
+                metrics.update(upload_rollouts(keyed_groups, step=step, run_name=c.openreward.run_name or c.run_name or
+                                               self.run_dir.name, model_name=c.model_name, lora_rank=c.lora_rank,
+                                               batch_size=c.batch_size, lr=c.learning_rate))
             logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
             # New weights -> new sampling client (a checkpoint when one is due).
             done = step + 1
@@ -358,6 +363,10 @@ class Run:
             task.cancel()
         bar.close()
         logger.close()
+        if c.openreward.upload:
+            from tinkrl.envs.openreward import close_uploads
+
+            close_uploads()
         if final_sampler:
             print(f"final sampler weights: {final_sampler}")
         return metrics

@@ -31,6 +31,7 @@ import time
 import queue
 from pathlib import Path
 
+from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 
 SERVER_SOURCE = Path(__file__).with_name("bwrap_server.py")
@@ -644,7 +645,11 @@ class BwrapProvider(SandboxProvider):
         self._live_lock = threading.Lock()
 
     def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
-        sb = BwrapSandbox(self, spec or SandboxSpec())
+        spec = spec or SandboxSpec()
+        if spec.image:
+            raise ConfigError(f"this task needs the container image {spec.image!r}, which the bwrap sandbox cannot "
+                              "run: set sandbox.provider to docker or kubernetes")
+        sb = BwrapSandbox(self, spec)
         with self._live_lock:
             self._live.add(sb)
         return sb

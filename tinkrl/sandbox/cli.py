@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--disk-mb", type=int, default=1024)
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     run.set_defaults(func=_cmd_run)
+    from tinkrl.sandbox.reaper import add_reap_parser
+
+    add_reap_parser(sub)
     return parser
 
 
