@@ -1,0 +1,98 @@
+"""Shared pieces for the embedded-engine tests: datum building, LoRA gradients, an isolated TINKRL_HOME."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tinker import types
+
+TINY = "tinkrl/tiny-llama"
+REAL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog while the cat watches from the fence.",
+    "Question: what is 17 + 25? Answer: 42, because seventeen plus twenty-five is forty-two.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+]
+
+
+def datum(tokens: list[int], **per_token) -> types.Datum:
+    """A datum over full `tokens`: input = tokens[:-1], target_tokens = tokens[1:], other inputs as given
+    (each already aligned with the targets, i.e. of length len(tokens) - 1)."""
+    inputs = {"target_tokens": np.asarray(tokens[1:], dtype=np.int64)}
+    for k, v in per_token.items():
+        arr = np.asarray(v, dtype=np.float32)
+        assert arr.shape == (len(tokens) - 1,), (k, arr.shape, len(tokens))
+        inputs[k] = arr
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+def logprobs_of(output: types.ForwardBackwardOutput) -> list[np.ndarray]:
+    return [o["logprobs"].to_numpy().astype(np.float64) for o in output.loss_fn_outputs]
+
+
+def on_engine(tc, fn):
+    """Run `fn` on the training client's engine thread (between requests), return its result."""
+    return tc.engine.submit(fn).result()
+
+
+def lora_grads(tc) -> dict[str, torch.Tensor]:
+    def grab():
+        return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in tc.params.items()}
+    return on_engine(tc, grab)
+
+
+def zero_grads(tc) -> None:
+    def clear():
+        for p in tc.params.values():
+            p.grad = None
+    on_engine(tc, clear)
+
+
+def lora_weights(tc) -> dict[str, torch.Tensor]:
+    return on_engine(tc, lambda: {n: p.detach().clone() for n, p in tc.params.items()})
+
+
+def randomize_lora(tc, scale: float = 0.05, seed: int = 0) -> None:
+    """Give every LoRA matrix (B included, which peft starts at 0) random values, so the adapter is live."""
+    def fill():
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for n, p in sorted(tc.params.items()):
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    on_engine(tc, fill)
+
+
+def flat(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([grads[k].flatten().double() for k in sorted(grads)])
+
+
+def assert_close_vectors(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-3) -> None:
+    """|a - b| <= rel * |b| (as whole vectors), and b is not trivially zero."""
+    nb = float(b.norm())
+    assert nb > 0, "reference gradient is zero: the test would prove nothing"
+    err = float((a - b).norm())
+    assert err <= rel * nb, f"relative difference {err / nb:.2e} > {rel:.0e}"
+
+
+def real_models_dir() -> Path:
+    """The user's tinkrl model cache (materialising the default model once if needed)."""
+    from tinkrl.local.models import resolve_model_dir
+
+    resolve_model_dir(REAL)  # dequantises the GGUF on a fresh machine (~20 s, once)
+    home = Path(os.environ.get("TINKRL_HOME", Path.home() / ".tinkrl")).expanduser()
+    return home / "models"
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch) -> Path:
+    """A fresh $TINKRL_HOME for checkpoints, sharing the real model cache (no re-dequantising)."""
+    models = real_models_dir()
+    home = tmp_path / "tinkrl_home"
+    home.mkdir()
+    (home / "models").symlink_to(models, target_is_directory=True)
+    monkeypatch.setenv("TINKRL_HOME", str(home))
+    return home
