@@ -64,7 +64,7 @@ def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert preds == [{"instance_id": "calc__calc-1", "model_name_or_path": "tinkrl/tiny-llama",
                       "model_patch": preds[0]["model_patch"]}]
-    assert (out / "predictions.attempt2.jsonl").is_file()
+    assert (out / "predictions.attempt2.jsonl").is_file() and not (out / "results.partial.jsonl").exists()
 
 
 # ---------------------------------------------------------------------------------------------

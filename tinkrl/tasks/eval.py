@@ -16,6 +16,7 @@ per-task table with unbiased pass@k), and for SWE tasks (SWE-bench, R2E-Gym rows
 `predictions.jsonl` in SWE-bench's format (`instance_id`, `model_name_or_path`,
 `model_patch` = the git diff of the workspace), one file per attempt when K > 1.
 Infrastructure failures are recorded per trial and left out of pass@k; the run goes on.
+While it runs, finished trials are appended to `results.partial.jsonl` (an interrupted run keeps them).
 """
 
 from __future__ import annotations
@@ -234,9 +235,15 @@ def _tool_schemas() -> list[dict]:
 # Running and reporting
 
 
-async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True) -> list[Trial]:
-    """Every task n times, at most n_concurrent episodes at once; trials in (task, attempt) order."""
+async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True,
+                   partial_path: Path | None = None) -> list[Trial]:
+    """Every task n times, at most n_concurrent episodes at once; trials in (task, attempt) order.
+    Each finished trial is also appended to `partial_path` at once, so an interrupted run keeps them."""
     sem = asyncio.Semaphore(n_concurrent)
+    partial = None
+    if partial_path is not None:
+        partial_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = open(partial_path, "a")
     total, finished = len(tasks) * n, 0
 
     async def one(task: Task, attempt: int) -> Trial:
@@ -249,13 +256,20 @@ async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progres
                 trial = Trial(task.id, task.format, attempt, failure_mode="agent_crash",
                               failure_detail=f"{type(e).__name__}: {e}")
         finished += 1
+        if partial is not None:
+            partial.write(json.dumps(asdict(trial), ensure_ascii=False) + "\n")
+            partial.flush()
         if progress:
             what = (f"reward={trial.reward:g} turns={trial.turns} end={trial.end_reason}" if trial.failure_mode is None
                     else f"FAILED ({trial.failure_mode}: {trial.failure_detail[:120]})")
             print(f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)", file=sys.stderr, flush=True)
         return trial
 
-    return list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(1, n + 1))))
+    try:
+        return list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(1, n + 1))))
+    finally:
+        if partial is not None:
+            partial.close()
 
 
 def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
@@ -405,7 +419,8 @@ async def _main(args: argparse.Namespace) -> int:
         out_dir = Path(args.output_path) / run_id
         print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
         t0 = time.monotonic()
-        trials = await evaluate(tasks, policy, args.n, args.n_concurrent)
+        trials = await evaluate(tasks, policy, args.n, args.n_concurrent,
+                                partial_path=out_dir / "results.partial.jsonl")
         seconds = time.monotonic() - t0
     finally:
         provider.close()
@@ -416,6 +431,7 @@ async def _main(args: argparse.Namespace) -> int:
             "max_context_tokens": args.max_context_tokens, "tool_format": args.tool_format,
             "seconds": round(seconds, 1), "base_url": args.base_url}
     write_outputs(out_dir, trials, rows, overall, table, meta)
+    (out_dir / "results.partial.jsonl").unlink(missing_ok=True)  # results.jsonl has them all, in order
     print(table)
     print(f"results: {out_dir} ({seconds:.0f}s)", file=sys.stderr)
     return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
