@@ -97,15 +97,13 @@ def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> N
     and their fp32 accumulators are never rounded to bf16. Rounded bf16 activations make the
     forward chaotic (one rounding flip at layer 12 moves logprobs by ~0.1 at the head), so the
     sampler and trainer would disagree; this way they agree to ~1e-3 at about bf16 speed.
-    Process-wide: it applies to every fp32 matmul in this process.
+    The setting is process-wide, so each engine sets its own before each of its operations.
     """
-    if dtype == torch.float32:
-        return
+    reduced = dtype != torch.float32
     if device.type == "cuda":
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if reduced else "ieee"
     else:
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16" if reduced else "ieee"
 
 
 class Engine:
@@ -161,6 +159,7 @@ class Engine:
                 while not self._work and not self._samples:
                     self._cv.wait()
                 samples = bool(self._samples)
+            use_reduced_precision_matmuls(self.device, self.dtype)
             if samples:
                 self._run_samples()
             else:
@@ -555,9 +554,13 @@ class SamplingClient(_ClientHandle):
         return self.engine.model_name
 
     def sample(self, prompt: types.ModelInput, num_samples: int = 1, sampling_params: types.SamplingParams | None = None,
-               include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, **_ignored) -> LocalFuture:
+               include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, **options) -> LocalFuture:
         if num_samples < 1:
             raise ValueError("sample: num_samples must be >= 1")
+        unsupported = sorted(k for k, v in options.items() if v not in (None, 0, False))
+        if unsupported:
+            raise TinkrlError(f"sample options {unsupported} are not supported by the embedded engine "
+                              "(supported: num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)")
         job = SampleJob(prompt.to_ints(), num_samples, sampling_params or types.SamplingParams(),
                         include_prompt_logprobs, topk_prompt_logprobs)
         return self.engine.submit_sample(self.snapshot, job)
