@@ -209,7 +209,12 @@ async def evaluate(envs: list[EnvRun], sampling_client, config: TrainConfig) -> 
             continue
         builders = list(er.test.get_batch(0))
         for label, temperature in (("greedy", 0.0), ("sampled", config.temperature)):
-            envs_ = [e for b in builders for e in (await b.make_envs())[:1]]
+            envs_ = []
+            for b in builders:  # one episode per held-out problem
+                first, *rest = await b.make_envs()
+                envs_.append(first)
+                for extra in rest:
+                    await extra.close()
             trajs = await asyncio.gather(*(do_rollout(e, sampling_client, config.max_tokens, temperature)
                                            for e in envs_))
             rewards = [t.total_reward for t in trajs if t.failure_mode is None]
