@@ -394,9 +394,10 @@ async def _main(args: argparse.Namespace) -> int:
                          tool_format=args.tool_format, gate=False)
     tasks = cfg.load_tasks()
     provider = get_provider(args.sandbox)
+    policy: Any = None
     try:
         if args.base_url:
-            policy: Any = OpenAIPolicy(args.base_url, args.api_key, args.served_model, cfg,
+            policy = OpenAIPolicy(args.base_url, args.api_key, args.served_model, cfg,
                                        TextToolParser(args.tool_format), LazyProvider(provider), args.temperature)
             model_name = await policy.resolve_model()
             model_label = model_name
@@ -423,6 +424,8 @@ async def _main(args: argparse.Namespace) -> int:
                                 partial_path=out_dir / "results.partial.jsonl")
         seconds = time.monotonic() - t0
     finally:
+        if isinstance(policy, OpenAIPolicy):
+            await policy.client.close()
         provider.close()
     rows, overall = summarize(trials, args.n)
     table = format_table(rows, overall, args.n)
