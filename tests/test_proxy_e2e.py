@@ -50,7 +50,7 @@ def openai_agent(session: AgentSession) -> None:
 def env():
     service = ServiceClient()
     task = load_task(TASKS / "hello-file")
-    tc, policy = tool_policy(service, task.instruction)
+    tc, policy = tool_policy(service)
     server = ProxyServer(policy, model_name=TINY_MODEL, service_client=service)
     with serve_in_thread(server) as url:
         yield {"server": server, "url": url, "tc": tc, "task": task}

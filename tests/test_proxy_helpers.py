@@ -9,6 +9,7 @@ they are exactly what the server will send to the sampler. Trained once per test
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 from tinker import types
@@ -32,11 +33,18 @@ HELLO_CALL = "<tool_call>\n" + json.dumps({"name": "execute_bash", "arguments": 
 _cache: dict[str, tuple] = {}
 
 
+def hello_instruction() -> str:
+    """The instruction of the shipped hello-file task, exactly as the task loader gives it to agents."""
+    from tinkrl.tasks import load_task
+
+    return load_task(Path(__file__).resolve().parents[1] / "tasks" / "hello-file").instruction
+
+
 def agent_messages(instruction: str) -> list[dict]:
     return [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": instruction}]
 
 
-def tool_policy(service, hello_instruction: str):
+def tool_policy(service):
     """(training_client, sampling_client) whose greedy answers are LIST_FILES_CALL and HELLO_CALL."""
     if "policy" in _cache:
         return _cache["policy"]
@@ -44,7 +52,7 @@ def tool_policy(service, hello_instruction: str):
     tok = tc.get_tokenizer()
     renderer = get_renderer(tok, TINY_MODEL)
     examples = [(LIST_FILES, [RUN_TOOL], LIST_FILES_CALL),
-                (agent_messages(hello_instruction), AGENT_TOOLS, HELLO_CALL)]
+                (agent_messages(hello_instruction()), AGENT_TOOLS, HELLO_CALL)]
     data, checks = [], []
     for messages, tools, target_text in examples:
         prompt = build_chat_prompt(renderer, messages, tools, lambda m: None).tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import openai
@@ -15,13 +14,12 @@ from tinkrl.local.models import TINY_MODEL
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
 
 KEY = "sk-proxy-test"
-HELLO = (Path(__file__).resolve().parents[1] / "tasks/hello-file/instruction.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def env():
     service = ServiceClient()
-    tc, policy = tool_policy(service, HELLO)
+    tc, policy = tool_policy(service)
     server = ProxyServer(policy, model_name=TINY_MODEL, api_key=KEY, service_client=service)
     with serve_in_thread(server) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
@@ -46,6 +44,11 @@ def test_plain_chat_and_models(env):
     assert 0 < r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 5
     assert TINY_MODEL in [m.id for m in env["client"].models.list()]
     assert env["http"].get("/health").json()["status"] == "ok"
+
+    long = chat(env, max_tokens=24, seed=1)
+    text = long.choices[0].message.content
+    cut = chat(env, max_tokens=24, seed=1, stop=[text[3:5]]).choices[0]
+    assert cut.finish_reason == "stop" and cut.message.content == text[:text.find(text[3:5])]
 
 
 def test_streaming_matches_the_same_seeded_request(env):

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import tinker
 from aiohttp import web
@@ -296,7 +296,7 @@ class ProxyServer:
                  "logprobs": logprobs_of(c, q, top)}
                 for i, (c, q, top) in enumerate(zip(choices, seqs, tops))], "usage": usage(seqs)})
 
-        async def chunks(result) -> Iterator[dict]:
+        async def chunks(result) -> AsyncIterator[dict]:
             choices, seqs, tops = result
             chunk = {**base, "object": "chat.completion.chunk"}
             for i, (c, q, top) in enumerate(zip(choices, seqs, tops)):
