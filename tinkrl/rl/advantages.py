@@ -4,7 +4,7 @@
 - `grpo_std` (alias `centered_normalized`): (r - mean) / (std + 1e-6)
 - `direct`: r itself
 - `rloo`: r_i - mean of the others = k/(k-1) (r_i - mean)
-- `entropic` (TTT-Discover): e_i = exp(beta (r_i - max r)), Z_i = (sum e - e_i)/(k-1), A_i = e_i/Z_i - 1
+- `entropic` (TTT-Discover): e_i = exp(beta (r_i - max r)), Z_i = (sum e - e_i)/(k-1), A_i = e_i/(Z_i + 1e-12) - 1
 - `entropic_adaptive`: entropic with beta chosen by bisection so KL(q_beta || uniform) = ln 2,
   q_beta = softmax(beta r) over the group.
 A constant-reward group gets all-zero advantages under every estimator except `direct`.
@@ -25,7 +25,9 @@ def _entropic(r: np.ndarray, beta: float) -> np.ndarray:
         return np.zeros_like(r)
     e = np.exp(beta * (r - r.max()))
     z = (e.sum() - e) / (k - 1)
-    return e / z - 1.0
+    # + 1e-12 as in TTT-Discover: when every other e underflows to 0 (entropic_adaptive on a
+    # 2-rollout group pushes beta to its cap), the advantage stays finite instead of inf.
+    return e / (z + 1e-12) - 1.0
 
 
 def _kl_to_uniform(r: np.ndarray, beta: float) -> float:

@@ -1,0 +1,427 @@
+"""The embedded engine's Tinker API: futures and ordering, gradient accumulation, AdamW and clipping,
+checkpoints (tinker:// paths, optimizer state), pinned sampling clients, sampling parameters,
+concurrent sampling, exact prefix packing, capabilities, errors, and the tiny architectures.
+
+Fast: the tiny random-weight models (tinkrl/tiny-*), which share SmolLM2's tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from tinker import types
+
+from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
+                            lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
+from tinkrl.local import LocalFuture, ServiceClient
+from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
+from tinkrl.local.packing import pack_sequences, pack_tensors
+from tinkrl.local.service import CheckpointNotFound
+
+
+@pytest.fixture(scope="module")
+def service():
+    return ServiceClient()
+
+
+@pytest.fixture(scope="module")
+def tok(service):
+    return service.create_sampling_client(base_model=TINY).get_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def seqs(tok):
+    return [tok.encode(t)[:20] for t in TEXTS]
+
+
+def ce(s: list[int]) -> types.Datum:
+    return datum(s, weights=np.ones(len(s) - 1))
+
+
+def new_tc(service, seed: int = 0, rank: int = 4):
+    return service.create_lora_training_client(TINY, rank=rank, seed=seed)
+
+
+def hold_engine(tc):
+    """Block the engine thread until the returned event is set (requests queue up behind it)."""
+    started, release = threading.Event(), threading.Event()
+
+    def block():
+        started.set()
+        release.wait(30)
+    tc.engine.submit(block)
+    assert started.wait(30)
+    return release
+
+
+# -- futures ------------------------------------------------------------------------------------------------
+
+def test_calls_return_futures_at_once_and_run_in_submission_order(service, seqs):
+    tc = new_tc(service)
+    before = logprobs_of(tc.forward([ce(seqs[0])]).result())[0]
+    release = hold_engine(tc)
+    try:
+        done: list[str] = []
+        futs = {"fb": tc.forward_backward([ce(seqs[0])]),
+                "optim": tc.optim_step(types.AdamParams(learning_rate=0.05)),
+                "fwd": tc.forward([ce(seqs[0])])}
+        for name, f in futs.items():
+            assert isinstance(f, LocalFuture)
+            f.add_done_callback(lambda _f, name=name: done.append(name))
+        assert not any(f.done() for f in futs.values())  # the engine is busy: nothing ran yet
+    finally:
+        release.set()
+    after = logprobs_of(futs["fwd"].result())[0]
+    assert done == ["fb", "optim", "fwd"]
+    # the forward submitted after optim_step saw the updated weights
+    assert np.abs(after - before).max() > 1e-3
+    assert futs["optim"].result().metrics["step:max"] == 1.0
+
+
+def test_futures_are_awaitable(service, seqs):
+    tc = new_tc(service)
+    sc = tc.save_weights_and_get_sampling_client()
+
+    async def go():
+        fwd = await tc.forward([ce(seqs[0])])
+        fb = await tc.forward_backward([ce(seqs[0])])
+        opt = await tc.optim_step(types.AdamParams(learning_rate=1e-3))
+        sample = await sc.sample(types.ModelInput.from_ints(seqs[0][:5]), 1, types.SamplingParams(max_tokens=3))
+        via_result_async = await tc.forward([ce(seqs[0])]).result_async(30)
+        return fwd, fb, opt, sample, via_result_async
+
+    fwd, fb, opt, sample, again = asyncio.run(go())
+    assert isinstance(fwd, types.ForwardBackwardOutput) and isinstance(fb, types.ForwardBackwardOutput)
+    assert isinstance(opt, types.OptimStepResponse) and len(sample.sequences[0].tokens) == 3
+    assert fwd.metrics["loss:sum"] == pytest.approx(fb.metrics["loss:sum"], rel=1e-6)
+    assert again.metrics["loss:sum"] != fwd.metrics["loss:sum"]  # after the step
+
+
+# -- gradients and the optimizer -----------------------------------------------------------------------------
+
+def test_gradients_accumulate_until_optim_step(service, seqs):
+    tc = new_tc(service)
+    randomize_lora(tc)
+    tc.forward_backward([ce(seqs[0])]).result()
+    tc.forward_backward([ce(seqs[1])]).result()
+    accumulated = flat(lora_grads(tc))
+    zero_grads(tc)
+    tc.forward_backward([ce(seqs[0]), ce(seqs[1])]).result()
+    together = flat(lora_grads(tc))
+    assert_close_vectors(accumulated, together, rel=1e-4)
+    out = tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+    assert out.metrics["grad_norm:mean"] == pytest.approx(float(together.norm()), rel=1e-4)
+    assert float(flat(lora_grads(tc)).norm()) == 0.0  # cleared by the step
+    # a step with no new gradients reports 0
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-4)).result().metrics["grad_norm:mean"] == 0.0
+
+
+def _reference_adamw(params0, grads_per_step, p: types.AdamParams):
+    names = sorted(params0)
+    leaves = [params0[n].clone().double().requires_grad_(True) for n in names]
+    opt = torch.optim.AdamW(leaves, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
+                            weight_decay=p.weight_decay)
+    norms = []
+    for grads in grads_per_step:
+        for leaf, n in zip(leaves, names):
+            leaf.grad = grads[n].clone().double()
+        clip = p.grad_clip_norm if p.grad_clip_norm > 0 else float("inf")
+        norms.append(float(torch.nn.utils.clip_grad_norm_(leaves, clip)))
+        opt.step()
+    return {n: leaf.detach() for n, leaf in zip(names, leaves)}, norms
+
+
+@pytest.mark.parametrize("clip", [0.0, "tenth"])
+def test_adamw_matches_torch_and_clipping(service, seqs, clip):
+    """Two steps against torch.optim.AdamW on the same gradients. eps is large so the update depends on
+    the gradient's magnitude (plain Adam is scale-free on its first step) and clipping shows."""
+    tc = new_tc(service)
+    randomize_lora(tc)
+    w0 = lora_weights(tc)
+    grads_seen, norms_reported = [], []
+    p = None
+    for step in range(2):
+        tc.forward_backward([ce(seqs[step]), ce(seqs[2])]).result()
+        g = lora_grads(tc)
+        norm = float(flat(g).norm())
+        grads_seen.append(g)
+        if p is None:
+            p = types.AdamParams(learning_rate=0.01, beta1=0.8, beta2=0.9, eps=1.0, weight_decay=0.1,
+                                 grad_clip_norm=0.0 if clip == 0.0 else norm / 10)
+        norms_reported.append(tc.optim_step(p).result().metrics["grad_norm:mean"])
+    expected, ref_norms = _reference_adamw(w0, grads_seen, p)
+    got = lora_weights(tc)
+    assert norms_reported == pytest.approx(ref_norms, rel=1e-4)  # the pre-clip norm, clipped or not
+    moved = flat({n: got[n] - w0[n] for n in got})
+    assert_close_vectors(moved, flat({n: expected[n] - w0[n] for n in got}), rel=1e-4)
+    if clip != 0.0:  # clipping made the update smaller than the unclipped reference's
+        unclipped, _ = _reference_adamw(w0, grads_seen, p.model_copy(update={"grad_clip_norm": 0.0}))
+        assert float(moved.norm()) < 0.5 * float(flat({n: unclipped[n] - w0[n] for n in got}).norm())
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------------
+
+def _train_step(tc, data, lr=0.02):
+    tc.forward_backward(data).result()
+    tc.optim_step(types.AdamParams(learning_rate=lr)).result()
+
+
+def test_save_state_resume_continues_exactly(service, seqs, isolated_home):
+    data = [ce(seqs[0]), ce(seqs[1])]
+    tc = new_tc(service, seed=3)
+    _train_step(tc, data)
+    path = tc.save_state("mid").result().path
+    assert path == f"tinker://{tc.run_id}/weights/mid"
+    ckpt = isolated_home / "checkpoints" / tc.run_id / "weights" / "mid"
+    assert (ckpt / "tinkrl_meta.json").is_file() and (ckpt / "optimizer.pt").is_file()
+    _train_step(tc, data)
+    uninterrupted = tc.forward(data).result().metrics["loss:sum"]
+
+    resumed = service.create_training_client_from_state_with_optimizer(path)
+    assert resumed.step == 1
+    _train_step(resumed, data)
+    assert resumed.forward(data).result().metrics["loss:sum"] == pytest.approx(uninterrupted, rel=1e-6, abs=1e-6)
+
+    # weights only: same weights, fresh optimizer -> a different next step
+    fresh = service.create_training_client_from_state(path)
+    loaded = lora_weights(fresh)
+    other = service.create_training_client_from_state_with_optimizer(path)
+    for n, w in lora_weights(other).items():
+        torch.testing.assert_close(loaded[n], w, rtol=0, atol=0)
+    assert len(fresh.optimizer.state) == 0 and len(other.optimizer.state) > 0
+    _train_step(fresh, data)
+    assert abs(fresh.forward(data).result().metrics["loss:sum"] - uninterrupted) > 1e-3
+
+    # absolute directory paths work too
+    by_dir = service.create_training_client_from_state_with_optimizer(str(ckpt))
+    _train_step(by_dir, data)
+    assert by_dir.forward(data).result().metrics["loss:sum"] == pytest.approx(uninterrupted, rel=1e-6, abs=1e-6)
+
+
+def test_tinker_paths_resolve_through_tinkrl_home(service, seqs, isolated_home, tmp_path, monkeypatch):
+    tc = new_tc(service)
+    _train_step(tc, [ce(seqs[0])], lr=0.05)
+    path = tc.save_weights_for_sampler("s1").result().path
+    assert path == f"tinker://{tc.run_id}/sampler_weights/s1"
+    ckpt = isolated_home / "checkpoints" / tc.run_id / "sampler_weights" / "s1"
+    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "optimizer.pt").exists()
+    prompt = types.ModelInput.from_ints(seqs[0][:6])
+    params = types.SamplingParams(max_tokens=6, seed=7)
+    live = tc.save_weights_and_get_sampling_client().sample(prompt, 1, params).result().sequences[0]
+    for p in (path, str(ckpt)):
+        got = service.create_sampling_client(model_path=p).sample(prompt, 1, params).result().sequences[0]
+        assert list(got.tokens) == list(live.tokens)
+        np.testing.assert_allclose(got.logprobs, live.logprobs, atol=1e-5)
+    # a sampler checkpoint holds no optimizer state
+    with pytest.raises(CheckpointNotFound, match="optimizer"):
+        service.create_training_client_from_state_with_optimizer(path)
+    # another TINKRL_HOME does not know the run; the error says where it looked
+    monkeypatch.setenv("TINKRL_HOME", str(tmp_path / "elsewhere"))
+    with pytest.raises(CheckpointNotFound, match="elsewhere"):
+        service.create_sampling_client(model_path=path)
+    # ... but the absolute directory still works
+    service.create_sampling_client(model_path=str(ckpt))
+
+
+def test_sampling_client_is_pinned_to_its_weights(service, seqs):
+    tc = new_tc(service)
+    randomize_lora(tc, scale=0.02)
+    prompt = types.ModelInput.from_ints(seqs[1][:8])
+    params = types.SamplingParams(max_tokens=8, seed=11, temperature=1.0)
+    pinned = tc.save_weights_and_get_sampling_client()
+    first = pinned.sample(prompt, 2, params).result()
+    _train_step(tc, [ce(seqs[1])], lr=0.05)
+    again = pinned.sample(prompt, 2, params).result()
+    fresh = tc.save_weights_and_get_sampling_client().sample(prompt, 2, params).result()
+    for a, b in zip(first.sequences, again.sequences):
+        assert list(a.tokens) == list(b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    diff = max(np.abs(np.asarray(a.logprobs[:1]) - np.asarray(b.logprobs[:1])).max()
+               for a, b in zip(first.sequences, fresh.sequences))
+    tokens_differ = any(list(a.tokens) != list(b.tokens) for a, b in zip(first.sequences, fresh.sequences))
+    assert tokens_differ or diff > 1e-3
+
+
+# -- sampling ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sampler(service):
+    tc = new_tc(service, seed=1)
+    randomize_lora(tc, scale=0.02, seed=1)
+    return tc, tc.save_weights_and_get_sampling_client()
+
+
+def _one(sc, tokens, n=1, **params):
+    return sc.sample(types.ModelInput.from_ints(tokens), n, types.SamplingParams(**params)).result()
+
+
+def test_greedy_is_deterministic_and_length_stops(sampler, seqs):
+    _, sc = sampler
+    a = _one(sc, seqs[0][:8], max_tokens=10, temperature=0.0).sequences[0]
+    b = _one(sc, seqs[0][:8], max_tokens=10, temperature=0.0, seed=123).sequences[0]
+    assert list(a.tokens) == list(b.tokens) and len(a.tokens) == 10
+    assert a.stop_reason == "length"
+    top1 = _one(sc, seqs[0][:8], max_tokens=10, temperature=1.0, top_k=1, seed=5).sequences[0]
+    assert list(top1.tokens) == list(a.tokens)
+    tiny_p = _one(sc, seqs[0][:8], max_tokens=10, temperature=1.0, top_p=1e-6, seed=5).sequences[0]
+    assert list(tiny_p.tokens) == list(a.tokens)
+
+
+def test_stop_token_ids_and_stop_strings(sampler, seqs, tok):
+    _, sc = sampler
+    prompt = seqs[2][:8]
+    ref = list(_one(sc, prompt, max_tokens=12, temperature=0.0).sequences[0].tokens)
+    k = 5
+    first = ref.index(ref[k])  # the first occurrence of that token
+    stopped = _one(sc, prompt, max_tokens=12, temperature=0.0, stop=[ref[k]]).sequences[0]
+    assert list(stopped.tokens) == ref[:first + 1] and stopped.stop_reason == "stop"
+
+    text = tok.decode(ref)
+    pieces = [tok.decode(ref[:i]) for i in range(1, len(ref) + 1)]
+    target_end = next(i for i in range(3, len(ref)) if len(pieces[i].strip()) > len(pieces[2].strip()))
+    stop_string = text[len(pieces[2]):len(pieces[target_end])][-3:]
+    assert stop_string
+    by_string = _one(sc, prompt, max_tokens=12, temperature=0.0, stop=[stop_string]).sequences[0]
+    out = tok.decode(list(by_string.tokens))
+    assert by_string.stop_reason == "stop" and stop_string in out
+    assert stop_string not in tok.decode(list(by_string.tokens)[:-1])
+    assert list(by_string.tokens) == ref[:len(by_string.tokens)]
+
+
+def test_seeds_num_samples_and_temperature(sampler, seqs):
+    _, sc = sampler
+    prompt = seqs[1][:8]
+    a = _one(sc, prompt, 4, max_tokens=8, seed=42)
+    b = _one(sc, prompt, 4, max_tokens=8, seed=42)
+    c = _one(sc, prompt, 4, max_tokens=8, seed=43)
+    assert len(a.sequences) == 4
+    assert [list(s.tokens) for s in a.sequences] == [list(s.tokens) for s in b.sequences]
+    assert [list(s.tokens) for s in a.sequences] != [list(s.tokens) for s in c.sequences]
+    assert len({tuple(s.tokens) for s in a.sequences}) > 1  # the samples of one request differ
+    for s in a.sequences:
+        assert len(s.logprobs) == len(s.tokens) and all(lp <= 0 for lp in s.logprobs)
+
+
+def test_prompt_logprobs_and_sampled_logprobs_equal_forward(sampler, seqs):
+    tc, sc = sampler
+    prompt = seqs[0][:12]
+    resp = _one(sc, prompt, max_tokens=6, seed=3, temperature=0.7)
+    computed = sc.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    included = sc.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=1),
+                         include_prompt_logprobs=True).result().prompt_logprobs
+    assert computed[0] is None and included[0] is None and len(computed) == len(prompt)
+    full = prompt + list(resp.sequences[0].tokens)
+    fwd = logprobs_of(tc.forward([ce(full)]).result())[0]
+    np.testing.assert_allclose(np.asarray(computed[1:], dtype=np.float64), fwd[:len(prompt) - 1], atol=1e-3)
+    np.testing.assert_allclose(np.asarray(included[1:], dtype=np.float64), fwd[:len(prompt) - 1], atol=1e-3)
+    # the sampled tokens' logprobs are the policy's (T=1, untruncated) even when drawn at T=0.7
+    np.testing.assert_allclose(resp.sequences[0].logprobs, fwd[len(prompt) - 1:], atol=1e-3)
+
+
+def test_concurrent_samples_agree_with_sequential(sampler, seqs):
+    _, sc = sampler
+    prompts = [s[:6 + i % 4] for i, s in enumerate(seqs * 4)]
+
+    def run(i):
+        return _one(sc, prompts[i], 2, max_tokens=6, seed=100 + i, temperature=1.0)
+
+    sequential = [run(i) for i in range(len(prompts))]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        concurrent = list(pool.map(run, range(len(prompts))))
+    for s, c in zip(sequential, concurrent):
+        for a, b in zip(s.sequences, c.sequences):
+            assert list(a.tokens) == list(b.tokens)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+
+
+def test_empty_prompt_and_bad_num_samples_are_errors(sampler):
+    _, sc = sampler
+    with pytest.raises(ValueError, match="num_samples"):
+        sc.sample(types.ModelInput.from_ints([1, 2]), 0, types.SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="empty"):
+        sc.sample(types.ModelInput.from_ints([]), 1, types.SamplingParams(max_tokens=2)).result()
+
+
+# -- packing -------------------------------------------------------------------------------------------------------
+
+def test_packing_is_exact(service, seqs, tok):
+    tc = new_tc(service)
+    randomize_lora(tc, scale=0.02)
+    prompt = tok.encode("A shared prompt that every member of the group starts with, like a GRPO group.")
+    suffixes = [tok.encode(t)[:n] for t, n in zip(TEXTS + ["ok"], (3, 9, 14, 1))]
+    group = [prompt + s for s in suffixes] + [seqs[0]]  # plus one unrelated sequence
+    packs = pack_sequences(group)
+    shared = [p for p in packs if len(p.members) > 1]
+    assert len(shared) == 1 and len(shared[0].members) == 4
+    assert len(shared[0].tokens) == len(prompt) + sum(len(s) for s in suffixes)
+    # every member sees exactly its own tokens at its own positions
+    ids, pos, mask = pack_tensors(packs, "cpu")
+    for b, p in enumerate(packs):
+        for i, idx in p.members:
+            assert ids[b, idx].tolist() == group[i] and pos[b, idx].tolist() == list(range(len(group[i])))
+            sub = mask[b, 0][idx][:, idx]
+            assert torch.equal(sub, torch.tril(torch.ones(len(idx), len(idx), dtype=torch.bool)))
+            others = [j for j in range(ids.shape[1]) if j not in idx]
+            assert not mask[b, 0][idx][:, others].any()
+
+    data = [ce(s) for s in group]
+    together = logprobs_of(tc.forward(data).result())
+    for d, lp in zip(data, together):
+        alone = logprobs_of(tc.forward([d]).result())[0]
+        np.testing.assert_allclose(lp, alone, atol=1e-4)
+    # and gradients: the packed batch equals the sum of the single-datum gradients
+    zero_grads(tc)
+    tc.forward_backward(data, "cross_entropy").result()
+    packed = flat(lora_grads(tc))
+    zero_grads(tc)
+    for d in data:
+        tc.forward_backward([d]).result()
+    assert_close_vectors(packed, flat(lora_grads(tc)), rel=1e-3)
+    zero_grads(tc)
+
+
+# -- models ----------------------------------------------------------------------------------------------------------
+
+def test_capabilities_list_default_and_tiny_models(service):
+    names = [m.model_name for m in service.get_server_capabilities().supported_models]
+    assert DEFAULT_MODEL in names
+    assert {"tinkrl/tiny-llama", "tinkrl/tiny-qwen2", "tinkrl/tiny-qwen3"} <= set(names)
+
+
+def test_missing_model_is_one_clear_line(service, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelNotFoundError) as info:
+        service.create_lora_training_client("no-such-org/no-such-model-7b")
+    msg = str(info.value)
+    assert "\n" not in msg and "no-such-org/no-such-model-7b" in msg
+    assert "looked in" in msg and "Hugging Face cache" in msg and str(tmp_path / "hub") in msg
+
+
+@pytest.mark.parametrize("model", ["tinkrl/tiny-llama", "tinkrl/tiny-qwen2", "tinkrl/tiny-qwen3"])
+def test_tiny_architectures_match_transformers_and_train(service, model, seqs):
+    """Our transformer's forward equals the transformers model's own forward, and sample +
+    forward_backward + optim_step work, for each tiny architecture."""
+    from tinkrl.local.models import load_model
+
+    tc = service.create_lora_training_client(model, rank=4)
+    s = seqs[1]
+    ours = logprobs_of(tc.forward([ce(s)]).result())[0]
+    hf = load_model(model, torch.device("cpu"), torch.float32).model
+    with torch.no_grad():
+        logits = hf(torch.tensor([s[:-1]])).logits[0].double()
+    theirs = logits.log_softmax(-1).gather(-1, torch.tensor(s[1:])[:, None])[:, 0].numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-3)
+    assert tc.get_info().model_data.arch == hf.config.model_type
+
+    sc = tc.save_weights_and_get_sampling_client()
+    out = sc.sample(types.ModelInput.from_ints(s[:6]), 2, types.SamplingParams(max_tokens=5, seed=0)).result()
+    assert [len(q.tokens) for q in out.sequences] == [5, 5]
+    before = tc.forward_backward([ce(s)]).result().metrics["loss:sum"]
+    tc.optim_step(types.AdamParams(learning_rate=0.02)).result()
+    after = tc.forward([ce(s)]).result().metrics["loss:sum"]
+    assert after < before  # one step of cross-entropy lowers the loss on its own datum
