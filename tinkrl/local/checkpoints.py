@@ -45,11 +45,11 @@ def export_checkpoint(path: str, out: Path, merged: bool) -> Path:
             shutil.copy2(ckpt / f, out / f)
         return out
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    from tinkrl.local.models import load_tokenizer, resolve_model_dir
+    from tinkrl.local.models import load_model, load_tokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(meta["base_model"]), dtype=torch.float32)
+    # load_model, not from_pretrained: the tiny test models exist only in memory (no model directory)
+    model = load_model(meta["base_model"], torch.device("cpu"), torch.float32).model
     if meta["lora"]["train_unembed"] and model.config.tie_word_embeddings:
         # A trained unembedding must not silently change the input embeddings: untie first.
         model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
