@@ -128,18 +128,22 @@ class ChatMLRenderer:
         return [self.im_start] + self._encode(f"{role}\n{body}") + [self.im_end] + self._encode("\n")
 
     def render_messages(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
-        """Tokens of whole turns (no generation prompt). Consecutive tool results share one user turn."""
+        """Tokens of whole turns (no generation prompt), with the family's default system turn."""
         msgs = list(messages)
         if not msgs or msgs[0]["role"] != "system":
             if self.default_system is not None or tools:
                 msgs.insert(0, {"role": "system", "content": self.default_system or ""})
+        return self._turns(msgs, tools)
+
+    def _turns(self, msgs: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """Encode turns one by one; a run of consecutive tool results shares one user turn."""
         tokens: list[int] = []
         i = 0
         while i < len(msgs):
             role, body = self.message_text(msgs[i])
             if i == 0 and msgs[i]["role"] == "system" and tools:
                 body = (body + "\n\n" if body else "") + self._tool_system_text(tools)
-            if msgs[i]["role"] == "tool":  # merge a run of tool results into one user turn
+            if msgs[i]["role"] == "tool":
                 bodies = [body]
                 while i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":
                     i += 1
@@ -166,19 +170,7 @@ class ChatMLRenderer:
         return closing + self._encode("\n") + self.render_messages_no_system(new_messages) + self.generation_header()
 
     def render_messages_no_system(self, messages: list[Message]) -> list[int]:
-        tokens: list[int] = []
-        i = 0
-        while i < len(messages):
-            role, body = self.message_text(messages[i])
-            if messages[i]["role"] == "tool":
-                bodies = [body]
-                while i + 1 < len(messages) and messages[i + 1]["role"] == "tool":
-                    i += 1
-                    bodies.append(self.message_text(messages[i])[1])
-                body = "\n".join(bodies)
-            tokens += self._turn(role, body)
-            i += 1
-        return tokens
+        return self._turns(list(messages))
 
     # -- parsing -----------------------------------------------------------------------------------
     def parse_response(self, tokens: list[int]) -> ParsedResponse:
