@@ -230,14 +230,38 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The config model that holds the key at `loc` (walking fields, Optional and dict values)."""
+    import types
+    import typing
+
+    cls: Any = TrainConfig
+    for part in loc:
+        if isinstance(cls, type) and issubclass(cls, BaseModel):
+            field = next((f for n, f in cls.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return None
+            cls = field.annotation
+        elif typing.get_origin(cls) is dict:
+            cls = typing.get_args(cls)[1]
+        else:
+            return None
+        args = [a for a in typing.get_args(cls) if a is not type(None)]
+        if typing.get_origin(cls) in (typing.Union, types.UnionType) and len(args) == 1:
+            cls = args[0]
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
 def _format_error(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"]) or "config"
     if err["type"] == "extra_forbidden":
-        parent = TrainConfig
-        allowed = sorted(parent.model_fields)
-        return f"unknown config key {loc!r}; allowed keys here: {', '.join(allowed) if len(err['loc']) == 1 else 'see docs'}"
+        parent = _model_at(tuple(err["loc"][:-1]))
+        allowed = sorted(f.alias or n for n, f in parent.model_fields.items()) if parent else []
+        return f"unknown config key {loc!r}; allowed keys here: {', '.join(allowed) or 'see docs'}"
     msg = err["msg"]
+    if err["type"] == "value_error":  # our own validators' messages, without pydantic's prefix
+        return f"{loc}: {msg.removeprefix('Value error, ')}"
     if err["type"] == "literal_error":
         return f"{loc}: {msg} (got {err.get('input')!r})"
     return f"{loc}: {msg}" + (f" (got {err.get('input')!r})" if "input" in err and err["type"] != "value_error" else "")

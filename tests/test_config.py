@@ -1,0 +1,157 @@
+"""Run config: every kind of bad input is exit code 2 and one line from `tinkrl train`, naming the key
+(and what is allowed) or the file and line; the accepted spellings (YAML + overrides, --config_path,
+aliases, env= sugar) load as documented; `.env` supplies keys without overriding the environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tinkrl.cli import main as tinkrl
+from tinkrl.config import load_config, load_dotenv_file
+from tinkrl.errors import ConfigError
+from tinkrl.rl.train import parse_cli
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no stray .env or runs/ from the checkout
+    return tmp_path
+
+
+def train_error(capsys, *argv: str) -> str:
+    assert tinkrl(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tinkrl train: error: ") and "\n" not in err, err
+    return err
+
+
+def test_unknown_top_level_key(capsys):
+    err = train_error(capsys, "env=arithmetic", "lerning_rate=1e-3")
+    assert "'lerning_rate'" in err and "learning_rate" in err and "async" in err and "async_" not in err
+
+
+def test_unknown_nested_keys_name_the_allowed_ones(capsys):
+    err = train_error(capsys, "env=arithmetic", "wandb.projekt=x")
+    assert "wandb.projekt" in err and "project" in err and "entity" in err
+    err = train_error(capsys, "env=arithmetic", "environments.arithmetic.wieght=2")
+    assert "wieght" in err and "weight" in err and "num_rollouts" in err
+
+
+def test_unknown_env_key(capsys):
+    err = train_error(capsys, "env=arithmetic", "env.max_valu=50")
+    assert "environments.arithmetic.env" in err and "'max_valu'" in err and "max_value" in err
+
+
+def test_unknown_environment(capsys):
+    err = train_error(capsys, "env=no_such_env")
+    assert "no_such_env" in err and "arithmetic" in err
+
+
+def test_bad_values(capsys):
+    err = train_error(capsys, "env=arithmetic", "learning_rate=-1")
+    assert "learning_rate" in err and "greater than 0" in err and "-1" in err
+    err = train_error(capsys, "env=arithmetic", "env.max_value=abc")
+    assert "environments.arithmetic.env.max_value" in err and "abc" in err
+    err = train_error(capsys, "env=arithmetic", "batch_size=ten")
+    assert "batch_size" in err and "ten" in err
+
+
+def test_bad_literal_lists_the_choices(capsys):
+    err = train_error(capsys, "env=arithmetic", "loss_fn=ppo2")
+    assert "loss_fn" in err and "'ppo2'" in err and "'cispo'" in err and "'importance_sampling'" in err
+    err = train_error(capsys, "env=arithmetic", "adv_estimator=gae")
+    assert "adv_estimator" in err and "'entropic_adaptive'" in err
+
+
+def test_batch_size_must_be_a_multiple_of_group_size(capsys):
+    err = train_error(capsys, "env=arithmetic", "batch_size=10", "group_size=4")
+    assert "batch_size (10) must be a multiple of group_size (4)" in err and "Value error" not in err
+    err = train_error(capsys, "env=arithmetic", "groups_per_batch=4")
+    assert "batch_size" in err
+
+
+def test_no_environment_and_malformed_override(capsys):
+    assert "no environment" in train_error(capsys, "lora_rank=4")
+    assert "not key=value" in train_error(capsys, "env=arithmetic", "lora_rank")
+
+
+def test_missing_and_malformed_yaml_files(capsys, in_tmp):
+    err = train_error(capsys, "--config_path", "nope.yaml")
+    assert "nope.yaml" in err and "not found" in err
+    bad = in_tmp / "bad.yaml"
+    bad.write_text("learning_rate: 1e-4\nenv: arithmetic\nbatch_size: [8\ngroup_size: 4\n")
+    err = train_error(capsys, str(bad))
+    assert f"{bad}:" in err and "malformed YAML" in err
+    line = int(err.split(f"{bad}:")[1].split(":")[0])
+    assert line in (3, 4)  # where the unclosed list is noticed
+    (in_tmp / "list.yaml").write_text("- a\n- b\n")
+    assert "mapping" in train_error(capsys, str(in_tmp / "list.yaml"))
+    (in_tmp / "unknown.yaml").write_text("env: arithmetic\nmax_step: 3\n")
+    assert "'max_step'" in train_error(capsys, str(in_tmp / "unknown.yaml"))
+
+
+def test_config_path_and_overrides(in_tmp):
+    (in_tmp / "run.yaml").write_text("learning_rate: 1.0e-4\nlora_rank: 8\nenvironments:\n  arithmetic:\n"
+                                     "    env: {max_value: 20}\n")
+    path, overrides = parse_cli(["--config_path", "run.yaml", "--overrides", "lora_rank=4", "wandb.project=p"])
+    assert path == "run.yaml" and overrides == ["lora_rank=4", "wandb.project=p"]
+    c = load_config(path, overrides)
+    assert c.learning_rate == 1e-4 and c.lora_rank == 4 and c.wandb.project == "p"
+    assert c.environments["arithmetic"].env == {"max_value": 20}
+    # positional YAML + key=value, and env.* overrides reach the single map entry
+    c = load_config(*parse_cli(["run.yaml", "env.max_value=50", "max_tokens=12"]))
+    assert c.environments["arithmetic"].env == {"max_value": 50} and c.max_tokens == 12
+
+
+def test_aliases():
+    c = load_config(None, ["env=arithmetic", "num_batches=7", "wandb_project_name=proj"])
+    assert c.max_steps == 7 and c.wandb.project == "proj"
+    c = load_config(None, ["env=arithmetic", "wandb.wandb_project_name=proj2"])
+    assert c.wandb.project == "proj2"
+
+
+def test_yaml_aliases(in_tmp):
+    (in_tmp / "a.yaml").write_text("env: arithmetic\nnum_batches: 3\nwandb:\n  wandb_project_name: q\n")
+    c = load_config("a.yaml", [])
+    assert c.max_steps == 3 and c.wandb.project == "q"
+
+
+def test_env_sugar():
+    c = load_config(None, ["env=arithmetic", "env.max_value=50", "env.min_value=3"])
+    assert list(c.environments) == ["arithmetic"]
+    assert c.environments["arithmetic"].env == {"max_value": 50, "min_value": 3}
+    full = load_config(None, ["environments.arithmetic.env.max_value=50", "environments.arithmetic.env.min_value=3"])
+    assert full.environments == c.environments
+    # groups per step = batch_size / group_size
+    c = load_config(None, ["env=arithmetic", "batch_size=12", "group_size=4"])
+    assert c.groups_per_env() == {"arithmetic": 3}
+
+
+def test_env_fields_need_an_environment():
+    with pytest.raises(ConfigError, match="env=NAME"):
+        load_config(None, ["env.max_value=5"])
+
+
+def test_dotenv_loading(in_tmp, monkeypatch):
+    monkeypatch.delenv("TINKRL_TEST_DOTENV_A", raising=False)
+    monkeypatch.setenv("TINKRL_TEST_DOTENV_B", "from-environment")
+    (in_tmp / ".env").write_text("TINKRL_TEST_DOTENV_A=from-file\nTINKRL_TEST_DOTENV_B=from-file\n")
+    load_dotenv_file()
+    try:
+        assert os.environ["TINKRL_TEST_DOTENV_A"] == "from-file"
+        assert os.environ["TINKRL_TEST_DOTENV_B"] == "from-environment"  # never overrides
+    finally:
+        os.environ.pop("TINKRL_TEST_DOTENV_A", None)
+
+
+def test_train_cli_reads_dotenv(capsys, in_tmp):
+    """`tinkrl train` loads ./.env before anything else: a key set there is visible to the run."""
+    os.environ.pop("TINKRL_TEST_DOTENV_C", None)
+    (in_tmp / ".env").write_text("TINKRL_TEST_DOTENV_C=yes\n")
+    try:
+        train_error(capsys, "lora_rank=4")  # fails on config after .env was read
+        assert os.environ.get("TINKRL_TEST_DOTENV_C") == "yes"
+    finally:
+        os.environ.pop("TINKRL_TEST_DOTENV_C", None)
