@@ -100,6 +100,7 @@ class TrainConfig(Strict):
     batch_size: int = Field(64, ge=1)  # rollouts per step (a multiple of group_size)
     group_size: int = Field(8, ge=1)  # rollouts per task (a GRPO group)
     max_steps: int = Field(20, ge=0, validation_alias=AliasChoices("max_steps", "num_batches"))
+    time_budget_s: float | None = Field(None, gt=0)  # stop early (with the final eval and checkpoint) to end by then
     max_tokens: int = Field(256, ge=1)  # sampled tokens per turn
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -246,6 +246,7 @@ class Run:
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_path = self.run_dir / "checkpoints.jsonl"
+        self._first_eval_s = 0.0
 
     def _start_training_client(self, service):
         c = self.config
@@ -260,12 +261,21 @@ class Run:
         return _client(service.create_lora_training_client(base_model=c.model_name, rank=c.lora_rank,
                                                            seed=c.seed)), 0
 
-    async def _checkpoint(self, tc, name: str, step: int):
+    async def _checkpoint(self, tc, name: str, step: int, final: bool):
         state = await tc.save_state(name)
         sampler = await tc.save_weights_for_sampler(name)
         append_jsonl(self.ckpt_path, {"name": name, "batch": step, "state_path": state.path,
-                                      "sampler_path": sampler.path, "final": step >= self.config.max_steps})
+                                      "sampler_path": sampler.path, "final": final})
         return sampler.path
+
+    def _out_of_time(self, t0: float, steps_run: int) -> bool:
+        """Would another step (plus the final eval, estimated like the first one) overrun the budget?"""
+        budget = self.config.time_budget_s
+        if budget is None:
+            return False
+        elapsed = time.time() - t0
+        per_step = (elapsed - self._first_eval_s) / max(1, steps_run)
+        return elapsed + per_step + self._first_eval_s > budget
 
     async def run(self) -> dict[str, float]:
         c = self.config
@@ -304,6 +314,7 @@ class Run:
                 t = time.time()
                 metrics.update(await evaluate(envs, sc, c))
                 metrics["time/eval"] = time.time() - t
+                self._first_eval_s = self._first_eval_s or metrics["time/eval"]
             # Rollouts: this step's (already in flight in async mode) and, in async mode, the next ones.
             t = time.time()
             if step not in inflight:
@@ -349,21 +360,28 @@ class Run:
             logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
             # New weights -> new sampling client (a checkpoint when one is due).
             done = step + 1
-            if (c.save_every and done % c.save_every == 0) or done == c.max_steps:
-                name = "final" if done == c.max_steps else f"{done:06d}"
-                final_sampler = await self._checkpoint(tc, name, done)
+            last = done == c.max_steps or self._out_of_time(t0, step - start + 1)
+            if (c.save_every and done % c.save_every == 0) or last:
+                name = "final" if last else f"{done:06d}"
+                final_sampler = await self._checkpoint(tc, name, done, last)
                 sc = _client(service.create_sampling_client(model_path=final_sampler))
             else:
                 sc = await asyncio.to_thread(lambda: _client(tc.save_weights_and_get_sampling_client()))
             sc_step = done
-            if done == c.max_steps and (c.eval_every or c.eval_problems):
+            if last and (c.eval_every or c.eval_problems):
+                t = time.time()
                 metrics.update(await evaluate(envs, sc, c))
+                metrics["time/final_eval"] = time.time() - t
             metrics["time/step"] = time.time() - t_step
             metrics["time/total"] = time.time() - t0
             logger.log(step, metrics)
             bar.set_postfix(reward=f"{metrics.get('env/all/reward/total', float('nan')):.3f}")
             bar.update(1)
             print(_summary(step, metrics), flush=True)
+            if last:
+                if done < c.max_steps:
+                    print(f"stopping after step {step}: time_budget_s={c.time_budget_s:.0f} would be exceeded")
+                break
         for task in inflight.values():
             task.cancel()
         bar.close()
