@@ -28,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tinker import types  # noqa: E402
 
 RANDOM_ARCHS = {  # real architectures, random weights (no download)
+    "tiny": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152,
+                 tie_word_embeddings=True, rope_theta=100000.0),
     "smollm2": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
                     tie_word_embeddings=True, rope_theta=100000.0),
