@@ -261,12 +261,12 @@ class Run:
         return _client(service.create_lora_training_client(base_model=c.model_name, rank=c.lora_rank,
                                                            seed=c.seed)), 0
 
-    async def _checkpoint(self, tc, name: str, step: int, final: bool):
+    async def _checkpoint(self, tc, name: str, step: int, final: bool) -> dict:
+        """Save state and sampler weights; returns the checkpoints.jsonl row, appended by the caller
+        only after the step's metrics line (a resume never skips a step whose line was not written)."""
         state = await tc.save_state(name)
         sampler = await tc.save_weights_for_sampler(name)
-        append_jsonl(self.ckpt_path, {"name": name, "batch": step, "state_path": state.path,
-                                      "sampler_path": sampler.path, "final": final})
-        return sampler.path
+        return {"name": name, "batch": step, "state_path": state.path, "sampler_path": sampler.path, "final": final}
 
     def _out_of_time(self, t0: float, steps_run: int) -> bool:
         """Would another step (plus the final eval, estimated like the first one) overrun the budget?"""
@@ -299,7 +299,7 @@ class Run:
         adam = types.AdamParams(learning_rate=c.learning_rate, beta1=c.adam_beta1, beta2=c.adam_beta2, eps=c.adam_eps,
                                 weight_decay=c.weight_decay, grad_clip_norm=c.grad_clip_norm)
         max_lag = c.async_.max_steps_off_policy if c.async_ else 0
-        inflight: dict[int, asyncio.Task] = {}
+        inflight: dict[int, tuple[asyncio.Future, int]] = {}  # step -> (its rollouts, weights version used)
         metrics: dict[str, float] = {}
         from tqdm import tqdm
 
@@ -318,14 +318,15 @@ class Run:
             # Rollouts: this step's (already in flight in async mode) and, in async mode, the next ones.
             t = time.time()
             if step not in inflight:
-                inflight[step] = asyncio.ensure_future(sample_groups(envs, step, sc, c, sem))
-            keyed_groups = await inflight.pop(step)
+                inflight[step] = (asyncio.ensure_future(sample_groups(envs, step, sc, c, sem)), sc_step)
+            rollouts, sampled_with = inflight.pop(step)
+            keyed_groups = await rollouts
             for ahead in range(step + 1, min(step + 1 + max_lag, c.max_steps)):
                 if ahead not in inflight:
-                    inflight[ahead] = asyncio.ensure_future(sample_groups(envs, ahead, sc, c, sem))
+                    inflight[ahead] = (asyncio.ensure_future(sample_groups(envs, ahead, sc, c, sem)), sc_step)
             metrics["time/sample"] = time.time() - t
-            if max_lag:
-                metrics["async/staleness"] = step - sc_step
+            if max_lag:  # how many optimizer steps behind the trained weights the sampling weights were
+                metrics["async/staleness"] = step - sampled_with
             metrics.update(group_metrics(keyed_groups))
             kept, gm = select_groups(keyed_groups, envs, c.remove_constant_reward_groups)
             metrics.update(gm)
@@ -361,9 +362,11 @@ class Run:
             # New weights -> new sampling client (a checkpoint when one is due).
             done = step + 1
             last = done == c.max_steps or self._out_of_time(t0, step - start + 1)
+            ckpt_row = None
             if (c.save_every and done % c.save_every == 0) or last:
                 name = "final" if last else f"{done:06d}"
-                final_sampler = await self._checkpoint(tc, name, done, last)
+                ckpt_row = await self._checkpoint(tc, name, done, last)
+                final_sampler = ckpt_row["sampler_path"]
                 sc = _client(service.create_sampling_client(model_path=final_sampler))
             else:
                 sc = await asyncio.to_thread(lambda: _client(tc.save_weights_and_get_sampling_client()))
@@ -375,6 +378,8 @@ class Run:
             metrics["time/step"] = time.time() - t_step
             metrics["time/total"] = time.time() - t0
             logger.log(step, metrics)
+            if ckpt_row is not None:  # the commit point: resuming starts after a logged step
+                append_jsonl(self.ckpt_path, ckpt_row)
             bar.set_postfix(reward=f"{metrics.get('env/all/reward/total', float('nan')):.3f}")
             bar.update(1)
             print(_summary(step, metrics), flush=True)
@@ -382,7 +387,7 @@ class Run:
                 if done < c.max_steps:
                     print(f"stopping after step {step}: time_budget_s={c.time_budget_s:.0f} would be exceeded")
                 break
-        for task in inflight.values():
+        for task, _ in inflight.values():
             task.cancel()
         bar.close()
         logger.close()
