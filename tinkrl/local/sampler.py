@@ -163,6 +163,7 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
     attn = attn[row_job]
     logits = last_logits[row_job]
     active = list(range(len(rows)))  # indices into `rows`, aligned with the batch dimension
+    next_pos = torch.tensor([r.prompt_len for r in rows], device=device)  # position of each row's next token
 
     for step in range(max_new):
         logprobs = logits.log_softmax(-1)
@@ -185,13 +186,14 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
             break
         if len(keep) < len(active):
             sel = torch.tensor(keep, device=device)
-            cache, attn, nxt = cache.select(sel), attn[sel], nxt[sel]
+            cache, attn, nxt, next_pos = cache.select(sel), attn[sel], nxt[sel], next_pos[sel]
             active = [active[b] for b in keep]
         pos = P + step
         attn[:, pos] = 1
-        positions = torch.tensor([[rows[a].prompt_len + step] for a in active], device=device)
-        mask = causal_mask(attn[:, :pos + 1], 1, pos)
-        hidden = lm(nxt[:, None], positions, mask, cache, pos)
+        # One new token per row: it may see every real (non-padding) position so far.
+        mask = attn[:, None, None, :pos + 1].bool()
+        hidden = lm(nxt[:, None], next_pos[:, None], mask, cache, pos)
+        next_pos = next_pos + 1
         logits = lm.logits(hidden[:, -1])
     for r in rows:  # rows cut by the context window
         r.stop_reason = r.stop_reason or "length"
