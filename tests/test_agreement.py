@@ -26,7 +26,8 @@ TOLERANCE = {"float32": 1e-3, None: 2e-2}
 
 def max_disagreement(tc, sc, prompts, temperature: float) -> float:
     params = types.SamplingParams(max_tokens=16, temperature=temperature, seed=17, stop=[])
-    responses = [sc.sample(p, 2, params).result() for p in prompts]
+    futures = [sc.sample(p, 2, params) for p in prompts]  # submitted together: decoded as one batch
+    responses = [f.result() for f in futures]
     data, spans = [], []
     for p, resp in zip(prompts, responses):
         for s in resp.sequences:

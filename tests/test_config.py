@@ -129,6 +129,27 @@ def test_env_sugar():
     assert c.groups_per_env() == {"arithmetic": 3}
 
 
+def test_yaml_env_shorthand(in_tmp):
+    (in_tmp / "e.yaml").write_text("env: arithmetic\nenv_config:\n  max_value: 50\n  min_value: 3\n")
+    c = load_config("e.yaml", [])
+    assert c.environments["arithmetic"].env == {"max_value": 50, "min_value": 3}
+    c = load_config("e.yaml", ["env.max_value=60"])  # overrides go on top of env_config
+    assert c.environments["arithmetic"].env == {"max_value": 60, "min_value": 3}
+    c = load_config("e.yaml", ["env=gsm8k"])  # the command line picks another env: the YAML's fields are dropped
+    assert list(c.environments) == ["gsm8k"] and c.environments["gsm8k"].env == {}
+
+
+def test_env_override_against_an_environments_map(in_tmp):
+    (in_tmp / "m.yaml").write_text("environments:\n  arithmetic: {env: {max_value: 20}}\n  gsm8k: {}\n")
+    assert set(load_config("m.yaml", []).environments) == {"arithmetic", "gsm8k"}
+    c = load_config("m.yaml", ["env=arithmetic"])  # one entry of the map, with its fields
+    assert list(c.environments) == ["arithmetic"] and c.environments["arithmetic"].env == {"max_value": 20}
+    with pytest.raises(ConfigError, match="not both"):
+        load_config("m.yaml", ["env=math500"])
+    with pytest.raises(ConfigError, match="env=NAME"):
+        load_config("m.yaml", ["env.max_value=5"])
+
+
 def test_env_fields_need_an_environment():
     with pytest.raises(ConfigError, match="env=NAME"):
         load_config(None, ["env.max_value=5"])

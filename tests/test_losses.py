@@ -229,6 +229,10 @@ def test_missing_input_key_names_what_is_needed(tc, seqs):
     assert "sequence_ratio_mask" in msg
     msg = _error(tc.forward([datum(s)], "cross_entropy"))
     assert "weights" in msg
+    # every datum is checked, not only the first
+    full = datum(s, logprobs=np.zeros(n), advantages=np.zeros(n))
+    msg = _error(tc.forward_backward([full, datum(s, logprobs=np.zeros(n))], "importance_sampling"))
+    assert "datum 1" in msg and "advantages" in msg
 
 
 def test_bad_config_key_names_the_allowed_keys(tc, seqs):

@@ -214,17 +214,24 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             env_fields[key[4:]] = value
         else:
             _set_dotted(raw, key, value)
+    yaml_fields: dict[str, Any] = {}
     if isinstance(raw.get("env"), str):  # `env: NAME` in YAML, with optional `env_config:`
-        env_name = env_name or raw.pop("env")
+        yaml_env = raw.pop("env")
+        env_config = raw.pop("env_config", None) or {}
+        if not isinstance(env_config, dict):
+            raise ConfigError("env_config: must be a mapping of the environment's fields")
+        if env_name in (None, yaml_env):  # an env=NAME override picking another env drops the YAML's fields
+            env_name, yaml_fields = yaml_env, env_config
     if env_name or env_fields:
         if env_name is None:
             if len(raw.get("environments", {})) != 1:
                 raise ConfigError("env.* overrides need env=NAME (or exactly one entry in environments:)")
             env_name = next(iter(raw["environments"]))
-        entry = raw.setdefault("environments", {}).setdefault(env_name, {})
-        if len(raw["environments"]) > 1 and env_name not in raw["environments"]:
+        if len(raw.get("environments", {})) > 1 and env_name not in raw["environments"]:
             raise ConfigError("use either env=NAME or an environments: map, not both")
+        entry = raw.setdefault("environments", {}).setdefault(env_name, {})
         fields = entry.setdefault("env", {})
+        fields.update(yaml_fields)
         for k, v in env_fields.items():
             _set_dotted(fields, k, v)
         raw["environments"] = {env_name: entry}

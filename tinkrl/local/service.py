@@ -415,8 +415,11 @@ class TrainingClient(_ClientHandle):
                           backward: bool) -> types.ForwardBackwardOutput:
         if not data:
             raise losses.LossInputError("forward_backward needs at least one datum")
-        keys = set(data[0].loss_fn_inputs)
-        losses.check_loss(loss_fn, config, keys)
+        for i, d in enumerate(data):  # every datum, so a later one missing a key is a clear error too
+            try:
+                losses.check_loss(loss_fn, config, set(d.loss_fn_inputs))
+            except losses.LossInputError as e:
+                raise losses.LossInputError(f"datum {i}: {e}" if i else str(e)) from None
         inputs = self._inputs(data)
         out_lp: list[torch.Tensor | None] = [None] * len(data)
         total = 0.0
