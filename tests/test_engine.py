@@ -345,6 +345,22 @@ def test_empty_prompt_and_bad_num_samples_are_errors(sampler):
         sc.sample(types.ModelInput.from_ints([1, 2]), 0, types.SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="empty"):
         sc.sample(types.ModelInput.from_ints([]), 1, types.SamplingParams(max_tokens=2)).result()
+    with pytest.raises(ValueError, match="49152 is outside the vocabulary"):
+        sc.sample(types.ModelInput.from_ints([1, 49152]), 1, types.SamplingParams(max_tokens=2)).result()
+
+
+def test_a_bad_request_does_not_fail_the_requests_batched_with_it(sampler):
+    _, sc = sampler
+    release = hold_engine(sampler[0])  # queue the requests so they would be merged into one batch
+    try:
+        good = [sc.sample(types.ModelInput.from_ints([1, 2, 3 + i]), 1, types.SamplingParams(max_tokens=3))
+                for i in range(3)]
+        for bad in ([], [-1], [10 ** 7]):
+            with pytest.raises(ValueError):
+                sc.sample(types.ModelInput.from_ints(bad), 1, types.SamplingParams(max_tokens=3)).result(30)
+    finally:
+        release.set()
+    assert [len(g.result(60).sequences[0].tokens) for g in good] == [3, 3, 3]
 
 
 # -- packing -------------------------------------------------------------------------------------------------------

@@ -564,7 +564,15 @@ class SamplingClient(_ClientHandle):
         if unsupported:
             raise TinkrlError(f"sample options {unsupported} are not supported by the embedded engine "
                               "(supported: num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)")
-        job = SampleJob(prompt.to_ints(), num_samples, sampling_params or types.SamplingParams(),
+        tokens = prompt.to_ints()
+        # Checked here, not in the batch: one bad request must not fail the requests merged with it.
+        vocab = int(self.engine.config.vocab_size)
+        if not tokens:
+            raise ValueError("sample: the prompt is empty")
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            bad = next(t for t in tokens if t < 0 or t >= vocab)
+            raise ValueError(f"sample: prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        job = SampleJob(tokens, num_samples, sampling_params or types.SamplingParams(),
                         include_prompt_logprobs, topk_prompt_logprobs)
         return self.engine.submit_sample(self.snapshot, job)
 
