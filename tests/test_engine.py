@@ -228,6 +228,20 @@ def test_tinker_paths_resolve_through_tinkrl_home(service, seqs, isolated_home, 
     service.create_sampling_client(model_path=str(ckpt))
 
 
+def test_a_checkpoint_name_saved_again_serves_the_new_weights(service, seqs, isolated_home):
+    tc = new_tc(service)
+    prompt = types.ModelInput.from_ints(seqs[0][:6])
+    params = types.SamplingParams(max_tokens=4, seed=1)
+    path = tc.save_weights_for_sampler("latest").result().path
+    first = service.create_sampling_client(model_path=path).sample(prompt, 1, params).result().sequences[0]
+    _train_step(tc, [ce(seqs[0])], lr=0.1)
+    assert tc.save_weights_for_sampler("latest").result().path == path
+    again = service.create_sampling_client(model_path=path).sample(prompt, 1, params).result().sequences[0]
+    live = tc.save_weights_and_get_sampling_client().sample(prompt, 1, params).result().sequences[0]
+    np.testing.assert_allclose(again.logprobs, live.logprobs, atol=1e-5)
+    assert np.abs(np.asarray(again.logprobs) - np.asarray(first.logprobs)).max() > 1e-3
+
+
 def test_sampling_client_is_pinned_to_its_weights(service, seqs):
     tc = new_tc(service)
     randomize_lora(tc, scale=0.02)

@@ -296,7 +296,9 @@ class ServiceClient:
         engine = self._engine(meta["base_model"])
         lora = {k: v.to(engine.device) for k, v in load_file(ckpt / "lora.safetensors").items()}
         config = {k: meta["lora"][k] for k in ("rank", "train_mlp", "train_attn", "train_unembed")}
-        return SamplingClient(engine, _Snapshot(f"path:{ckpt}", lora, config))
+        # A key per client, not per path: a checkpoint name saved again holds new weights, and the
+        # engine reloads a sampler tree only when the snapshot key changes.
+        return SamplingClient(engine, _Snapshot(f"path:{ckpt}:{uuid.uuid4().hex[:12]}", lora, config))
 
     # async variants (the SDK's older spelling)
     async def create_lora_training_client_async(self, *args, **kwargs) -> "TrainingClient":
