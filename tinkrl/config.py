@@ -285,9 +285,12 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         config = TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
-    from tinkrl.envs import validate_env_entries
+    from tinkrl.envs import resolve_type, validate_env_entries
 
     validate_env_entries(config)
+    types_ = {resolve_type(k, e)[0] for k, e in config.environments.items()}
+    if types_ == {"erdos"} and "adv_estimator" not in config.model_fields_set:
+        config.adv_estimator = "entropic"  # test-time discovery optimises the best sample, not the mean
     return config
 
 

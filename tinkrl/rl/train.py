@@ -159,8 +159,10 @@ def build_sequences(kept, config: TrainConfig) -> list[tuple[SequenceData, dict]
         for i, (traj, adv) in enumerate(zip(g.trajectories_G, advantages)):
             for seq in trajectory_to_sequences(traj, float(adv)):
                 if len(seq.tokens) > 1:
+                    last = traj.transitions[-1] if traj.transitions else None
                     out.append((seq, {"env": key, "reward": g.total_rewards()[i], "advantage": float(adv),
-                                      "stop_reason": traj.transitions[-1].stop_reason if traj.transitions else ""}))
+                                      "stop_reason": last.stop_reason if last else "",
+                                      "logs": dict(last.logs) if last else {}}))
     return out
 
 
