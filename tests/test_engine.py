@@ -341,12 +341,15 @@ def test_concurrent_samples_agree_with_sequential(sampler, seqs):
     _, sc = sampler
     prompts = [s[:6 + i % 4] for i, s in enumerate(seqs * 4)]
 
-    def run(i):
-        return _one(sc, prompts[i], 2, max_tokens=6, seed=100 + i, temperature=1.0)
+    def run(i):  # mixed lengths, budgets (rows finish at different steps) and top_k / top_p filters
+        extra = [{"top_k": 5}, {"top_p": 0.9}, {}, {"temperature": 0.0}][i % 4]
+        params = {"max_tokens": 3 + i % 5, "seed": 100 + i, "temperature": 1.0, **extra}
+        return _one(sc, prompts[i], 2, **params)
 
     sequential = [run(i) for i in range(len(prompts))]
     with ThreadPoolExecutor(len(prompts)) as pool:
         concurrent = list(pool.map(run, range(len(prompts))))
+    assert [len(r.sequences[0].tokens) for r in sequential] == [3 + i % 5 for i in range(len(prompts))]
     for s, c in zip(sequential, concurrent):
         for a, b in zip(s.sequences, c.sequences):
             assert list(a.tokens) == list(b.tokens)
