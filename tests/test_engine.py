@@ -426,6 +426,15 @@ def test_capabilities_list_default_and_tiny_models(service):
     assert {"tinkrl/tiny-llama", "tinkrl/tiny-qwen2", "tinkrl/tiny-qwen3"} <= set(names)
 
 
+def test_dtype_names():
+    from tinkrl.errors import TinkrlError
+
+    assert ServiceClient(dtype="fp32").dtype == ServiceClient(dtype="float32").dtype == torch.float32
+    assert ServiceClient(dtype="bf16").dtype == torch.bfloat16
+    with pytest.raises(TinkrlError, match="float16.*float32 or bfloat16"):
+        ServiceClient(dtype="float16")
+
+
 def test_missing_model_is_one_clear_line(service, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(ModelNotFoundError) as info:

@@ -256,7 +256,10 @@ class ServiceClient:
 
     def __init__(self, *, device: str | None = None, dtype: str | torch.dtype | None = None, **_ignored):
         self.device = device
-        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype, dtype) if dtype else None
+        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+        if isinstance(dtype, str) and dtype not in names:  # was passed through and failed deep in the head
+            raise TinkrlError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
+        self.dtype = names.get(dtype, dtype) if dtype else None
 
     def _engine(self, model: str) -> Engine:
         return Engine.get(model, self.device, self.dtype)
