@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, logprobs_of, lora_grads,
+from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, logprobs_of, lora_grads, on_engine,
                             randomize_lora, zero_grads)
 from tinkrl.local import ServiceClient
 from tinkrl.local.losses import LossInputError
@@ -276,3 +276,36 @@ def test_wrong_length_input_is_a_clear_error(tc, seqs):
                                                "weights": np.ones(n, dtype=np.float32)})
     msg = _error(tc.forward([full_targets], "cross_entropy"))
     assert "target_tokens" in msg
+
+
+@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling"])
+def test_gradient_is_the_derivative_of_the_reported_loss(seqs, loss_fn):
+    """Independent of any formula: a central finite difference of `loss:sum` along the gradient
+    direction equals the gradient's norm (fp32 engine, so the difference is not rounding noise)."""
+    tc = ServiceClient(dtype="float32").create_lora_training_client(TINY, rank=4, seed=0)
+    randomize_lora(tc, scale=0.05, seed=3)
+    data, _ = build(tc, seqs, loss_fn, spread=0.2)
+    zero_grads(tc)
+    loss0 = tc.forward_backward(data, loss_fn).result().metrics["loss:sum"]
+    grads = lora_grads(tc)
+    zero_grads(tc)
+    norm = float(flat(grads).norm())
+    assert norm > 0
+    eps = 1e-2
+
+    def shift(step: float) -> None:
+        def move():
+            with torch.no_grad():
+                for n, p in tc.params.items():
+                    p.add_(grads[n].to(p.dtype) * (step / norm))
+        on_engine(tc, move)
+
+    def loss_at(sign: float) -> float:
+        shift(sign * eps)
+        value = tc.forward(data, loss_fn).result().metrics["loss:sum"]
+        shift(-sign * eps)
+        return value
+
+    directional = (loss_at(+1) - loss_at(-1)) / (2 * eps)
+    assert directional == pytest.approx(norm, rel=0.03)
+    assert tc.forward(data, loss_fn).result().metrics["loss:sum"] == pytest.approx(loss0, rel=1e-6, abs=1e-5)
