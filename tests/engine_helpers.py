@@ -41,7 +41,8 @@ def on_engine(tc, fn):
 
 def lora_grads(tc) -> dict[str, torch.Tensor]:
     def grab():
-        return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in tc.params.items()}
+        return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                for n, p in tc.params.items()}
     return on_engine(tc, grab)
 
 

@@ -17,7 +17,7 @@ import torch
 from tinker import types
 
 from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
-                            lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
+                            lora_grads, lora_weights, randomize_lora, zero_grads)
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors

@@ -137,9 +137,12 @@ def test_clip_ranges_are_exercised(tc, seqs):
 
 def test_configured_ppo_clip_changes_the_loss(tc, seqs):
     data, _ = build(tc, seqs, "ppo")
-    default = tc.forward(data, "ppo").result().metrics["loss:sum"]
-    explicit = tc.forward(data, "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}).result().metrics["loss:sum"]
-    tight = tc.forward(data, "ppo", {"clip_low_threshold": 0.99, "clip_high_threshold": 1.01}).result().metrics["loss:sum"]
+    def loss(cfg=None):
+        return tc.forward(data, "ppo", cfg).result().metrics["loss:sum"]
+
+    default = loss()
+    explicit = loss({"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    tight = loss({"clip_low_threshold": 0.99, "clip_high_threshold": 1.01})
     assert default == pytest.approx(explicit, rel=1e-6)
     assert abs(tight - default) > 1e-3
 

@@ -57,8 +57,8 @@ def test_extension_property_across_turns(tool_renderer, tok, ended_cleanly):
     """prompt_t + action_t + continuation_t is the next prompt, token for token (by construction), and
     it reads exactly as the whole conversation rendered from messages."""
     r = tool_renderer
-    tools = [{"type": "function", "function": {"name": "ls", "description": "list files",
-                                                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "ls", "description": "list files", "parameters": schema}}]
     messages = [{"role": "user", "content": "What files are here?"}]
     prompt = r.build_generation_prompt(messages, tools).to_ints()
     turns = [(tool_call("ls", {"path": "."}), "a.txt\nb.txt"), (tool_call("ls", {"path": "sub"}), "c.txt")]
