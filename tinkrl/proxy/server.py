@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Iterator
 import tinker
 from aiohttp import web
 
+from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.proxy.capture import AssistantTokens, CapturedCall, CapturedSample, CaptureStore
 from tinkrl.proxy.openai_api import (ApiError, ChatChoice, SampleSettings, bad, build_chat_prompt, forced_prefix,
                                      parse_chat_request, parse_completion_request, sample_to_message,
@@ -500,37 +501,5 @@ class ProxyServer:
 @contextlib.contextmanager
 def serve_in_thread(server: ProxyServer, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Run `server` on a background thread (its own event loop); yields the base URL (no /v1)."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(server.app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        holder["runner"] = runner
-        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(start())
-        except BaseException as e:  # surface bind errors to the caller
-            holder["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="openai-proxy", daemon=True)
-    thread.start()
-    ready.wait()
-    if "error" in holder:
-        raise holder["error"]
-    try:
-        yield f"http://{host}:{holder['port']}"
-    finally:
-        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
+    with serve_app_in_thread(server.app, host, port, name="openai-proxy") as url:
+        yield url

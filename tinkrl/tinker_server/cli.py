@@ -10,15 +10,14 @@ Then point the official SDK (or tinker-cookbook, or `backend=tinker`) at it:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
-import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 from aiohttp import web
 
+from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
 
 
@@ -94,37 +93,5 @@ def serve_in_thread(
     """Run the server (or `server`, prepared by the caller) on a background thread; yields its URL."""
     if server is None:
         server = TinkerServer(engine, api_key=api_key)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(server.app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        holder["runner"] = runner
-        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(start())
-        except BaseException as e:  # surface bind errors to the caller
-            holder["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="tinker-server", daemon=True)
-    thread.start()
-    ready.wait()
-    if "error" in holder:
-        raise holder["error"]
-    try:
-        yield f"http://{host}:{holder['port']}"
-    finally:
-        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
+    with serve_app_in_thread(server.app, host, port, name="tinker-server") as url:
+        yield url

@@ -1,0 +1,55 @@
+"""Serving an aiohttp app from a background thread (tests, notebooks, the trainer's proxy).
+
+`tinkrl serve tinker` and `tinkrl serve openai` run their apps this way when embedded in
+another program: the app gets its own event loop on a daemon thread, the caller gets the
+base URL, and leaving the block shuts the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from aiohttp import web
+
+
+@contextmanager
+def serve_app_in_thread(app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
+                        name: str = "aiohttp-server", backlog: int = 1024) -> Iterator[str]:
+    """Yield `http://host:port` (port 0 picks a free one); bind errors are raised to the caller."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=backlog)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(start())
+        except BaseException as e:  # surface bind errors to the caller
+            holder["error"] = e
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in holder:
+        raise holder["error"]
+    try:
+        yield f"http://{host}:{holder['port']}"
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
