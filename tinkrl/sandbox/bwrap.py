@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
+from tinkrl.sandbox.scaleout import check_abs, safe_extract
 
 SERVER_SOURCE = Path(__file__).with_name("bwrap_server.py")
 SERVER_IN_SANDBOX = "/run/tinkrl-server.pyc"
@@ -550,10 +551,10 @@ class BwrapSandbox(Sandbox):
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         if isinstance(data, str):
             data = data.encode()
-        self._call(["write", _abs(path), str(mode), data], 60.0)
+        self._call(["write", check_abs(path), str(mode), data], 60.0)
 
     def read_file(self, path: str) -> bytes:
-        return self._call(["read", _abs(path)], 60.0)[0]
+        return self._call(["read", check_abs(path)], 60.0)[0]
 
     def copy_in(self, src: Path, dest: str) -> None:
         """Copy a host file to `dest`, or a host directory's contents into directory `dest`."""
@@ -566,7 +567,7 @@ class BwrapSandbox(Sandbox):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             tf.add(str(src), arcname=".")
-        self._call(["untar", _abs(dest), buf.getvalue()], 300.0)
+        self._call(["untar", check_abs(dest), buf.getvalue()], 300.0)
 
     def copy_out(self, src: str, dest: Path) -> None:
         """Copy a sandbox file to host path `dest`, or a directory's contents into directory `dest`.
@@ -574,8 +575,8 @@ class BwrapSandbox(Sandbox):
         Only regular files and directories come out (no links, devices or absolute paths):
         the sandbox's content is untrusted and we are usually root.
         """
-        data = self._call(["tar", _abs(src)], 300.0)[0]
-        _safe_extract(data, Path(dest))
+        data = self._call(["tar", check_abs(src)], 300.0)[0]
+        safe_extract(data, Path(dest), strip_top=False)
 
     def kill_all(self) -> None:
         self._call(["killall"], 30.0)
@@ -583,37 +584,6 @@ class BwrapSandbox(Sandbox):
     @property
     def alive(self) -> bool:
         return not self._closed and self.proc is not None and self.proc.poll() is None
-
-
-def _abs(path: str) -> str:
-    if not str(path).startswith("/"):
-        raise ValueError(f"sandbox paths must be absolute, got {path!r}")
-    return str(path)
-
-
-def _safe_extract(data: bytes, dest: Path) -> None:
-    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-        members = tf.getmembers()
-        single_file = len(members) == 1 and members[0].isfile() and members[0].name not in (".", "")
-        if single_file:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(tf.extractfile(members[0]).read())
-            dest.chmod(members[0].mode & 0o755 | 0o600)
-            return
-        dest.mkdir(parents=True, exist_ok=True)
-        for m in members:
-            parts = [x for x in Path(m.name).parts if x not in (".", "")]
-            if not parts or m.name.startswith("/") or ".." in parts:
-                continue
-            target = dest.joinpath(*parts)
-            if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif m.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.is_symlink():
-                    target.unlink()
-                target.write_bytes(tf.extractfile(m).read())
-                target.chmod(m.mode & 0o755 | 0o600)
 
 
 class BwrapProvider(SandboxProvider):

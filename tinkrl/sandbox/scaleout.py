@@ -132,7 +132,7 @@ def safe_extract(data: bytes, dest: Path, strip_top: bool = True) -> None:
     """
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         members = tf.getmembers()
-        if len(members) == 1 and members[0].isfile():
+        if len(members) == 1 and members[0].isfile() and members[0].name not in (".", ""):
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(tf.extractfile(members[0]).read())
             dest.chmod(members[0].mode & 0o755 | 0o600)
