@@ -46,8 +46,19 @@ def _make_pack(seqs: list[list[int]], idx: list[int], shared: int) -> Pack:
     return p
 
 
+def _pack_size(lens: list[int], shared: int) -> int:
+    """Tokens a pack of sequences of these lengths runs when they share `shared` leading tokens."""
+    return sum(lens) if len(lens) == 1 else shared + sum(n - shared for n in lens)
+
+
 def pack_sequences(seqs: list[list[int]], min_shared: int = 8, max_tokens: int = 4096) -> list[Pack]:
-    """Group sequences with a common prefix of at least `min_shared` tokens into packs."""
+    """Group sequences with a common prefix of at least `min_shared` tokens into packs.
+
+    A sequence joins the current pack only if that runs fewer tokens than starting a new
+    pack: GRPO groups of different prompts share the chat template's opening, but merging
+    them would shorten every member's shared prefix to it and make one long pack whose
+    attention (quadratic in its length) costs more than the few tokens saved.
+    """
     order = sorted(range(len(seqs)), key=lambda i: seqs[i])
     packs: list[Pack] = []
     cur: list[int] = []
@@ -55,8 +66,10 @@ def pack_sequences(seqs: list[list[int]], min_shared: int = 8, max_tokens: int =
     for i in order:
         if cur:
             new_shared = min(shared, _lcp(seqs[cur[0]], seqs[i]))
-            size = new_shared + sum(len(seqs[j]) - new_shared for j in cur) + len(seqs[i]) - new_shared
-            if new_shared >= min_shared and size <= max_tokens:
+            lens = [len(seqs[j]) for j in cur]
+            size = _pack_size(lens + [len(seqs[i])], new_shared)
+            apart = _pack_size(lens, shared) + len(seqs[i])
+            if new_shared >= min_shared and size <= max_tokens and size < apart:
                 cur.append(i)
                 shared = new_shared
                 continue
