@@ -95,14 +95,74 @@ def test_bad_rows_are_reported_and_the_rest_still_load(tmp_path):
     rows = tmp_path / "rows.jsonl"
     good = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
     good["workspace"] = str(TASKS / "_repos" / "calc")
-    no_ws = {k: v for k, v in good.items() if k != "workspace"} | {"docker_image": "swebench/x:1"}
-    rows.write_text("\n".join([json.dumps(no_ws), "{not json", json.dumps(good),
+    neither = {k: v for k, v in good.items() if k != "workspace"}
+    rows.write_text("\n".join([json.dumps(neither), "{not json", json.dumps(good),
                                json.dumps({**good, "FAIL_TO_PASS": "[]"})]) + "\n")
     items = list(iter_tasks([rows]))
     assert [type(i).__name__ for i in items] == ["TaskLoadError", "TaskLoadError", "Task", "TaskLoadError"]
-    assert items[0].field == "workspace" and "swebench/x:1" in str(items[0]) and "rows.jsonl:1" in str(items[0])
+    assert items[0].field == "workspace" and "docker_image" in str(items[0]) and "rows.jsonl:1" in str(items[0])
     assert "rows.jsonl:2" in str(items[1])
     assert items[3].field == "FAIL_TO_PASS"
+
+
+def test_rows_with_only_an_image_load_and_carry_it(tmp_path):
+    swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
+    r2e = json.loads((TASKS / "r2e_rows.json").read_text())[0]
+    image_only = [{k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "swebench/sweb.eval.x:1"},
+                  {k: v for k, v in r2e.items() if k not in ("workspace", "tests", "docker_image")} | {"image_name": "r2e/y:2"},
+                  {**swe, "workspace": str(TASKS / "_repos" / "calc"), "image": "swebench/z:3"},
+                  {k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": ["not", "a", "name"]}]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in image_only) + "\n")
+    swe_img, r2e_img, both, bad = list(iter_tasks([rows]))
+    assert swe_img.image == "swebench/sweb.eval.x:1" and swe_img.build == [] and swe_img.original_files == {}
+    # the files the test patch touches are reset from the image's own versions before grading
+    assert swe_img.restore_paths and all(p.startswith("/testbed/") for p in swe_img.restore_paths)
+    assert "miniconda3" in swe_img.test_command and swe_img.pre_test_command.startswith("git apply")
+    assert r2e_img.image == "r2e/y:2" and r2e_img.build == [] and r2e_img.tests == []
+    assert r2e_img.image_tests == "/testbed/r2e_tests"
+    # both: bwrap builds the workspace, docker/kubernetes start the image
+    assert both.image == "swebench/z:3" and [s.kind for s in both.build] == ["copy", "run"]
+    assert isinstance(bad, TaskLoadError) and bad.field == "docker_image"
+
+
+def test_harbor_docker_image_is_carried(tmp_path):
+    d = copy_task(tmp_path, "fix-pagination")
+    toml = (d / "task.toml").read_text()
+    (d / "task.toml").write_text(toml.replace("[environment]", '[environment]\ndocker_image = "ghcr.io/acme/hello:1"'))
+    both = load_task(d)
+    assert both.image == "ghcr.io/acme/hello:1" and both.build  # its workspace still serves bwrap
+    shutil.rmtree(d / "environment")
+    (d / "environment").mkdir()
+    (d / "environment" / "Dockerfile").write_text("FROM ghcr.io/acme/private-base:1\n")
+    only = load_task(d)  # an unconvertible Dockerfile is fine: the image replaces it
+    assert only.image == "ghcr.io/acme/hello:1" and only.build == []
+    assert "private-base" in only.metadata["tinkrl_build_error"]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
+    from tinkrl.errors import ConfigError
+    from tinkrl.sandbox import get_provider
+    from tinkrl.tasks import start_sandbox
+    from tinkrl.tasks.grading import sandbox_spec
+
+    swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "sweb/x:1"}) + "\n"
+                    + json.dumps({**swe, "workspace": str(TASKS / "_repos" / "calc"), "docker_image": "sweb/x:1"}))
+    image_only, both = list(iter_tasks([rows]))
+    provider = get_provider("bwrap")
+    try:
+        with pytest.raises(ConfigError) as e:
+            start_sandbox(image_only, provider)
+        msg = str(e.value)
+        assert image_only.id in msg and "'sweb/x:1'" in msg and "sandbox.provider=docker or kubernetes" in msg
+        assert sandbox_spec(both, provider).image is None  # bwrap builds the workspace instead
+        with start_sandbox(both, provider) as sb:
+            assert sb.exec("test -f /testbed/calc/__init__.py -o -f /testbed/conftest.py").exit_code == 0
+    finally:
+        provider.close()
 
 
 def test_terminal_bench_missing_instruction(tmp_path):

@@ -8,6 +8,11 @@ under `env -i` with PATH pinned to the read-only system dirs (so `python3`/`pyte
 Debian's) and no user site-packages; whatever they started is killed before the result is
 read. Graders: Harbor reward file, pytest summary (terminal-bench), R2E-Gym expected
 output, SWE-bench FAIL_TO_PASS/PASS_TO_PASS.
+
+A task with a container image (`Task.image`) runs from that image on docker/kubernetes and
+its local build is skipped. The originals that grading restores (test-steering files, the
+task's `restore_paths`) are then read from the fresh sandbox before the agent starts, and
+hidden tests kept in the image (`image_tests`) are taken out of it until grading.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import json
 import math
 import re
 import shlex
+import weakref
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
+from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
 from tinkrl.tasks.loaders import PROTECTED_NAMES
 from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError
@@ -48,9 +56,46 @@ class TaskBuildError(TaskLoadError):
 
 
 # -- sandbox preparation ---------------------------------------------------------------------
-def sandbox_spec(task: Task) -> SandboxSpec:
+IMAGELESS_PROVIDERS = ("bwrap",)  # providers that cannot start a container image
+
+
+@dataclass
+class _Baseline:
+    """What an image-run sandbox held before the agent started (read by the host)."""
+
+    files: dict[str, bytes]  # absolute path -> content: protected files and restore_paths
+    restore: list[str]  # paths emptied and refilled from `files` before grading
+    hidden_tests: dict[str, bytes]  # path relative to the image_tests dir -> content
+    path: str = ""  # the image's PATH (its python/pytest may live outside the system dirs)
+
+
+_BASELINES: "weakref.WeakKeyDictionary[Sandbox, _Baseline]" = weakref.WeakKeyDictionary()
+
+
+def uses_image(task: Task, provider: SandboxProvider) -> bool:
+    """Whether `provider` runs `task` from its image (True) or builds its local workspace (False).
+
+    The image wins wherever a provider can run one; bwrap builds the workspace, and a task
+    with only an image is a ConfigError there naming the task, the image and the fix.
+    """
+    if not task.image:
+        return False
+    if getattr(provider, "name", "") not in IMAGELESS_PROVIDERS:
+        return True
+    if task.build:
+        return False
+    why = task.metadata.get("tinkrl_build_error")
+    raise ConfigError(f"task {task.id} ({task.source}) needs the container image {task.image!r}, which the "
+                      f"{provider.name} sandbox cannot run: set sandbox.provider=docker or kubernetes"
+                      + (f" (its Dockerfile cannot be built without one: {why})" if why else
+                         " (or give the task a local workspace)"))
+
+
+def sandbox_spec(task: Task, provider: SandboxProvider | None = None) -> SandboxSpec:
+    """The spec `provider` starts for `task`: with the task's image unless it builds the workspace."""
+    image = task.image if provider is None or uses_image(task, provider) else None
     return SandboxSpec(workdir=task.workdir, env=dict(task.env), memory_mb=task.memory_mb, pids=task.pids,
-                       disk_mb=task.disk_mb, labels={"task": task.id})
+                       disk_mb=task.disk_mb, labels={"task": task.id}, image=image)
 
 
 def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
@@ -76,11 +121,45 @@ def run_build(task: Task, sandbox: Sandbox, steps: list[BuildStep] | None = None
                 raise TaskBuildError(step.origin, f"build step {why}: {tail}")
 
 
+def _files_under(sandbox: Sandbox, task: Task, find_args: str) -> list[str]:
+    r = sandbox.exec(_pinned(f"find {find_args} 2>/dev/null; true", task), timeout=120, workdir="/")
+    return [p for p in r.stdout.split("\0") if p]
+
+
+def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
+    """Read (host-side, before the agent runs) what grading restores, from the image itself."""
+    quoted = " ".join(shlex.quote(p) for p in task.restore_paths)
+    paths = _files_under(sandbox, task, f"{shlex.quote(task.workdir)} -xdev \\( {_protected_names()} \\) -prune "
+                                        "-exec find {} -type f -print0 \\;")
+    if quoted:
+        paths += _files_under(sandbox, task, f"{quoted} -type f -print0")
+    files = {p: sandbox.read_file(p) for p in dict.fromkeys(paths)}
+    env_path = sandbox.exec('printf %s "$PATH"', timeout=30, workdir="/")
+    image_path = env_path.stdout.strip() if env_path.exit_code == 0 else ""
+    hidden: dict[str, bytes] = {}
+    if task.image_tests:
+        root = task.image_tests.rstrip("/")
+        for p in _files_under(sandbox, task, f"{shlex.quote(root)} -type f -print0"):
+            hidden[p[len(root) + 1:]] = sandbox.read_file(p)
+        if not hidden:
+            raise TaskLoadError(task.source, f"task {task.id}: the image {task.image} has no hidden tests in {root}",
+                                "image_tests")
+        gone = sandbox.exec(_pinned(f"rm -rf -- {shlex.quote(root)}", task), timeout=60, workdir="/")
+        if gone.exit_code != 0:
+            raise TaskLoadError(task.source, f"task {task.id}: cannot hide {root}: {gone.output.strip()[-200:]}",
+                                "image_tests")
+    return _Baseline(files=files, restore=list(task.restore_paths), hidden_tests=hidden, path=image_path)
+
+
 def start_sandbox(task: Task, provider: SandboxProvider) -> Sandbox:
-    """A fresh sandbox with the task's workspace built: what the agent starts from."""
-    sandbox = provider.create(sandbox_spec(task))
+    """A fresh sandbox with the task's workspace built (or its image started): what the agent starts from."""
+    spec = sandbox_spec(task, provider)
+    sandbox = provider.create(spec)
     try:
-        run_build(task, sandbox)
+        if spec.image:
+            _BASELINES[sandbox] = _read_baseline(task, sandbox)
+        else:
+            run_build(task, sandbox)
     except BaseException:
         sandbox.close()
         raise
@@ -96,24 +175,37 @@ def apply_solution(task: Task, sandbox: Sandbox, timeout: float | None = None) -
 
 
 # -- grading ---------------------------------------------------------------------------------
-def _pinned(command: str, task: Task) -> str:
-    env = {**PINNED_ENV, **task.verifier_env}
+def _pinned(command: str, task: Task, sandbox: Sandbox | None = None) -> str:
+    """`command` under `env -i` with the pinned environment (PATH: the image's own, read at start)."""
+    baseline = _BASELINES.get(sandbox) if sandbox is not None else None
+    env = {**PINNED_ENV, **({"PATH": baseline.path} if baseline and baseline.path else {}), **task.verifier_env}
     return "exec env -i " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + \
         " /bin/bash --noprofile --norc -c " + shlex.quote(command)
 
 
+def _protected_names() -> str:
+    return " -o ".join(f"-name {shlex.quote(n)}" for n in PROTECTED_NAMES + ("*.pth",))
+
+
 def reset_protected_files(task: Task, sandbox: Sandbox) -> list[str]:
-    """Reset test-steering files in the workspace to the task's originals; remove planted ones."""
-    names = " -o ".join(f"-name {shlex.quote(n)}" for n in PROTECTED_NAMES + ("*.pth",))
-    find = f"find {shlex.quote(task.workdir)} -xdev \\( {names} \\) -prune -print0 2>/dev/null; true"
-    found = sandbox.exec(_pinned(find, task), timeout=60, workdir="/").stdout.split("\0")
+    """Reset test-steering files in the workspace to the task's originals; remove planted ones.
+
+    The originals are the task's (from its local build) or, for a sandbox started from the
+    task's image, what the image held; `restore_paths` are reset to that state too.
+    """
+    baseline = _BASELINES.get(sandbox)
+    originals = task.original_files if baseline is None else baseline.files
+    find = f"find {shlex.quote(task.workdir)} -xdev \\( {_protected_names()} \\) -prune -print0 2>/dev/null; true"
+    found = sandbox.exec(_pinned(find, task, sandbox), timeout=60, workdir="/").stdout.split("\0")
     removed = []
     for path in filter(None, found):
-        if path not in task.original_files:
+        if path not in originals:
             removed.append(path)
+    if baseline is not None:
+        removed += baseline.restore
     if removed:
-        sandbox.exec(_pinned("rm -rf -- " + " ".join(shlex.quote(p) for p in removed), task), timeout=60, workdir="/")
-    for path, data in task.original_files.items():
+        sandbox.exec(_pinned("rm -rf -- " + " ".join(shlex.quote(p) for p in removed), task, sandbox), timeout=60, workdir="/")
+    for path, data in originals.items():
         sandbox.write_file(path, data, 0o644)
     return removed
 
@@ -225,15 +317,19 @@ def grade(task: Task, sandbox: Sandbox) -> GradeResult:
     sandbox.kill_all()
     reset_protected_files(task, sandbox)
     clean = "find /tests -mindepth 1 -delete; rm -rf /logs/verifier; mkdir -p /logs/verifier"
-    sandbox.exec(_pinned(clean, task), timeout=60, workdir="/")
+    sandbox.exec(_pinned(clean, task, sandbox), timeout=60, workdir="/")
     put_files(sandbox, task.tests)
+    baseline = _BASELINES.get(sandbox)
+    if baseline is not None and baseline.hidden_tests:
+        dest = f"/tests/{PurePosixPath(task.image_tests.rstrip('/')).name}"
+        put_files(sandbox, [FileCopy(dest=f"{dest}/{rel}", data=data) for rel, data in baseline.hidden_tests.items()])
     if task.pre_test_command:
-        pre = sandbox.exec(_pinned(task.pre_test_command, task), timeout=120, workdir=task.workdir)
+        pre = sandbox.exec(_pinned(task.pre_test_command, task, sandbox), timeout=120, workdir=task.workdir)
         if pre.exit_code != 0:
             sandbox.kill_all()
             return GradeResult(0.0, f"preparing the tests failed (exit {pre.exit_code}): {pre.output.strip()[-300:]}",
                                output=pre.output[-OUTPUT_TAIL:], exit_code=pre.exit_code)
-    r = sandbox.exec(_pinned(task.test_command, task), timeout=task.verifier_timeout_s, workdir=task.workdir)
+    r = sandbox.exec(_pinned(task.test_command, task, sandbox), timeout=task.verifier_timeout_s, workdir=task.workdir)
     sandbox.kill_all()  # nothing the tests started may touch the results after this point
     output = r.output
     if r.timed_out:

@@ -5,6 +5,11 @@ field or line. Rows (JSON list or JSONL) describe repos that upstream ship as co
 images; to run without containers a row names a local `workspace` directory (relative to
 the rows file) holding the repo at its base commit, and R2E rows a `tests` directory
 (their hidden `r2e_tests`) and a `patch` (the gold diff).
+
+A prebuilt image (Harbor `[environment] docker_image`, a row's `docker_image`/`image`/
+`image_name`) is carried as `Task.image`. A task may have both: the container providers
+(docker, kubernetes) start it from the image and skip the local build; bwrap builds the
+local workspace. A task with only an image loads fine and is refused when run on bwrap.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError, hash_pa
 PROTECTED_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
                    "usercustomize.py", "pytest.py", "py.py", "_pytest", "pluggy")
 PYTEST = "python3 -m pytest -p no:cacheprovider -rA"
+# SWE-bench images keep the repo's python in a conda env named testbed (their harness activates it).
+SWEBENCH_IMAGE_ENV = "if [ -f /opt/miniconda3/bin/activate ]; then . /opt/miniconda3/bin/activate testbed; fi; "
 GIT_BASE_COMMIT = ("if [ ! -d .git ]; then git init -q && git add -A && "
                    "git -c user.name=tinkrl -c user.email=tinkrl@localhost commit -qm base --no-verify; fi")
 
@@ -102,15 +109,21 @@ def load_harbor(task_dir: Path) -> Task:
     workdir = envcfg.get("workdir")
     if workdir is not None and not (isinstance(workdir, str) and workdir.startswith("/")):
         raise TaskLoadError(toml_path, f"must be an absolute path, got {workdir!r}", "[environment] workdir")
+    image = _image_name(envcfg.get("docker_image"), toml_path, "[environment] docker_image")
     steps = _workspace_steps(d, env_dir, workdir or "/app", "environment")
     env: dict[str, str] = {}
+    meta = dict(meta)
     if steps is None and (env_dir / "Dockerfile").is_file():
-        build = build_dockerfile(env_dir / "Dockerfile", env_dir, str(env_dir / "Dockerfile"))
-        workdir = workdir or (build.workdir if build.workdir != "/" else None)
-        steps, env = build.steps, dict(build.env)
-    elif steps is None and envcfg.get("docker_image"):
-        raise TaskLoadError(toml_path, f"the prebuilt image {envcfg['docker_image']!r} cannot run in a bwrap sandbox; "
-                            "add environment/workspace/ + setup.sh", "[environment] docker_image")
+        try:
+            build = build_dockerfile(env_dir / "Dockerfile", env_dir, str(env_dir / "Dockerfile"))
+        except TaskLoadError as e:
+            if not image:
+                raise
+            # the image stands in for a Dockerfile bwrap cannot build; say why if bwrap is asked
+            meta["tinkrl_build_error"] = str(e)
+        else:
+            workdir = workdir or (build.workdir if build.workdir != "/" else None)
+            steps, env = build.steps, dict(build.env)
     workdir = workdir or "/app"
     env.update({str(k): str(v) for k, v in (envcfg.get("env") or {}).items()})
     grader = meta.get("tinkrl_grader", "reward_file")
@@ -130,7 +143,7 @@ def load_harbor(task_dir: Path) -> Task:
         solution=_dir_copy(d / "solution", "/solution"),
         solution_command="bash /solution/solve.sh" if solve.is_file() else "",
         original_files=_original_protected(steps or []), content_hash=hash_paths([d]),
-        metadata=dict(meta),
+        metadata=meta, image=image,
     )
 
 
@@ -197,13 +210,29 @@ def _json_list(value, where: str, field: str) -> list[str]:
     return value
 
 
-def _row_workspace(row: dict, base: Path, where: str) -> Path:
+def _image_name(value, where: str | Path, field: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
+        raise TaskLoadError(where, f"must be a container image name, got {value!r}", field)
+    return value.strip()
+
+
+def _row_image(row: dict, where: str) -> str | None:
+    for key in ("docker_image", "image", "image_name"):
+        if row.get(key):
+            return _image_name(row[key], where, key)
+    return None
+
+
+def _row_workspace(row: dict, base: Path, where: str, image: str | None) -> Path | None:
+    """The row's local repo checkout; None when it has only an image (which then holds the repo)."""
     ws = row.get("workspace")
     if not ws:
-        image = row.get("docker_image") or row.get("image") or row.get("image_name")
-        need = f"the prebuilt image {image!r}" if image else "a container image"
-        raise TaskLoadError(where, f"this row needs {need}, which a bwrap sandbox cannot run; "
-                            "give a local `workspace` directory with the repo", "workspace")
+        if image:
+            return None
+        raise TaskLoadError(where, "need a local `workspace` directory with the repo, or a container image "
+                            "(`docker_image`) to run on sandbox.provider=docker or kubernetes", "workspace")
     path = (base / ws).resolve()
     if not path.is_dir():
         raise TaskLoadError(where, f"{ws!r} is not a directory (relative to {base})", "workspace")
@@ -222,15 +251,18 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
     p2p = _json_list(row["PASS_TO_PASS"], where, "PASS_TO_PASS")
     if not f2p:
         raise TaskLoadError(where, "is empty: the task would pass without a fix", "FAIL_TO_PASS")
-    ws = _row_workspace(row, rows_file.parent, where)
+    image = _row_image(row, where)
+    ws = _row_workspace(row, rows_file.parent, where, image)
     workdir = "/testbed"
-    steps = [BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-             BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
+    steps = [] if ws is None else [
+        BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
+        BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
     test_patch = row["test_patch"]
     # Every file the test patch touches goes back to its base version (written fresh from the
-    # task, not from the agent's git history) or is removed; then the patch is applied.
+    # task, not from the agent's git history) or is removed; then the patch is applied. Run
+    # from the image, the base versions are the ones read from it when the sandbox started.
     fresh, removes = [], []
-    for rel in _patched_files(test_patch):
+    for rel in _patched_files(test_patch) if ws is not None else []:
         if (ws / rel).is_file():
             fresh.append(FileCopy(dest=f"{workdir}/{rel}", data=(ws / rel).read_bytes()))
         else:
@@ -242,12 +274,13 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
         id=row["instance_id"], source=rows_file, format="swebench", instruction=row["problem_statement"].strip(),
         workdir=workdir, grader="swebench", build=steps,
         tests=[FileCopy(dest="/tests/test.patch", data=test_patch.encode()), *fresh], pre_test_command=pre,
-        test_command=f"{PYTEST} {' '.join(shlex.quote(f) for f in files)}",
+        test_command=(SWEBENCH_IMAGE_ENV if image else "") + f"{PYTEST} {' '.join(shlex.quote(f) for f in files)}",
         solution=[FileCopy(dest="/solution/gold.patch", data=patch.encode())] if patch else [],
         solution_command="git apply --whitespace=nowarn /solution/gold.patch" if patch else "",
         expected={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}, original_files=_original_protected(steps),
-        content_hash=hash_paths([ws], json.dumps(row, sort_keys=True).encode()),
+        content_hash=hash_paths([ws] if ws else [], json.dumps(row, sort_keys=True).encode()),
         metadata={k: row[k] for k in ("repo", "base_commit", "version") if k in row},
+        image=image, restore_paths=[f"{workdir}/{rel}" for rel in _patched_files(test_patch)],
     )
 
 
@@ -271,23 +304,32 @@ def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
     instruction = _r2e_instruction(row)
     if not instruction:
         raise TaskLoadError(where, "missing (need problem_statement or prompt)", "problem_statement")
-    ws = _row_workspace(row, rows_file.parent, where)
-    tests_dir = (rows_file.parent / row["tests"]).resolve() if row.get("tests") else None
-    if tests_dir is None or not tests_dir.is_dir():
-        raise TaskLoadError(where, "need a local directory with the hidden r2e_tests", "tests")
+    image = _row_image(row, where)
+    ws = _row_workspace(row, rows_file.parent, where, image)
     workdir = "/testbed"
-    steps = [BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-             BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
+    tests_dir = (rows_file.parent / row["tests"]).resolve() if row.get("tests") else None
+    if tests_dir is not None and not tests_dir.is_dir():
+        raise TaskLoadError(where, f"{row['tests']!r} is not a directory (relative to {rows_file.parent})", "tests")
+    if tests_dir is None and not image:
+        raise TaskLoadError(where, "need a local directory with the hidden r2e_tests (or a container image "
+                            "that holds them)", "tests")
+    # Without a local workspace AND local tests only the image can run this row (R2E-Gym
+    # images keep the hidden tests in /testbed/r2e_tests; they are taken out before the agent).
+    steps = [] if ws is None or tests_dir is None else [
+        BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
+        BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
     patch = row.get("patch") or ""
     commit = str(row.get("commit_hash", ""))[:8]
     return Task(
         id=row.get("instance_id") or f"{row.get('repo_name', 'repo')}__{commit or rows_file.stem}",
         source=rows_file, format="r2e", instruction=instruction, workdir=workdir, grader="r2e", build=steps,
-        tests=[FileCopy(dest="/tests/r2e_tests", src=tests_dir)], test_command=f"{PYTEST} /tests/r2e_tests",
+        tests=[FileCopy(dest="/tests/r2e_tests", src=tests_dir)] if tests_dir else [],
+        test_command=f"{PYTEST} /tests/r2e_tests", image=image,
+        image_tests="" if tests_dir else f"{workdir}/r2e_tests",
         solution=[FileCopy(dest="/solution/gold.patch", data=patch.encode())] if patch else [],
         solution_command="git apply --whitespace=nowarn /solution/gold.patch" if patch else "",
         expected={"tests": {str(k): str(v) for k, v in expected.items()}}, original_files=_original_protected(steps),
-        content_hash=hash_paths([ws, tests_dir], json.dumps(row, sort_keys=True).encode()),
+        content_hash=hash_paths([p for p in (ws, tests_dir) if p], json.dumps(row, sort_keys=True).encode()),
         metadata={k: row[k] for k in ("repo_name", "commit_hash", "docker_image") if k in row},
     )
 

@@ -69,9 +69,20 @@ class Task:
     solution: list[FileCopy] = field(default_factory=list)  # copied into /solution for the gate only
     solution_command: str = ""
     expected: dict = field(default_factory=dict)  # r2e: {test: status}; swebench: FAIL_TO_PASS/PASS_TO_PASS
-    original_files: dict[str, bytes] = field(default_factory=dict)  # workspace-relative path -> content
+    original_files: dict[str, bytes] = field(default_factory=dict)  # absolute path -> content (from `build`)
     content_hash: str = ""
     metadata: dict = field(default_factory=dict)
+    # A prebuilt container image holding the prepared environment (Harbor `docker_image`,
+    # R2E-Gym/SWE-bench `docker_image`/`image`/`image_name`). Container providers (docker,
+    # kubernetes) start the task from it and skip `build`; bwrap cannot run images and uses
+    # `build` (the workspace/setup.sh/Dockerfile recipe) instead, or refuses a task without one.
+    image: str | None = None
+    # When the image runs: paths restored before grading to what they held when the sandbox
+    # started (absent then -> removed), e.g. the files a SWE-bench test patch touches.
+    restore_paths: list[str] = field(default_factory=list)
+    # When the image runs: a path inside it holding hidden tests (R2E-Gym's r2e_tests). It is
+    # read and removed before the agent starts, and copied into /tests/<name> at grading.
+    image_tests: str = ""
 
     @property
     def has_solution(self) -> bool:
