@@ -386,10 +386,11 @@ def test_groups_of_different_prompts_pack_apart():
     """Two GRPO groups whose prompts share only the chat template's opening: merging them would
     run more tokens (each member's shared prefix shrinks) in one long, quadratic-attention pack."""
     opening = list(range(100, 130))
-    groups = [opening + [p] * 10 + [1000 + k] * 6 for p in (7, 8) for k in range(4)]
+    # (a next group's first member would run 3 tokens cheaper in the first pack than alone)
+    groups = [opening + [p] * 9 + [1000 + k] * 16 for p in (7, 8) for k in range(4)]
     packs = pack_sequences(groups)
     assert sorted(len(p.members) for p in packs) == [4, 4]
-    assert sum(len(p.tokens) for p in packs) == 2 * (40 + 4 * 6)
+    assert sum(len(p.tokens) for p in packs) == 2 * (39 + 4 * 16)
     # single sequences sharing the opening still pack: there it saves tokens
     loose = [opening + [k] * 40 for k in range(3)]
     assert sum(len(p.tokens) for p in pack_sequences(loose)) < sum(map(len, loose))

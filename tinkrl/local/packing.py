@@ -63,13 +63,15 @@ def pack_sequences(seqs: list[list[int]], min_shared: int = 8, max_tokens: int =
     packs: list[Pack] = []
     cur: list[int] = []
     shared = 0
-    for i in order:
+    for pos, i in enumerate(order):
         if cur:
             new_shared = min(shared, _lcp(seqs[cur[0]], seqs[i]))
             lens = [len(seqs[j]) for j in cur]
             size = _pack_size(lens + [len(seqs[i])], new_shared)
             apart = _pack_size(lens, shared) + len(seqs[i])
-            if new_shared >= min_shared and size <= max_tokens and size < apart:
+            # a sequence sharing more with the next one (its own group) starts that group's pack
+            closer_to_next = pos + 1 < len(order) and _lcp(seqs[i], seqs[order[pos + 1]]) > new_shared
+            if new_shared >= min_shared and size <= max_tokens and size < apart and not closer_to_next:
                 cur.append(i)
                 shared = new_shared
                 continue
