@@ -144,7 +144,7 @@ def test_harbor_docker_image_is_carried(tmp_path):
 def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
     from tinkrl.errors import ConfigError
     from tinkrl.sandbox import get_provider
-    from tinkrl.tasks import start_sandbox
+    from tinkrl.tasks import run_gate, start_sandbox
     from tinkrl.tasks.grading import sandbox_spec
 
     swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
@@ -158,6 +158,8 @@ def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
             start_sandbox(image_only, provider)
         msg = str(e.value)
         assert image_only.id in msg and "'sweb/x:1'" in msg and "sandbox.provider=docker or kubernetes" in msg
+        gate = run_gate(image_only, provider, use_cache=False)  # the gate reports it for this task only
+        assert not gate.ok and "sandbox.provider=docker" in gate.detail
         assert sandbox_spec(both, provider).image is None  # bwrap builds the workspace instead
         with start_sandbox(both, provider) as sb:
             assert sb.exec("test -f /testbed/calc/__init__.py -o -f /testbed/conftest.py").exit_code == 0

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import SandboxError, SandboxProvider
 from tinkrl.tasks.grading import grade, start_sandbox, apply_solution
 from tinkrl.tasks.model import Task, TaskLoadError
@@ -62,7 +63,7 @@ def run_gate(task: Task, provider: SandboxProvider, use_cache: bool = True) -> G
     try:
         sol, sol_why = _one_side(task, provider, with_solution=True)
         noop, noop_why = _one_side(task, provider, with_solution=False)
-    except TaskLoadError as e:
+    except (TaskLoadError, ConfigError) as e:  # ConfigError: e.g. an image-only task on bwrap
         return GateResult(task.id, False, None, None, str(e), time.monotonic() - t0)
     except SandboxError as e:
         return GateResult(task.id, False, None, None, f"sandbox failure: {e}", time.monotonic() - t0)
