@@ -37,6 +37,9 @@ from tinkrl.sandbox.scaleout import check_abs, safe_extract
 
 SERVER_SOURCE = Path(__file__).with_name("bwrap_server.py")
 SERVER_IN_SANDBOX = "/run/tinkrl-server.pyc"
+INIT_SOURCE = Path(__file__).with_name("bwrap_init.c")
+INIT_IN_SANDBOX = "/run/tinkrl-init"
+SERVERS = ("auto", "native", "python")
 SANDBOX_PYTHON = "/usr/bin/python3"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_UID_BASE = 2_000_000_000
@@ -200,6 +203,10 @@ class _Cgroups:
 
     def _dirs(self, name: str) -> list[Path]:
         return [base / name for base in self.bases.values()]
+
+    def procs_files(self, name: str) -> list[str]:
+        """The cgroup.procs files a process writes itself into to join sandbox `name`."""
+        return [str(d / "cgroup.procs") for d in self._dirs(name)]
 
     def prepare(self, name: str, pids: int, memory_mb: int) -> None:
         mem = str(memory_mb * 1024 * 1024)
@@ -375,6 +382,30 @@ def _compiled_server(state_dir: Path) -> Path:
     return pyc
 
 
+def _compiled_init(state_dir: Path) -> tuple[Path | None, str]:
+    """bwrap_init.c built once (static if libc.a is there); (None, why) without a C compiler."""
+    import hashlib
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, "no C compiler (cc) on PATH"
+    source = INIT_SOURCE.read_bytes()
+    binary = state_dir / f"init-{hashlib.sha256(source).hexdigest()[:12]}"
+    if binary.exists():
+        return binary, ""
+    tmp = state_dir / f".init-{os.getpid()}-{threading.get_ident()}"
+    err = ""
+    for static in (["-static"], []):
+        r = subprocess.run([cc, "-O2", "-o", str(tmp), str(INIT_SOURCE), *static], capture_output=True, text=True)
+        if r.returncode == 0:
+            tmp.chmod(0o755)
+            os.replace(tmp, binary)
+            return binary, ""
+        err = (r.stderr.strip().splitlines() or [f"cc exited {r.returncode}"])[-1]
+    tmp.unlink(missing_ok=True)
+    return None, f"cannot compile {INIT_SOURCE.name}: {err}"
+
+
 def _default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/run/tinkrl-sandbox")
@@ -444,9 +475,17 @@ class BwrapSandbox(Sandbox):
         env = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
                "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "HOSTNAME": "sandbox"}
         env.update(spec.env)
-        argv += ["--ro-bind", str(p.server_pyc), SERVER_IN_SANDBOX,
-                 "--", SANDBOX_PYTHON, "-I", "-S", SERVER_IN_SANDBOX, self.workdir, str(nproc), str(mem_rlimit)]
+        argv += ["--ro-bind", str(p.server_pyc), SERVER_IN_SANDBOX]
+        if p.server == "native":
+            argv += ["--ro-bind", str(p.init_bin), INIT_IN_SANDBOX, "--", INIT_IN_SANDBOX]
+        else:
+            argv += ["--", SANDBOX_PYTHON, "-I", "-S", SERVER_IN_SANDBOX]
+        argv += [self.workdir, str(nproc), str(mem_rlimit)]
         argv += [f"{k}={v}" for k, v in env.items()]
+        if p._uids is not None and p.init_bin is not None:
+            # join the cgroups and drop to the sandbox's uid *before* bwrap forks anything
+            cgroups = p.cgroups.procs_files(self.cgroup) if p.cgroups.mode != "none" else []
+            argv = [str(p.init_bin), "--launch", str(self.uid), *cgroups, "--", *argv]
         return argv
 
     def _start(self) -> None:
@@ -454,7 +493,8 @@ class BwrapSandbox(Sandbox):
         if p.cgroups.mode != "none":
             p.cgroups.prepare(self.cgroup, pids=self.spec.pids + 4, memory_mb=self.spec.memory_mb)
         argv = self._argv()
-        as_user = p._uids is not None
+        launched = p._uids is not None and p.init_bin is not None  # the launcher drops to self.uid
+        as_user = p._uids is not None and not launched
 
         def spawn() -> subprocess.Popen:
             return subprocess.Popen(
@@ -474,7 +514,7 @@ class BwrapSandbox(Sandbox):
                                "sandbox_start_failed") from None
         if reply != [b"ready"]:
             raise SandboxError(f"bwrap sandbox sent {reply!r} instead of ready", "sandbox_start_failed")
-        if p.cgroups.mode != "none":  # nothing of the agent's runs yet: move bwrap + server in
+        if p.cgroups.mode != "none" and not launched:  # nothing of the agent's runs yet: move bwrap + server in
             p.cgroups.add(self.cgroup, _descendants(self.proc.pid))
 
     def _kill_proc(self) -> None:
@@ -591,14 +631,17 @@ class BwrapProvider(SandboxProvider):
 
     Options: `uid_base`/`uid_count` (the reserved host uid range, root only), `state_dir`
     (uid locks and the generated /etc), `max_output_bytes` (kept per stream and command),
-    `cgroups` (False = rlimits only).
+    `cgroups` (False = rlimits only), `server` ("native": the compiled bwrap_init.c as pid 1;
+    "python": bwrap_server.py as pid 1; "auto": native when a C compiler is there).
     """
 
     name = "bwrap"
 
     def __init__(self, *, uid_base: int = DEFAULT_UID_BASE, uid_count: int = DEFAULT_UID_COUNT,
                  state_dir: str | Path | None = None, max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-                 cgroups: bool = True):
+                 cgroups: bool = True, server: str = "auto"):
+        if server not in SERVERS:
+            raise ConfigError(f"bwrap server {server!r} is not one of {', '.join(SERVERS)}")
         self.bwrap = _bwrap_path()
         if not os.access(SANDBOX_PYTHON, os.X_OK):
             raise SandboxError(f"{SANDBOX_PYTHON} is missing: the sandbox runs Debian's python3 "
@@ -608,6 +651,10 @@ class BwrapProvider(SandboxProvider):
         self.state_dir.chmod(0o755)
         self.etc_dir = _generated_etc(self.state_dir)
         self.server_pyc = _compiled_server(self.state_dir)
+        self.init_bin, why = _compiled_init(self.state_dir) if server != "python" else (None, "")
+        if server == "native" and self.init_bin is None:
+            raise SandboxError(f"the native bwrap sandbox server is unavailable: {why}", "sandbox_unavailable")
+        self.server = "native" if self.init_bin is not None else "python"
         self.max_output_bytes = max_output_bytes
         self._uids = _UidPool(self.state_dir / "uids", uid_base, uid_count) if os.geteuid() == 0 else None
         self.cgroups = _Cgroups(enabled=cgroups)

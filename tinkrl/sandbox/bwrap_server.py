@@ -1,8 +1,10 @@
 """The process that lives inside a bwrap sandbox as its pid 1 and runs every command.
 
-Started by `tinkrl.sandbox.bwrap` with Debian's `/usr/bin/python3 -I -S`, it speaks a tiny
-framed protocol on stdin/stdout (no json: every import costs start-up time, and the
-sandbox budget is ~20 ms). Each request runs to completion before the next is read.
+Started by `tinkrl.sandbox.bwrap` with Debian's `/usr/bin/python3 -I -S` when no C compiler
+is available; normally pid 1 is the native `bwrap_init.c`, which speaks the same protocol
+and runs this file with `--one` only for tar/untar requests. It speaks a tiny framed
+protocol on stdin/stdout (no json: every import costs start-up time, and the sandbox
+budget is ~20 ms). Each request runs to completion before the next is read.
 
 Why pid 1: the kernel ignores signals that other processes of the namespace send to
 init unless it installed a handler, so the agent cannot kill its own supervisor; the
@@ -19,16 +21,18 @@ This file must stay runnable by a bare python3 (stdlib only, no tinkrl imports).
 import os
 import select
 import signal
+import stat
 import sys
 import time
 
 STATE_FILE = "/run/tinkrl/shell-state"
+NAMES_FILE = "/run/tinkrl/shell-names"  # compgen -e into a file: no $(...) subshell fork
 SHELL = "/bin/bash"
 # Run in the command's shell: save cwd and exported env on exit so the next command starts
 # where this one left off (like a terminal), unless the caller asked for a fresh shell.
 SAVE_STATE = (
-    "__tinkrl_save() { { printf '%s\\0' \"$PWD\"; for __v in $(compgen -e); do "
-    "printf '%s=%s\\0' \"$__v\" \"${!__v}\"; done; } > " + STATE_FILE + " 2>/dev/null; }\n"
+    "__tinkrl_save() { { printf '%s\\0' \"$PWD\"; compgen -e > " + NAMES_FILE + "; while read -r __v; do "
+    "printf '%s=%s\\0' \"$__v\" \"${!__v}\"; done < " + NAMES_FILE + "; } > " + STATE_FILE + " 2>/dev/null; }\n"
     "trap __tinkrl_save EXIT\n"
 )
 DRAIN_AFTER_EXIT_S = 0.05  # output still arriving from background children after the command exits
@@ -139,7 +143,7 @@ class Server:
                 self.statuses.clear()
                 return ["ok"]
             time.sleep(0.005)
-        return ["err", "EBUSY", "processes survived kill"]
+        return ["err", "16", "processes survived kill"]  # EBUSY
 
     # -- commands ------------------------------------------------------------------------
     def exec(self, cmd, timeout_ms, cwd, env_blob, mode, max_out):
@@ -233,8 +237,12 @@ class Server:
         return ["ok", code, int(timed_out), int(out_cut or err_cut), out_b, err_b, "%.6f" % duration]
 
     def load_state(self):
-        try:
-            with open(STATE_FILE, "rb") as f:
+        try:  # the agent may have swapped the file for a fifo or a link: never block or follow
+            fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20:
+                    return
                 parts = f.read().split(b"\0")
         except OSError:
             return
@@ -309,10 +317,25 @@ class Server:
             return self.killall()
         if op == b"ping":
             return ["ok"]
-        return ["err", "EINVAL", "unknown op %r" % op]
+        return ["err", "22", "unknown op %r" % op]  # EINVAL
+
+
+def serve_one():
+    """`--one`: answer the single request on stdin (tar/untar handed over by the native pid 1)."""
+    try:
+        req = recv()
+        resp = Server(b"/", {}).handle(req)
+    except OSError as e:
+        where = ": %s" % os.fsdecode(e.filename) if e.filename is not None else ""
+        resp = ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+    except Exception as e:
+        resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
+    send(resp)
 
 
 def main():
+    if sys.argv[1:] == ["--one"]:
+        return serve_one()
     # pid 1 only receives signals it has handlers for: drop Python's SIGINT handler.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:  # non-dumpable: the agent (same uid) cannot ptrace us or read /proc/1/{mem,fd}
