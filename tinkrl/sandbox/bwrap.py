@@ -10,10 +10,13 @@ tmpfs for the workdir, /tmp, /root, /tests and /logs. The host's /root, /home, p
 run directories are never mounted. pid and memory limits come from cgroups (v2 or v1,
 whichever is writable), else from rlimits.
 
-The sandbox's pid 1 is `bwrap_server.py` run by Debian's /usr/bin/python3 (never the
-project venv): it executes each command in its own session with a deadline, keeps the
-head and tail of the output, and keeps cwd/exported env between calls like a terminal.
-Background processes outlive the command that started them and die with the sandbox.
+The sandbox's pid 1 is `bwrap_init.c`, compiled once per machine (or, without a C
+compiler, `bwrap_server.py` run by Debian's /usr/bin/python3 — never the project venv):
+it executes each command in its own session with a deadline, keeps the head and tail of
+the output, and keeps cwd/exported env between calls like a terminal. Background processes
+outlive the command that started them and die with the sandbox. The same binary, run as
+root with `--launch`, joins the sandbox's cgroups and drops to its uid before exec'ing
+bwrap, so no process of the sandbox ever has to be moved between cgroups.
 """
 
 from __future__ import annotations
