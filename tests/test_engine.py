@@ -481,3 +481,27 @@ def test_tiny_architectures_match_transformers_and_train(service, model, seqs):
     tc.optim_step(types.AdamParams(learning_rate=0.02)).result()
     after = tc.forward([ce(s)]).result().metrics["loss:sum"]
     assert after < before  # one step of cross-entropy lowers the loss on its own datum
+
+
+# -- torch.compile ---------------------------------------------------------------------------------------------
+
+def test_compiled_training_matches_eager(service, seqs, tok):
+    """compile=True fuses the layers' elementwise work; losses, logprobs and gradients stay those of
+    the eager forward, across batches of different shapes (dynamic shapes, no wrong cached graph)."""
+    eager, compiled = new_tc(service), new_tc(ServiceClient(compile=True))
+    assert compiled.model.compiled and not eager.model.compiled
+    for tc in (eager, compiled):
+        randomize_lora(tc, scale=0.02)
+    prompt = tok.encode("Shared prompt of a group")
+    batches = [[ce(s) for s in seqs], [ce(prompt + s[:n]) for s, n in zip(seqs, (2, 5, 7, 3))], [ce(seqs[1])]]
+    for data in batches:
+        outs = []
+        for tc in (eager, compiled):
+            zero_grads(tc)
+            out = tc.forward_backward(data, "cross_entropy").result()
+            outs.append((out.metrics["loss:sum"], logprobs_of(out), flat(lora_grads(tc))))
+        (loss_e, lp_e, g_e), (loss_c, lp_c, g_c) = outs
+        assert loss_c == pytest.approx(loss_e, rel=1e-4)
+        for a, b in zip(lp_e, lp_c):
+            np.testing.assert_allclose(b, a, atol=1e-4)
+        assert_close_vectors(g_c, g_e, rel=1e-3)

@@ -90,6 +90,7 @@ class TrainConfig(Strict):
     base_url: str | None = None  # Tinker service URL (backend=tinker); env TINKER_BASE_URL
     device: str | None = None  # local backend: cuda / cpu (default: cuda when present)
     precision: Literal["auto", "float32", "bfloat16"] = "auto"  # local backend compute precision
+    compile: bool = False  # local backend: torch.compile the training forward (faster steps after a one-time compile)
     lora_rank: int = Field(32, ge=1)
     learning_rate: float = Field(4e-4, gt=0)
     adam_beta1: float = 0.9

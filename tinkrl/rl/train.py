@@ -43,7 +43,7 @@ def make_service(config: TrainConfig):
 
     if config.backend == "local":
         precision = None if config.precision == "auto" else config.precision
-        return make_service_client("local", device=config.device, dtype=precision)
+        return make_service_client("local", device=config.device, dtype=precision, compile=config.compile)
     return make_service_client("tinker", base_url=config.base_url)
 
 
