@@ -1,9 +1,11 @@
 """Sandbox start-up cost: create + exec `true` + destroy, sequentially and 32 at once.
 
-    .venv/bin/python bench/sandbox.py [--provider bwrap] [--runs 200] [--concurrent 32]
+    .venv/bin/python bench/sandbox.py [--provider bwrap] [--runs 200] [--concurrent 32] [--pool 2]
 
 Prints p50/p99 of the sequential cycle, and for 32 sandboxes started together the wall
-time for all of them plus the p50/p99 of a single cycle under that load.
+time for all of them plus the p50/p99 of a single cycle under that load. For bwrap it
+measures twice: cold (every sandbox started on demand) and pooled (`pool=N`: sandboxes
+started ahead by a background thread, each fresh and used once; `--pool 0` skips this).
 """
 
 from __future__ import annotations
@@ -32,25 +34,45 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def sequential(provider, label: str, runs: int, gap_s: float = 0.0) -> None:
+    seq = []
+    for _ in range(runs):
+        time.sleep(gap_s)  # not timed: an agent's episode between two creates
+        seq.append(cycle(provider))
+    gap = f", {gap_s * 1e3:.0f} ms idle between runs" if gap_s else " back to back"
+    print(f"[{label}] sequential create+exec(true)+destroy over {runs} runs{gap}: "
+          f"p50 {pct(seq, .5) * 1e3:.1f} ms  p99 {pct(seq, .99) * 1e3:.1f} ms  mean {statistics.mean(seq) * 1e3:.1f} ms")
+
+
+def measure(provider, label: str, runs: int, concurrent: int, gap_s: float = 0.0) -> None:
+    for _ in range(5):  # warm caches (page cache, compiled server, cgroup dirs)
+        cycle(provider)
+    sequential(provider, label, runs)
+    if gap_s:
+        sequential(provider, label, runs, gap_s)
+    time.sleep(0.5)  # let a pool refill before the burst
+    with ThreadPoolExecutor(concurrent) as pool:
+        t0 = time.perf_counter()
+        conc = list(pool.map(lambda _: cycle(provider), range(concurrent)))
+        wall = time.perf_counter() - t0
+    print(f"[{label}] {concurrent} at once: all done in {wall * 1e3:.0f} ms; per sandbox "
+          f"p50 {pct(conc, .5) * 1e3:.1f} ms  p99 {pct(conc, .99) * 1e3:.1f} ms")
+    provider.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--provider", default="bwrap")
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--concurrent", type=int, default=32)
+    ap.add_argument("--pool", type=int, default=2, help="bwrap only: pool size for the pooled run (0 = skip)")
+    ap.add_argument("--gap-ms", type=float, default=30.0,
+                    help="pooled run: also time cycles with this idle gap between them (time to refill)")
     args = ap.parse_args()
-    provider = get_provider(args.provider)
-    for _ in range(5):  # warm caches (page cache, compiled server, cgroup dirs)
-        cycle(provider)
-    seq = [cycle(provider) for _ in range(args.runs)]
-    print(f"sequential create+exec(true)+destroy over {args.runs} runs: "
-          f"p50 {pct(seq, .5) * 1e3:.1f} ms  p99 {pct(seq, .99) * 1e3:.1f} ms  mean {statistics.mean(seq) * 1e3:.1f} ms")
-    with ThreadPoolExecutor(args.concurrent) as pool:
-        t0 = time.perf_counter()
-        conc = list(pool.map(lambda _: cycle(provider), range(args.concurrent)))
-        wall = time.perf_counter() - t0
-    print(f"{args.concurrent} at once: all done in {wall * 1e3:.0f} ms; per sandbox "
-          f"p50 {pct(conc, .5) * 1e3:.1f} ms  p99 {pct(conc, .99) * 1e3:.1f} ms")
-    provider.close()
+    measure(get_provider(args.provider), "cold", args.runs, args.concurrent)
+    if args.provider == "bwrap" and args.pool > 0:
+        measure(get_provider("bwrap", pool=args.pool), f"pool={args.pool}", args.runs, args.concurrent,
+                gap_s=args.gap_ms / 1000)
 
 
 if __name__ == "__main__":
