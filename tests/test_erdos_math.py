@@ -1,13 +1,18 @@
-"""C₅ from tinkrl against values known in closed form and against independent computations."""
+"""C₅ from tinkrl against closed-form values, independent computations and a published construction."""
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tinkrl.envs import erdos_math as em
+from tinkrl.envs.erdos_runner import score_values
+
+HAUGLAND_51 = Path(__file__).parent / "data" / "erdos_haugland_51.json"
 
 
 def overlap_at_shift(h: list[Fraction], t: Fraction) -> Fraction:
@@ -110,3 +115,36 @@ def test_valid_construction_is_normalised_and_rewarded_by_inverse_c5():
     assert float(np.sum(result.h)) == pytest.approx(50.0, abs=1e-12)
     assert em.reward_for(em.c5(result.h)) == pytest.approx(2.0)
     assert em.reward_for(None) == 0.0
+
+
+def published_construction(path: Path) -> tuple[dict, list[Fraction]]:
+    """The fixture's metadata and its full step values as the exact printed decimals."""
+    data = json.loads(path.read_text(), parse_float=Fraction)
+    left = [Fraction(v) for v in data["left_half"]]
+    return data, left + left[-2::-1]  # symmetric about x = 1; the central step appears once
+
+
+def test_published_haugland_51_step_function_gives_its_stated_value():
+    data, values = published_construction(HAUGLAND_51)
+    n = data["n_steps"]
+    assert len(values) == n == 51
+    # As printed, the construction is admissible exactly: values in [0, 1], integral exactly 1.
+    assert all(0 <= v <= 1 for v in values)
+    assert sum(values) * Fraction(2, n) == 1
+    stated = Fraction(data["stated_c5"])
+    half_unit = Fraction(1, 2 * 10 ** data["stated_digits"])
+
+    # Exact C5 of the printed decimals (independent integrator, every grid shift) rounds to the
+    # stated 16 digits.
+    dx = Fraction(2, n)
+    exact = max(overlap_at_shift(values, j * dx) for j in range(-n + 1, n))
+    assert abs(exact - stated) <= half_unit, float(exact)
+
+    # Scored the way the environment scores a program's h: validation, normalisation, float C5.
+    outcome = score_values([float(v) for v in values], n, integral_tol=1e-6)
+    assert outcome.valid, outcome.detail
+    assert outcome.c5 == pytest.approx(float(stated), abs=1e-15)
+    # tinkrl's own exact computation on the same floats agrees with its float one and the above.
+    assert outcome.h is not None
+    assert float(em.c5_exact(outcome.h)) == pytest.approx(outcome.c5, abs=1e-15)
+    assert float(em.c5_exact(outcome.h)) == pytest.approx(float(exact), abs=1e-15)
