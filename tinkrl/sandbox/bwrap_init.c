@@ -157,6 +157,14 @@ static void send_reply(reply_t *r) {
     memset(r, 0, sizeof *r);
 }
 
+static void reply_not_regular(reply_t *r, const char *path) {
+    char msg[4200];
+    snprintf(msg, sizeof msg, "not a regular file: %s", path);
+    put_str(r, "err");
+    put_int(r, EINVAL);
+    put_str(r, msg);
+}
+
 static void reply_err(reply_t *r, int err, const char *path) {
     char msg[4200];
     if (path) snprintf(msg, sizeof msg, "%s: %s", strerror(err), path);
@@ -514,9 +522,16 @@ static void op_write(reply_t *r, frame_t *q) {
             return;
         }
     }
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    /* only regular files: a planted link to /proc/1/fd/1 must not reach the host's pipe */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, mode);
+    struct stat st;
     if (fd < 0) {
         reply_err(r, errno, path);
+        return;
+    }
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        reply_not_regular(r, path);
         return;
     }
     int rc = write_all(fd, q->f[3], q->len[3]);
@@ -528,15 +543,16 @@ static void op_write(reply_t *r, frame_t *q) {
 }
 
 static void op_read(reply_t *r, frame_t *q) {
-    int fd = open(q->f[1], O_RDONLY | O_CLOEXEC);
+    int fd = open(q->f[1], O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat st;
     if (fd < 0) {
         reply_err(r, errno, q->f[1]);
         return;
     }
-    if (!fstat(fd, &st) && S_ISDIR(st.st_mode)) {
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) { /* never our own pipes, fifos or devices */
         close(fd);
-        reply_err(r, EISDIR, q->f[1]);
+        if (S_ISDIR(st.st_mode)) reply_err(r, EISDIR, q->f[1]);
+        else reply_not_regular(r, q->f[1]);
         return;
     }
     buf_t b = {0};

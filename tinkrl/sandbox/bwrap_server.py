@@ -263,8 +263,11 @@ class Server:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(mode))
+        # only regular files: a planted link to /proc/1/fd/1 must not reach the host's pipe
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY, int(mode))
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(22, "not a regular file", os.fsdecode(path))
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -274,7 +277,17 @@ class Server:
         return ["ok"]
 
     def read(self, path):
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(21, "Is a directory", os.fsdecode(path))
+            if not stat.S_ISREG(mode):  # never our own pipes, fifos or devices
+                raise OSError(22, "not a regular file", os.fsdecode(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        with open(fd, "rb") as f:
             return ["ok", f.read()]
 
     def untar(self, dest, data):
@@ -320,14 +333,19 @@ class Server:
         return ["err", "22", "unknown op %r" % op]  # EINVAL
 
 
+def oserror_reply(e):
+    name = e.filename
+    where = ": %s" % (os.fsdecode(name) if isinstance(name, (str, bytes)) else name) if name is not None else ""
+    return ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+
+
 def serve_one():
     """`--one`: answer the single request on stdin (tar/untar handed over by the native pid 1)."""
     try:
         req = recv()
         resp = Server(b"/", {}).handle(req)
     except OSError as e:
-        where = ": %s" % os.fsdecode(e.filename) if e.filename is not None else ""
-        resp = ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+        resp = oserror_reply(e)
     except Exception as e:
         resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
     send(resp)
@@ -372,8 +390,7 @@ def main():
         try:
             resp = server.handle(req)
         except OSError as e:
-            where = ": %s" % os.fsdecode(e.filename) if e.filename is not None else ""
-            resp = ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+            resp = oserror_reply(e)
         except Exception as e:  # a bad request must not kill the sandbox
             resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
         send(resp)
