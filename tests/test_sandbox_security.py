@@ -234,3 +234,12 @@ def test_planted_links_to_the_supervisors_pipes_are_refused(sb):
     assert sb.exec("echo alive").stdout == "alive\n"
     sb.write_file("/tests/real.py", "x = 1\n")
     assert sb.read_file("/tests/real.py") == b"x = 1\n"
+
+
+def test_tiny_timeouts_and_nul_bytes_are_command_failures(sb):
+    for _ in range(5):  # the deadline may pass before the command's shell has its own session
+        r = sb.exec("sleep 1000", timeout=0.001)
+        assert r.timed_out and r.exit_code == -1
+    r = sb.exec("echo a\x00b")
+    assert r.exit_code != 0 and not r.timed_out
+    assert sb.exec("echo alive").stdout == "alive\n"

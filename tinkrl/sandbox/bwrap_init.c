@@ -348,10 +348,14 @@ static void op_exec(reply_t *r, frame_t *q) {
     const char *cmd = q->f[1], *cwd = q->f[3], *mode = q->f[5];
     long timeout_ms = atol(q->f[2]), max_out = atol(q->f[6]);
     int persist = !strcmp(mode, "persist");
-    if (strlen(cmd) != q->len[1] || strlen(cwd) != q->len[3]) {
-        put_str(r, "err");
+    if (strlen(cmd) != q->len[1] || strlen(cwd) != q->len[3]) { /* a failed command, not a failed sandbox */
+        put_str(r, "ok");
+        put_int(r, 127);
         put_int(r, 0);
-        put_str(r, "ValueError: embedded null byte");
+        put_int(r, 0);
+        put_str(r, "");
+        put_str(r, "tinkrl: the command or its directory contains a NUL byte\n");
+        put_str(r, "0.000000");
         return;
     }
     reap_orphans();
@@ -418,6 +422,7 @@ static void op_exec(reply_t *r, frame_t *q) {
             if (wait <= 0) {
                 timed_out = 1;
                 kill(-pid, SIGKILL);
+                kill(pid, SIGKILL); /* in case it had not reached setsid() yet */
                 waitpid(pid, &status, 0);
                 have_status = 1;
                 break;
@@ -440,7 +445,7 @@ static void op_exec(reply_t *r, frame_t *q) {
             pf[n].events = POLLIN;
             idx[n++] = 2;
         }
-        int ms = (int)(wait * 1000.0) + 1;
+        int ms = wait > 60.0 ? 60000 : (int)(wait * 1000.0) + 1;
         if (!have_status && pidfd < 0 && ms > 10) ms = 10; /* no pidfd: poll waitpid */
         int k = poll(pf, (nfds_t)n, ms);
         if (k < 0 && errno != EINTR) break;

@@ -197,10 +197,11 @@ class Server:
                 wait = deadline - now
                 if wait <= 0:
                     timed_out = True
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    for kill, target in ((os.killpg, pid), (os.kill, pid)):  # os.kill: before its setsid()
+                        try:
+                            kill(target, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                     status = self.wait_child(pid)
                     break
             else:
