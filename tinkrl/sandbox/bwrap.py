@@ -392,6 +392,8 @@ def _compiled_init(state_dir: Path) -> tuple[Path | None, str]:
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler (cc) on PATH"
+    if not INIT_SOURCE.exists():
+        return None, f"{INIT_SOURCE} is missing from this install"
     source = INIT_SOURCE.read_bytes()
     binary = state_dir / f"init-{hashlib.sha256(source).hexdigest()[:12]}"
     if binary.exists():
