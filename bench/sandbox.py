@@ -45,6 +45,8 @@ def sequential(provider, label: str, runs: int, gap_s: float = 0.0) -> None:
 
 
 def measure(provider, label: str, runs: int, concurrent: int, gap_s: float = 0.0) -> None:
+    if getattr(provider, "server", None):  # bwrap: which pid 1 runs in the sandbox
+        label += f", pid 1 {provider.server}"
     for _ in range(5):  # warm caches (page cache, compiled server, cgroup dirs)
         cycle(provider)
     sequential(provider, label, runs)
