@@ -385,7 +385,7 @@ static void op_exec(reply_t *r, frame_t *q) {
     if (pid == 0) { /* child: own session so a timeout can kill the whole group */
         setsid();
         child_signals_default();
-        int null = open("/dev/null", O_RDONLY);
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
         dup2(null, 0);
         dup2(outp[1], 1);
         dup2(errp[1], 2);
@@ -425,6 +425,12 @@ static void op_exec(reply_t *r, frame_t *q) {
                 kill(pid, SIGKILL); /* in case it had not reached setsid() yet */
                 waitpid(pid, &status, 0);
                 have_status = 1;
+                /* the group's orphans are ours to reap: gone before we answer (up to 2 s) */
+                for (int i = 0; i < 2000 && kill(-pid, 0) == 0; i++) {
+                    reap_orphans();
+                    if (kill(-pid, 0)) break;
+                    usleep(1000);
+                }
                 break;
             }
         } else {
@@ -465,6 +471,12 @@ static void op_exec(reply_t *r, frame_t *q) {
                 open_streams--;
             }
         }
+    }
+    if (!have_status) { /* poll failed: never leave the command running unaccounted for */
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        timed_out = 1;
     }
     for (int i = 0; i < 2; i++)
         if (fds[i] >= 0) close(fds[i]);
@@ -599,8 +611,10 @@ static void op_helper(reply_t *r, frame_t *q) {
     pid_t pid = fork();
     if (pid == 0) {
         child_signals_default();
+        int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
         dup2(in[0], 0);
         dup2(out[1], 1);
+        dup2(null, 2); /* never the host's stderr pipe: errors come back in the reply */
         char *argv[] = {"python3", "-I", "-S", HELPER_SERVER, "--one", NULL};
         char *envp[] = {"PATH=/usr/bin:/bin", "LANG=C.UTF-8", NULL};
         execve(HELPER_PYTHON, argv, envp);

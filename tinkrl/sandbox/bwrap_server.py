@@ -203,6 +203,13 @@ class Server:
                         except ProcessLookupError:
                             pass
                     status = self.wait_child(pid)
+                    for _ in range(2000):  # the group's orphans are ours to reap: gone before we answer
+                        self.reap()
+                        try:
+                            os.killpg(pid, 0)
+                        except ProcessLookupError:
+                            break
+                        time.sleep(0.001)
                     break
             else:
                 if drain_until is None:
