@@ -337,6 +337,27 @@ def test_prompt_logprobs_and_sampled_logprobs_equal_forward(sampler, seqs):
     np.testing.assert_allclose(resp.sequences[0].logprobs, fwd[len(prompt) - 1:], atol=1e-3)
 
 
+def test_prompts_sharing_an_opening_sample_as_they_do_alone(sampler, seqs, tok):
+    """Prompts that open alike (a chat template's system turn) prefill that opening once and copy its
+    keys/values to every row; each request still gets what it gets alone: greedy tokens, their
+    logprobs, and prompt logprobs (prefix and rest), with prompts of different lengths."""
+    tc, sc = sampler
+    opening = tok.encode("You are a careful assistant. Answer the user's question briefly.")
+    assert len(opening) >= 8
+    prompts = [opening + s[:n] for s, n in zip(seqs, (1, 4, 9, 6))]
+    params = types.SamplingParams(max_tokens=5, temperature=0.0)
+    futures = [sc.sample(types.ModelInput.from_ints(p), 1, params, include_prompt_logprobs=True) for p in prompts]
+    together = [f.result() for f in futures]  # submitted together: one batch, shared prefill
+    for p, got in zip(prompts, together):
+        alone = sc.sample(types.ModelInput.from_ints(p), 1, params, include_prompt_logprobs=True).result()
+        assert list(got.sequences[0].tokens) == list(alone.sequences[0].tokens)
+        np.testing.assert_allclose(got.sequences[0].logprobs, alone.sequences[0].logprobs, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(got.prompt_logprobs[1:], dtype=np.float64),
+                                   np.asarray(alone.prompt_logprobs[1:], dtype=np.float64), atol=1e-4)
+        fwd = logprobs_of(tc.forward([ce(p + list(got.sequences[0].tokens))]).result())[0]
+        np.testing.assert_allclose(np.asarray(got.prompt_logprobs[1:], dtype=np.float64), fwd[:len(p) - 1], atol=1e-3)
+
+
 def test_concurrent_samples_agree_with_sequential(sampler, seqs):
     _, sc = sampler
     prompts = [s[:6 + i % 4] for i, s in enumerate(seqs * 4)]

@@ -2,7 +2,8 @@
 
 `sample_batch` takes every request that arrived while the engine was busy (see
 service.py), prefills each distinct prompt once (a GRPO group's samples share the prompt's
-KV cache), then decodes all rows in lock-step, dropping finished rows from the batch.
+KV cache) and the opening all prompts share once (the chat template's system turn: ~3/4 of
+a short math prompt), then decodes all rows in lock-step, dropping finished rows from the batch.
 
 Logprob semantics: the logprob returned for a sampled token is its log-probability under
 the model's own distribution, log_softmax(logits), at temperature 1 and before top-k/top-p
@@ -22,6 +23,8 @@ import tinker
 from tinker import types
 
 from tinkrl.local.transformer import CausalLM, KVCache, causal_mask
+
+MIN_SHARED_PREFIX = 8  # shorter common openings aren't worth a second prefill pass
 
 
 @dataclass
@@ -107,6 +110,15 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     return torch.where(greedy, out, sampled)
 
 
+def _common_prefix(prompts: list[tuple[int, ...]]) -> int:
+    """Length of the prefix all prompts share, leaving each at least its last token to prefill."""
+    shortest = min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
 @torch.no_grad()
 def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None,
                  max_context: int) -> None:
@@ -121,25 +133,39 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
     prompts = list(unique)
     U = len(prompts)
     lens = [len(p) for p in prompts]
-    P = max(lens)
+    # Different prompts usually open alike (the chat template's system turn): that prefix is run once.
+    shared = _common_prefix(prompts) if U > 1 else 0
+    shared = shared if shared >= MIN_SHARED_PREFIX else 0
+    P = shared + max(n - shared for n in lens)
     max_new = max((j.params.max_tokens or 256) for j in jobs)
     max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
+    # Row layout: [shared prefix | left padding | rest of the prompt]; padding is never attended to.
     ids = torch.full((U, P), eos_id or 0, dtype=torch.long)
     attn = torch.zeros((U, P + max_new), dtype=torch.long)
     for u, prompt in enumerate(prompts):
-        ids[u, P - lens[u]:] = torch.tensor(prompt)
-        attn[u, P - lens[u]:P] = 1
+        ids[u, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
+        ids[u, P - (lens[u] - shared):P] = torch.tensor(prompt[shared:], dtype=torch.long)
+        attn[u, :shared] = 1
+        attn[u, P - (lens[u] - shared):P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
     cache = KVCache.allocate(lm.config, U, P + max_new, device)
-    hidden = lm(ids, positions, causal_mask(attn[:, :P], P), cache, 0)
+    if shared:
+        first = KVCache(cache.k[:, :1], cache.v[:, :1])  # a view: the prefix's keys/values land in row 0
+        prefix_hidden = lm(ids[:1, :shared], positions[:1, :shared], causal_mask(attn[:1, :shared], shared), first, 0)
+        cache.k[:, 1:, :, :shared] = cache.k[:, :1, :, :shared]
+        cache.v[:, 1:, :, :shared] = cache.v[:, :1, :, :shared]
+        rest = lm(ids[:, shared:], positions[:, shared:], causal_mask(attn[:, :P], P - shared, shared), cache, shared)
+        hidden = torch.cat([prefix_hidden.expand(U, -1, -1), rest], dim=1)
+    else:
+        hidden = lm(ids, positions, causal_mask(attn[:, :P], P), cache, 0)
 
     prompt_lp: list[np.ndarray | None] = [None] * len(jobs)
     topk: list = [None] * len(jobs)
     for i, j in enumerate(jobs):
         if j.include_prompt_logprobs or j.topk_prompt_logprobs:
             u = job_prompt[i]
-            h = hidden[u, P - lens[u]:]
+            h = hidden[u, attn[u, :P].bool()]
             lp = lm.logits(h).log_softmax(-1)
             targets = torch.tensor(j.prompt[1:], device=device)
             vals = np.full(lens[u], np.nan, dtype=np.float32)
