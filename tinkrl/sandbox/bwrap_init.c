@@ -98,38 +98,34 @@ static int read_exact(int fd, char *p, size_t n) {
 }
 
 /* ---- framing ------------------------------------------------------------------------ */
-typedef struct { uint32_t count; char **f; uint32_t *len; buf_t raw; } frame_t;
+typedef struct { uint32_t count; char **f; uint32_t *len; } frame_t;
 
 static void frame_free(frame_t *fr) {
     for (uint32_t i = 0; i < fr->count; i++) free(fr->f[i]);
     free(fr->f);
     free(fr->len);
-    free(fr->raw.p);
     memset(fr, 0, sizeof *fr);
 }
 
 static uint32_t be32(const unsigned char *b) { return (uint32_t)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3]; }
 
-/* Reads one request; keeps the raw bytes too (handed on to the python helper). */
+/* Reads one request (each field NUL-terminated for convenience; len[] has the real length). */
 static int recv_frame(int fd, frame_t *fr) {
     unsigned char hdr[4];
     memset(fr, 0, sizeof *fr);
     if (read_exact(fd, (char *)hdr, 4)) return -1;
-    buf_add(&fr->raw, hdr, 4);
     fr->count = be32(hdr);
     if (fr->count > 64) return -1;
     fr->f = calloc(fr->count ? fr->count : 1, sizeof(char *));
     fr->len = calloc(fr->count ? fr->count : 1, sizeof(uint32_t));
     for (uint32_t i = 0; i < fr->count; i++) {
         if (read_exact(fd, (char *)hdr, 4)) return -1;
-        buf_add(&fr->raw, hdr, 4);
         uint32_t n = be32(hdr);
         fr->f[i] = malloc((size_t)n + 1);
         if (!fr->f[i]) die("malloc");
         if (n && read_exact(fd, fr->f[i], n)) return -1;
         fr->f[i][n] = 0;
         fr->len[i] = n;
-        buf_add(&fr->raw, fr->f[i], n);
     }
     return 0;
 }
@@ -628,7 +624,12 @@ static void op_helper(reply_t *r, frame_t *q) {
         reply_err(r, errno, NULL);
         return;
     }
-    write_all(in[1], q->raw.p, q->raw.n); /* the helper reads the whole request before replying */
+    reply_t req = {0}; /* the same request, re-framed; the helper reads all of it before replying */
+    for (uint32_t i = 0; i < q->count; i++) put_field(&req, q->f[i], q->len[i]);
+    unsigned char h[4] = {(unsigned char)(req.count >> 24), (unsigned char)(req.count >> 16),
+                          (unsigned char)(req.count >> 8), (unsigned char)req.count};
+    if (!write_all(in[1], (char *)h, 4)) write_all(in[1], req.b.p, req.b.n);
+    free(req.b.p);
     close(in[1]);
     buf_t b = {0};
     char chunk[65536];
