@@ -243,3 +243,18 @@ def test_tiny_timeouts_and_nul_bytes_are_command_failures(sb):
     r = sb.exec("echo a\x00b")
     assert r.exit_code != 0 and not r.timed_out
     assert sb.exec("echo alive").stdout == "alive\n"
+
+
+def test_megabytes_copy_in_and_out_intact(sb, tmp_path):
+    import hashlib
+
+    src = tmp_path / "big"
+    src.mkdir()
+    blob = os.urandom(3 << 20)
+    (src / "blob.bin").write_bytes(blob)
+    sb.copy_in(src, "/app/big")  # tar through the pid 1's file helper
+    assert sb.exec("sha256sum /app/big/blob.bin").stdout.split()[0] == hashlib.sha256(blob).hexdigest()
+    sb.write_file("/app/w.bin", blob)
+    assert sb.read_file("/app/w.bin") == blob
+    sb.copy_out("/app/big", tmp_path / "back")
+    assert (tmp_path / "back" / "blob.bin").read_bytes() == blob
