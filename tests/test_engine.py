@@ -17,7 +17,7 @@ import torch
 from tinker import types
 
 from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
-                            lora_grads, lora_weights, randomize_lora, zero_grads)
+                            lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors
@@ -526,3 +526,22 @@ def test_compiled_training_matches_eager(service, seqs, tok):
         for a, b in zip(lp_e, lp_c):
             np.testing.assert_allclose(b, a, atol=1e-4)
         assert_close_vectors(g_c, g_e, rel=1e-3)
+
+
+def test_unembedding_lora_forward_equals_peft(service):
+    """The fused unembedding LoRA (one addmm into the base logits) computes peft's sum, and its gradients."""
+    tc = new_tc(service)
+    randomize_lora(tc, scale=0.05)
+    head = tc.model.lm_head
+    x = torch.randn(7, head.in_features)
+    grads = []
+    for forward in (head.forward, lambda h: type(head).forward(head, h)):  # ours, then peft's own
+        params = [head.lora_A["default"].weight, head.lora_B["default"].weight]
+        out = on_engine(tc, lambda: forward(x))
+        g = torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1])).sum(), params)
+        grads.append((out.detach(), g))
+    (ours, g_ours), (peft_out, g_peft) = grads
+    torch.testing.assert_close(ours, peft_out, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_ours, g_peft):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert float(g_ours[0].abs().sum()) > 0  # the adapter is live

@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import MethodType
 from typing import Any, Callable, Sequence
 
 import torch
@@ -34,7 +35,7 @@ from tinkrl.local.models import (DEFAULT_MODEL, known_models, default_dtype, loa
                                  tinkrl_home)
 from tinkrl.local.packing import batch_packs, pack_sequences, pack_tensors
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers
+from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers, lora_head_forward
 
 LORA_ALPHA = 32  # scaling = alpha / rank, as in Tinker: the best learning rate barely moves with rank
 ATTN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -227,6 +228,8 @@ class Engine:
             if "lora_" in name:
                 p.data = p.data.float()  # adapters and their optimizer state stay fp32
             p.requires_grad_("lora_" in name)
+        if train_unembed:
+            tree.lm_head.forward = MethodType(lora_head_forward, tree.lm_head)
         return tree.to(self.device)
 
     def _tree_for(self, snap: _Snapshot) -> CausalLM:
