@@ -78,6 +78,16 @@ def resolve_path(path: str) -> Path:
     return local
 
 
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[target] per row, without materialising the vocabulary-wide log_softmax."""
+    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+
+
+# With compile=True: one fused pass per row instead of logsumexp's several over [tokens, vocab]
+# temporaries (memory-bound: ~1.5 s of a 16x4 arithmetic step on a 2-core CPU).
+compiled_token_logprobs = torch.compile(_token_logprobs, dynamic=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # The engine: one per (base model, device, dtype), one worker thread.
 
@@ -418,13 +428,14 @@ class TrainingClient(_ClientHandle):
         elsewhere (no loss, no gradient) the faster compute-dtype head, without grad."""
         lp = hidden.new_zeros(targets.shape[0])
         idle = ~active
+        token_logprobs = compiled_token_logprobs if self.model.compiled else _token_logprobs
         if bool(idle.any()):
             with torch.no_grad():
                 logits = self.model.logits(hidden[idle].detach(), exact=False)
-                lp = lp.index_put((idle,), logits.gather(-1, targets[idle][:, None])[:, 0] - logits.logsumexp(-1))
+                lp = lp.index_put((idle,), token_logprobs(logits, targets[idle]))
         if bool(active.any()):
             logits = self.model.logits(hidden[active])
-            lp = lp.index_put((active,), logits.gather(-1, targets[active][:, None])[:, 0] - logits.logsumexp(-1))
+            lp = lp.index_put((active,), token_logprobs(logits, targets[active]))
         return lp
 
     def _forward_backward(self, data: list[types.Datum], loss_fn: str, config: dict | None,
