@@ -20,7 +20,7 @@ from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, isol
                             lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
-from tinkrl.local.packing import pack_sequences, pack_tensors
+from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.service import CheckpointNotFound
 
 
@@ -417,6 +417,30 @@ def test_groups_of_different_prompts_pack_apart():
     assert sum(len(p.tokens) for p in pack_sequences(loose)) < sum(map(len, loose))
 
 
+def test_groups_sharing_an_opening_train_exactly(service, seqs, tok):
+    """Two GRPO groups whose prompts open alike, plus a lone sequence with the same opening: the
+    opening runs once for the micro-batch (shared_opening), yet every datum's logprobs and the
+    summed gradients equal those of each datum run alone."""
+    tc = new_tc(service)
+    randomize_lora(tc, scale=0.02)
+    opening = tok.encode("You are a careful assistant. Answer the user's question briefly.")
+    prompts = [opening + tok.encode(q) for q in ("What is 12 + 30?", "Name a colour.")]
+    data_seqs = [p + s[:n] for p in prompts for s, n in zip(seqs, (3, 5, 2))] + [opening + seqs[2][:7]]
+    packs = pack_sequences(data_seqs)
+    assert sorted(len(p.members) for p in packs) == [1, 3, 3]
+    assert shared_opening(packs) == len(opening)
+    data = [ce(s) for s in data_seqs]
+    zero_grads(tc)
+    together = logprobs_of(tc.forward_backward(data, "cross_entropy").result())
+    packed = flat(lora_grads(tc))
+    zero_grads(tc)
+    for d, lp in zip(data, together):
+        alone = logprobs_of(tc.forward_backward([d], "cross_entropy").result())[0]
+        np.testing.assert_allclose(lp, alone, atol=1e-4)
+    assert_close_vectors(packed, flat(lora_grads(tc)), rel=1e-3)
+    zero_grads(tc)
+
+
 def test_packing_is_exact(service, seqs, tok):
     tc = new_tc(service)
     randomize_lora(tc, scale=0.02)
@@ -514,7 +538,10 @@ def test_compiled_training_matches_eager(service, seqs, tok):
     for tc in (eager, compiled):
         randomize_lora(tc, scale=0.02)
     prompt = tok.encode("Shared prompt of a group")
-    batches = [[ce(s) for s in seqs], [ce(prompt + s[:n]) for s, n in zip(seqs, (2, 5, 7, 3))], [ce(seqs[1])]]
+    opening = tok.encode("You are a careful assistant. Answer the user's question briefly.")
+    two_groups = [ce(opening + tok.encode(q) + s[:n]) for q in ("Hi?", "Why?") for s, n in zip(seqs, (2, 4))]
+    batches = [[ce(s) for s in seqs], [ce(prompt + s[:n]) for s, n in zip(seqs, (2, 5, 7, 3))], [ce(seqs[1])],
+               two_groups]
     for data in batches:
         outs = []
         for tc in (eager, compiled):

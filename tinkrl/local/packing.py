@@ -116,3 +116,21 @@ def pack_tensors(packs: list[Pack], device) -> tuple[torch.Tensor, torch.Tensor,
     mask = causal & visible & (seg_k >= 0) & (seg_q >= 0)
     mask |= torch.eye(S, dtype=torch.bool)[None]
     return ids.to(device), pos.to(device), mask[:, None].to(device)
+
+
+def shared_opening(packs: list[Pack], min_shared: int = 8) -> int:
+    """Leading tokens every pack of a micro-batch shares inside its own shared prefix (0 if < min_shared).
+
+    Those positions are visible to every later token of their pack, so they can run once for
+    the whole micro-batch (`CausalLM.forward_shared_prefix`). Each pack keeps at least one
+    token of its own.
+    """
+    if len(packs) < 2:
+        return 0
+    first = packs[0].tokens
+    n = len(first)
+    for p in packs:
+        # seen by all members: a pack's shared prefix; a lone sequence's tokens but its last
+        visible_to_all = p.segment.count(0) if len(p.members) > 1 else len(p.tokens) - 1
+        n = min(n, visible_to_all, _lcp(first, p.tokens))
+    return n if n >= min_shared else 0

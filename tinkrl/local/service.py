@@ -33,7 +33,7 @@ from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
 from tinkrl.local.models import (DEFAULT_MODEL, known_models, default_dtype, load_model, pick_device,
                                  tinkrl_home)
-from tinkrl.local.packing import batch_packs, pack_sequences, pack_tensors
+from tinkrl.local.packing import batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers, lora_head_forward
 
@@ -419,8 +419,13 @@ class TrainingClient(_ClientHandle):
         seqs = [d.model_input.to_ints() for d in data]
         for mb in batch_packs(pack_sequences(seqs, max_tokens=max_tokens), max_tokens):
             ids, positions, mask = pack_tensors(mb, self.engine.device)
+            # Packs of different prompts still open alike (the chat template's system turn): run that once.
+            shared = shared_opening(mb)
             with torch.set_grad_enabled(grad):
-                hidden = self.model(ids, positions, mask)
+                if shared:
+                    hidden = self.model.forward_shared_prefix(ids, positions, mask, shared)
+                else:
+                    hidden = self.model(ids, positions, mask)
                 yield [(i, hidden[r, idx]) for r, p in enumerate(mb) for i, idx in p.members]
 
     def _logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

@@ -85,7 +85,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_pos: int):
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_pos: int, prefix_kv=None, return_kv=False):
+        """`prefix_kv`: keys/values [1, H_kv, P, d] of a prefix every row continues (training);
+        `return_kv`: also return this call's keys/values (to be that prefix)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
@@ -96,13 +98,18 @@ class Attention(nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        own_kv = (k, v)
         if cache is not None:
             cache.k[self.layer_idx, :, :, cache_pos:cache_pos + T] = k
             cache.v[self.layer_idx, :, :, cache_pos:cache_pos + T] = v
             k = cache.k[self.layer_idx, :, :, :cache_pos + T]
             v = cache.v[self.layer_idx, :, :, :cache_pos + T]
+        elif prefix_kv is not None:
+            k = torch.cat([prefix_kv[0].expand(B, -1, -1, -1), k], dim=2)
+            v = torch.cat([prefix_kv[1].expand(B, -1, -1, -1), v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        out = self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return (out, own_kv) if return_kv else out
 
 
 class MLP(nn.Module):
@@ -125,9 +132,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache, cache_pos):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, cache_pos)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, mask, cache, cache_pos, prefix_kv=None, return_kv=False):
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, cache_pos, prefix_kv, return_kv)
+        attn, kv = attn if return_kv else (attn, None)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return (x, kv) if return_kv else x
 
 
 class Backbone(nn.Module):
@@ -165,6 +175,32 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos.float(), sin.float(), mask, cache, cache_pos)
         return self.model.norm(x)
+
+    def forward_shared_prefix(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                              shared: int) -> torch.Tensor:
+        """`forward` for rows that all begin with the same `shared` tokens: those run once.
+
+        The prefix runs as one row; every layer hands its keys/values to the rest of all rows,
+        which attend to them as to their own first `shared` positions (gradients flow back
+        through them). Returns the same [B, S, d] hidden states as `forward` on the full rows.
+        `mask` is the rows' [B, 1, S, S] mask, under which their first `shared` positions are
+        visible to every later real position.
+        """
+        B = input_ids.shape[0]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+        pre = self.model.embed_tokens(input_ids[:1, :shared]).float()
+        rest = self.model.embed_tokens(input_ids[:, shared:]).float()
+        if self.compiled and torch.is_grad_enabled():
+            pre.requires_grad_()
+            rest.requires_grad_()
+        cos_p, sin_p = (t.float() for t in self.rotary(pre, position_ids[:1, :shared]))
+        cos_r, sin_r = (t.float() for t in self.rotary(rest, position_ids[:, shared:]))
+        mask_p, mask_r = mask[:1, :, :shared, :shared], mask[:, :, shared:, :]
+        for layer in self.model.layers:
+            pre, kv = layer(pre, cos_p, sin_p, mask_p, None, 0, return_kv=True)
+            rest = layer(rest, cos_r, sin_r, mask_r, None, 0, prefix_kv=kv)
+        return torch.cat([self.model.norm(pre).expand(B, -1, -1), self.model.norm(rest)], dim=1)
 
     def logits(self, hidden: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on)."""
