@@ -176,3 +176,19 @@ def test_train_cli_reads_dotenv(capsys, in_tmp):
         assert os.environ.get("TINKRL_TEST_DOTENV_C") == "yes"
     finally:
         os.environ.pop("TINKRL_TEST_DOTENV_C", None)
+
+
+def test_sandbox_provider_options_reach_the_provider():
+    """`sandbox.bwrap.*` (warm pool, pid-1 server) are the bwrap provider's own keyword arguments."""
+    import inspect
+
+    from tinkrl.sandbox.bwrap import BwrapProvider
+
+    c = load_config(None, ["env=arithmetic", "sandbox.bwrap.pool=2", "sandbox.bwrap.server=python"])
+    options = c.sandbox.provider_options()
+    assert options == {"pool": 2, "server": "python"}
+    assert set(options) <= set(inspect.signature(BwrapProvider).parameters)
+    with pytest.raises(ConfigError, match="server"):
+        load_config(None, ["env=arithmetic", "sandbox.bwrap.server=rust"])
+    docker = load_config(None, ["env=arithmetic", "sandbox.provider=docker"]).sandbox.provider_options()
+    assert "pool" not in docker

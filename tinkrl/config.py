@@ -63,13 +63,19 @@ class AsyncConfig(Strict):
     max_steps_off_policy: int = Field(1, ge=1)
 
 
+class BwrapSandboxConfig(Strict):
+    pool: int = Field(0, ge=0)  # fresh sandboxes kept started ahead per recent spec (each used once)
+    server: Literal["auto", "native", "python"] = "auto"  # pid 1: compiled bwrap_init.c or bwrap_server.py
+
+
 class SandboxConfig(Strict):
     provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
+    bwrap: BwrapSandboxConfig = Field(default_factory=BwrapSandboxConfig)
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
     kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
 
     def provider_options(self) -> dict[str, Any]:
-        return getattr(self, self.provider).model_dump() if self.provider != "bwrap" else {}
+        return getattr(self, self.provider).model_dump()
 
 
 class OpenRewardConfig(Strict):
