@@ -124,14 +124,15 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
             "sampling/concurrent_over_prebatched": t_pre / t_conc}
 
 
-def bench_training(model_name: str, precision: str, device: str, repeats: int, rank: int = 16) -> dict:
+def bench_training(model_name: str, precision: str, device: str, repeats: int, rank: int = 16,
+                   compile: bool = False) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from tinkrl.local import ServiceClient
     from tinkrl.local.models import resolve_model_dir
 
-    svc = ServiceClient(device=device, dtype=precision)
+    svc = ServiceClient(device=device, dtype=precision, compile=compile)
     tc = svc.create_lora_training_client(model_name, rank=rank, seed=0)
     tok = tc.get_tokenizer()
     gen = torch.Generator().manual_seed(0)
@@ -177,6 +178,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-training", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="tinkrl's training side with compile=True")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model = random_model_dir(args.random) if args.random else args.model
@@ -187,7 +189,7 @@ def main() -> None:
                "date": time.strftime("%Y-%m-%d")}
         row.update(bench_sampling(model, precision, args.device, args.repeats))
         if not args.skip_training:
-            row.update(bench_training(model, precision, args.device, args.repeats))
+            row.update(bench_training(model, precision, args.device, args.repeats, compile=args.compile))
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
     if args.out:
