@@ -10,6 +10,7 @@ visible context), at a fraction of the compute.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,10 @@ class Pack:
     members: list[tuple[int, list[int]]] = field(default_factory=list)  # (datum index, its packed positions)
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
+MIN_SHARED = 8  # fewer common leading tokens aren't worth running apart once
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -51,7 +55,7 @@ def _pack_size(lens: list[int], shared: int) -> int:
     return sum(lens) if len(lens) == 1 else shared + sum(n - shared for n in lens)
 
 
-def pack_sequences(seqs: list[list[int]], min_shared: int = 8, max_tokens: int = 4096) -> list[Pack]:
+def pack_sequences(seqs: list[list[int]], min_shared: int = MIN_SHARED, max_tokens: int = 4096) -> list[Pack]:
     """Group sequences with a common prefix of at least `min_shared` tokens into packs.
 
     A sequence joins the current pack only if that runs fewer tokens than starting a new
@@ -65,12 +69,12 @@ def pack_sequences(seqs: list[list[int]], min_shared: int = 8, max_tokens: int =
     shared = 0
     for pos, i in enumerate(order):
         if cur:
-            new_shared = min(shared, _lcp(seqs[cur[0]], seqs[i]))
+            new_shared = min(shared, common_prefix_len(seqs[cur[0]], seqs[i]))
             lens = [len(seqs[j]) for j in cur]
             size = _pack_size(lens + [len(seqs[i])], new_shared)
             apart = _pack_size(lens, shared) + len(seqs[i])
             # a sequence sharing more with the next one (its own group) starts that group's pack
-            closer_to_next = pos + 1 < len(order) and _lcp(seqs[i], seqs[order[pos + 1]]) > new_shared
+            closer_to_next = pos + 1 < len(order) and common_prefix_len(seqs[i], seqs[order[pos + 1]]) > new_shared
             if new_shared >= min_shared and size <= max_tokens and size < apart and not closer_to_next:
                 cur.append(i)
                 shared = new_shared
@@ -118,7 +122,7 @@ def pack_tensors(packs: list[Pack], device) -> tuple[torch.Tensor, torch.Tensor,
     return ids.to(device), pos.to(device), mask[:, None].to(device)
 
 
-def shared_opening(packs: list[Pack], min_shared: int = 8) -> int:
+def shared_opening(packs: list[Pack], min_shared: int = MIN_SHARED) -> int:
     """Leading tokens every pack of a micro-batch shares inside its own shared prefix (0 if < min_shared).
 
     Those positions are visible to every later token of their pack, so they can run once for
@@ -132,5 +136,5 @@ def shared_opening(packs: list[Pack], min_shared: int = 8) -> int:
     for p in packs:
         # seen by all members: a pack's shared prefix; a lone sequence's tokens but its last
         visible_to_all = p.segment.count(0) if len(p.members) > 1 else len(p.tokens) - 1
-        n = min(n, visible_to_all, _lcp(first, p.tokens))
+        n = min(n, visible_to_all, common_prefix_len(first, p.tokens))
     return n if n >= min_shared else 0

@@ -22,9 +22,8 @@ import torch
 import tinker
 from tinker import types
 
+from tinkrl.local.packing import MIN_SHARED, common_prefix_len
 from tinkrl.local.transformer import CausalLM, KVCache, causal_mask
-
-MIN_SHARED_PREFIX = 8  # shorter common openings aren't worth a second prefill pass
 
 
 @dataclass
@@ -110,15 +109,6 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     return torch.where(greedy, out, sampled)
 
 
-def _common_prefix(prompts: list[tuple[int, ...]]) -> int:
-    """Length of the prefix all prompts share, leaving each at least its last token to prefill."""
-    shortest = min(len(p) for p in prompts)
-    n = 0
-    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
-        n += 1
-    return n
-
-
 @torch.no_grad()
 def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None,
                  max_context: int) -> None:
@@ -134,8 +124,9 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
     U = len(prompts)
     lens = [len(p) for p in prompts]
     # Different prompts usually open alike (the chat template's system turn): that prefix is run once.
-    shared = _common_prefix(prompts) if U > 1 else 0
-    shared = shared if shared >= MIN_SHARED_PREFIX else 0
+    # (each prompt keeps at least its last token to prefill with its own row)
+    shared = min([len(p) - 1 for p in prompts] + [common_prefix_len(prompts[0], p) for p in prompts[1:]])
+    shared = shared if U > 1 and shared >= MIN_SHARED else 0
     P = shared + max(n - shared for n in lens)
     max_new = max((j.params.max_tokens or 256) for j in jobs)
     max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
