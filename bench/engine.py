@@ -2,7 +2,8 @@
 
 Sampling: 32 requests x 16 new tokens through `SamplingClient.sample` (concurrent calls, and
 the same 32 jobs handed to the sampler as one pre-made batch) against `transformers`
-`generate` on one left-padded batch of the same 32 prompts. Training: LoRA
+`generate` on one left-padded batch of the same 32 prompts; also the concurrent calls through
+a LoRA (r16) sampling client, as RL samples. Training: LoRA
 forward+backward tokens/s through `TrainingClient.forward_backward` against a plain peft
 loop over the same datums. Each comparison at one precision on both sides.
 
@@ -103,6 +104,17 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
 
     t_conc = timed(concurrent, repeats)
     t_pre = timed(prebatched, repeats)
+    # what RL samples with: the same requests through a LoRA (r16, all modules) sampling client
+    lora = ServiceClient(device=device, dtype=precision).create_lora_training_client(model_name, rank=16, seed=0)
+    sc_lora = lora.save_weights_and_get_sampling_client()
+
+    def concurrent_lora():
+        with ThreadPoolExecutor(n) as pool:
+            futs = list(pool.map(lambda p: sc_lora.sample(types.ModelInput.from_ints(p), 1, params), ps))
+            return [f.result() for f in futs]
+
+    t_lora = timed(concurrent_lora, repeats)
+    del lora, sc_lora
 
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     path = resolve_model_dir(model_name) if not model_name.startswith("/") else model_name
@@ -121,7 +133,7 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
     tokens = n * new
     return {"sampling/tinkrl_concurrent_tok_s": tokens / t_conc, "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
             "sampling/hf_generate_tok_s": tokens / t_hf, "sampling/speedup_vs_generate": t_hf / t_conc,
-            "sampling/concurrent_over_prebatched": t_pre / t_conc}
+            "sampling/concurrent_over_prebatched": t_pre / t_conc, "sampling/tinkrl_lora_concurrent_tok_s": tokens / t_lora}
 
 
 def bench_training(model_name: str, precision: str, device: str, repeats: int, rank: int = 16,

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tinker import types
 
-from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
+from engine_helpers import (TEST_DTYPE, TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
                             lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
@@ -26,7 +26,7 @@ from tinkrl.local.service import CheckpointNotFound
 
 @pytest.fixture(scope="module")
 def service():
-    return ServiceClient()
+    return ServiceClient(dtype=TEST_DTYPE)
 
 
 @pytest.fixture(scope="module")
@@ -377,6 +377,41 @@ def test_concurrent_samples_agree_with_sequential(sampler, seqs):
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_static_decoding_samples_as_eager_decoding(sampler, seqs, static):
+    """The fixed-shape decode step (what CUDA replays as a graph: keys/values written at a tensor
+    index, the whole cache attended under a mask) samples what eager decoding samples: same tokens,
+    stop reasons and logprobs, through a LoRA tree, with rows finishing at different steps (finished
+    rows stay in the batch until half are gone, then the batch is compacted), seeds, filters and
+    stop tokens. On CUDA the default is static, so the parameter compares each mode with the other."""
+    from tinkrl.local.sampler import SampleJob, sample_batch
+
+    tc, sc = sampler
+    engine = sc.engine
+    stop_token = seqs[2][7]
+
+    def jobs():
+        out = []
+        for i, s in enumerate(seqs * 3):
+            extra = [{"top_k": 5}, {"top_p": 0.9}, {"stop": [stop_token]}, {"temperature": 0.0}][i % 4]
+            params = {"max_tokens": 2 + 2 * (i % 7), "seed": 100 + i, "temperature": 1.0, **extra}
+            out.append(SampleJob(s[:6 + i % 5], 2, types.SamplingParams(**params)))
+        return out
+
+    def run(use_static):
+        batch = jobs()
+        tree = engine._tree_for(sc.snapshot)
+        engine.submit(lambda: sample_batch(tree, batch, engine.tokenizer, engine.eos_id, engine.max_context,
+                                           static=use_static)).result()
+        return [seq for job in batch for seq in job.result.sequences]
+
+    reference, got = run(not static), run(static)
+    assert len({len(s.tokens) for s in reference}) >= 5  # rows really finished at different steps
+    for a, b in zip(reference, got):
+        assert list(a.tokens) == list(b.tokens) and a.stop_reason == b.stop_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
 def test_empty_prompt_and_bad_num_samples_are_errors(sampler):
     _, sc = sampler
     with pytest.raises(ValueError, match="num_samples"):
@@ -533,7 +568,7 @@ def test_tiny_architectures_match_transformers_and_train(service, model, seqs):
 def test_compiled_training_matches_eager(service, seqs, tok):
     """compile=True fuses the layers' elementwise work; losses, logprobs and gradients stay those of
     the eager forward, across batches of different shapes (dynamic shapes, no wrong cached graph)."""
-    eager, compiled = new_tc(service), new_tc(ServiceClient(compile=True))
+    eager, compiled = new_tc(service), new_tc(ServiceClient(dtype=TEST_DTYPE, compile=True))
     assert compiled.model.compiled and not eager.model.compiled
     for tc in (eager, compiled):
         randomize_lora(tc, scale=0.02)
@@ -560,12 +595,12 @@ def test_unembedding_lora_forward_equals_peft(service):
     tc = new_tc(service)
     randomize_lora(tc, scale=0.05)
     head = tc.model.lm_head
-    x = torch.randn(7, head.in_features)
+    x = torch.randn(7, head.in_features).to(head.weight.device)
     grads = []
     for forward in (head.forward, lambda h: type(head).forward(head, h)):  # ours, then peft's own
         params = [head.lora_A["default"].weight, head.lora_B["default"].weight]
         out = on_engine(tc, lambda: forward(x))
-        g = torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1])).sum(), params)
+        g = torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum(), params)
         grads.append((out.detach(), g))
     (ours, g_ours), (peft_out, g_peft) = grads
     torch.testing.assert_close(ours, peft_out, atol=1e-5, rtol=1e-5)

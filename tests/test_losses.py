@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import (TEXTS, TINY, assert_close_vectors, datum, flat, logprobs_of, lora_grads, on_engine,
+from engine_helpers import (TEST_DTYPE, TEXTS, TINY, assert_close_vectors, datum, flat, logprobs_of, lora_grads, on_engine,
                             randomize_lora, zero_grads)
 from tinkrl.local import ServiceClient
 from tinkrl.local.losses import LossInputError
@@ -21,7 +21,7 @@ from tinkrl.local.losses import LossInputError
 
 @pytest.fixture(scope="module")
 def tc():
-    client = ServiceClient().create_lora_training_client(TINY, rank=4, seed=0)
+    client = ServiceClient(dtype=TEST_DTYPE).create_lora_training_client(TINY, rank=4, seed=0)
     randomize_lora(client, scale=0.05)
     return client
 

@@ -4,6 +4,7 @@
 service.py), prefills each distinct prompt once (a GRPO group's samples share the prompt's
 KV cache) and the opening all prompts share once (the chat template's system turn: ~3/4 of
 a short math prompt), then decodes all rows in lock-step, dropping finished rows from the batch.
+On CUDA each decode step is a replayed CUDA graph (`StaticDecoder`).
 
 Logprob semantics: the logprob returned for a sampled token is its log-probability under
 the model's own distribution, log_softmax(logits), at temperature 1 and before top-k/top-p
@@ -109,10 +110,67 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     return torch.where(greedy, out, sampled)
 
 
+class StaticDecoder:
+    """Decode steps on fixed-shape buffers, replayed as one CUDA graph on CUDA.
+
+    Each step writes the new keys/values at a tensor index and attends over the whole cache
+    under an additive mask that opens one column per step, so every step launches the same
+    kernels on the same addresses. A 135M model's decode step with LoRA is ~2,000 small
+    kernels: on a GPU launching them costs more than running them, and a graph replay
+    launches them all at once. The first step runs eagerly (it warms up the kernels), the
+    graph is captured at the second. Rows that finish keep their slot (their outputs are
+    ignored) until the sampler compacts the batch with `select`, which captures anew.
+    """
+
+    def __init__(self, lm: CausalLM, cache: KVCache, mask: torch.Tensor, graph: bool):
+        """`mask`: additive [R, 1, 1, cache length], 0 where a row may attend (its prompt so far)."""
+        self.lm, self.cache, self.mask, self.use_graph = lm, cache, mask, graph
+        R, device = mask.shape[0], mask.device
+        self.tokens = torch.zeros((R, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((R, 1), dtype=torch.long, device=device)
+        self.write_at = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        self.steps = 0
+
+    @classmethod
+    def for_rows(cls, lm: CausalLM, cache: KVCache, attn: torch.Tensor, graph: bool) -> "StaticDecoder":
+        """`attn`: [R, cache length], 1 at the rows' real prompt positions."""
+        mask = torch.zeros(attn.shape, device=attn.device).masked_fill_(attn == 0, float("-inf"))
+        return cls(lm, cache, mask[:, None, None, :], graph)
+
+    def _forward(self) -> torch.Tensor:
+        hidden = self.lm(self.tokens, self.positions, self.mask, self.cache, self.write_at)
+        return self.lm.logits(hidden[:, -1])
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, pos: int) -> torch.Tensor:
+        """Logits [R, V] after feeding each row's token at its position; keys/values land at `pos`."""
+        self.tokens.copy_(tokens[:, None])
+        self.positions.copy_(positions[:, None])
+        self.write_at.fill_(pos)
+        self.mask[..., pos] = 0.0
+        self.steps += 1
+        if not self.use_graph or self.steps == 1:
+            return self._forward()
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads may use CUDA
+                self.logits = self._forward()
+        self.graph.replay()
+        return self.logits
+
+    def select(self, rows: torch.Tensor) -> "StaticDecoder":
+        """A decoder for the given batch slots only (their cache and mask carried over)."""
+        return StaticDecoder(self.lm, self.cache.select(rows), self.mask[rows], self.use_graph)
+
+
 @torch.no_grad()
 def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None,
-                 max_context: int) -> None:
-    """Run every job to completion; each job's `result` is set to a SampleResponse."""
+                 max_context: int, static: bool | None = None) -> None:
+    """Run every job to completion; each job's `result` is set to a SampleResponse.
+
+    `static` decodes with a `StaticDecoder` (default: on CUDA, where it replays a CUDA graph).
+    """
     device = lm.lm_head.weight.device
     for j in jobs:
         if not j.prompt:
@@ -179,16 +237,20 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
     cache = cache.select(row_job)
     attn = attn[row_job]
     logits = last_logits[row_job]
-    active = list(range(len(rows)))  # indices into `rows`, aligned with the batch dimension
+    slots: list[int | None] = list(range(len(rows)))  # the row in each batch slot; None once it finished
     next_pos = torch.tensor([r.prompt_len for r in rows], device=device)  # position of each row's next token
+    static = device.type == "cuda" if static is None else static
+    decoder = StaticDecoder.for_rows(lm, cache, attn, graph=device.type == "cuda") if static else None
 
     for step in range(max_new):
+        live = [b for b, a in enumerate(slots) if a is not None]
+        if len(live) < len(slots):  # finished rows kept in a static decoder's batch
+            logits = logits[torch.tensor(live, device=device)]
         logprobs = logits.log_softmax(-1)
-        nxt = _draw(logits, [rows[a] for a in active])
-        nxt_lp = logprobs.gather(-1, nxt[:, None])[:, 0]
-        keep = []
-        for b, (a, tok, lp) in enumerate(zip(active, nxt.tolist(), nxt_lp.tolist())):
-            r = rows[a]
+        drawn = _draw(logits, [rows[slots[b]] for b in live])
+        drawn_lp = logprobs.gather(-1, drawn[:, None])[:, 0]
+        for b, tok, lp in zip(live, drawn.tolist(), drawn_lp.tolist()):
+            r = rows[slots[b]]
             r.tokens.append(tok)
             r.logprobs.append(lp)
             if tok in r.stop_ids:
@@ -197,21 +259,32 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
                 r.stop_reason = "stop"
             elif len(r.tokens) >= r.max_tokens:
                 r.stop_reason = "length"
-            else:
-                keep.append(b)
+            if r.stop_reason:
+                slots[b] = None
+        keep = [b for b in live if slots[b] is not None]
         if not keep:
             break
-        if len(keep) < len(active):
+        nxt = drawn if len(live) == len(slots) else \
+            torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, torch.tensor(live, device=device), drawn)
+        # Eager decoding drops finished rows at once; a static decoder's fixed batch only when half are gone.
+        if len(keep) < len(slots) and (decoder is None or len(keep) <= len(slots) // 2):
             sel = torch.tensor(keep, device=device)
-            cache, attn, nxt, next_pos = cache.select(sel), attn[sel], nxt[sel], next_pos[sel]
-            active = [active[b] for b in keep]
+            nxt, next_pos = nxt[sel], next_pos[sel]
+            slots = [slots[b] for b in keep]
+            if decoder is None:
+                cache, attn = cache.select(sel), attn[sel]
+            else:
+                decoder = decoder.select(sel)
         pos = P + step
-        attn[:, pos] = 1
-        # One new token per row: it may see every real (non-padding) position so far.
-        mask = attn[:, None, None, :pos + 1].bool()
-        hidden = lm(nxt[:, None], next_pos[:, None], mask, cache, pos)
+        if decoder is not None:
+            logits = decoder.step(nxt, next_pos, pos)
+        else:
+            attn[:, pos] = 1
+            # One new token per row: it may see every real (non-padding) position so far.
+            mask = attn[:, None, None, :pos + 1].bool()
+            hidden = lm(nxt[:, None], next_pos[:, None], mask, cache, pos)
+            logits = lm.logits(hidden[:, -1])
         next_pos = next_pos + 1
-        logits = lm.logits(hidden[:, -1])
     for r in rows:  # rows cut by the context window
         r.stop_reason = r.stop_reason or "length"
 

@@ -33,7 +33,7 @@ from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
 from tinkrl.local.models import (DEFAULT_MODEL, known_models, default_dtype, load_model, pick_device,
                                  tinkrl_home)
-from tinkrl.local.packing import batch_packs, pack_sequences, pack_tensors, shared_opening
+from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers, lora_head_forward
 
@@ -43,6 +43,9 @@ MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
 # Padded tokens per forward/backward micro-batch. On the 2-core CPU a 32x4 arithmetic batch
 # ran 14.1 s in one 3.5k-token micro-batch and 10.9 s in two; 16x4 is fastest whole (~1.7k).
 MAX_TOKENS_PER_MICROBATCH = 2048
+# On CUDA, kernel launches rather than tokens bound a small model's step: every datum runs as its
+# own row, unpacked, in micro-batches this large (the head's fp32 logits: 8192 x vocab x 4 bytes).
+MAX_TOKENS_PER_MICROBATCH_CUDA = 8192
 
 
 class LocalFuture(concurrent.futures.Future):
@@ -416,13 +419,21 @@ class TrainingClient(_ClientHandle):
             inputs.append(tensors)
         return inputs
 
-    def _hidden_states(self, data: list[types.Datum], grad: bool, max_tokens: int = MAX_TOKENS_PER_MICROBATCH):
-        """Yield (micro-batch [(datum index, hidden [n, d])]) with shared prefixes run once (packing.py)."""
+    def _hidden_states(self, data: list[types.Datum], grad: bool, max_tokens: int | None = None):
+        """Yield (micro-batch [(datum index, hidden [n, d])]) with shared prefixes run once (packing.py).
+
+        On CUDA nothing is packed and micro-batches are larger: there the extra launches of packed
+        attention and of the two-pass shared opening cost more than the tokens they save (H100,
+        SmolLM2 shape, 64 datums: 0.47 s packed -> 0.28 s; docs/benchmarks.md).
+        """
         seqs = [d.model_input.to_ints() for d in data]
-        for mb in batch_packs(pack_sequences(seqs, max_tokens=max_tokens), max_tokens):
+        cuda = self.engine.device.type == "cuda"
+        max_tokens = max_tokens or (MAX_TOKENS_PER_MICROBATCH_CUDA if cuda else MAX_TOKENS_PER_MICROBATCH)
+        packs = pack_sequences(seqs, min_shared=1 << 30 if cuda else MIN_SHARED, max_tokens=max_tokens)
+        for mb in batch_packs(packs, max_tokens):
             ids, positions, mask = pack_tensors(mb, self.engine.device)
             # Packs of different prompts still open alike (the chat template's system turn): run that once.
-            shared = shared_opening(mb)
+            shared = 0 if cuda else shared_opening(mb)
             with torch.set_grad_enabled(grad):
                 if shared:
                     hidden = self.model.forward_shared_prefix(ids, positions, mask, shared)
@@ -467,9 +478,12 @@ class TrainingClient(_ClientHandle):
                 lps = self._logprobs(torch.cat([h for _, h in members]), targets, active)
                 lps = lps.split([h.shape[0] for _, h in members])
                 loss = torch.zeros((), device=dev)
-                for (i, _), lp, d in zip(members, lps, dev_inputs):
+                for lp, d in zip(lps, dev_inputs):
                     loss = loss + losses.datum_loss(loss_fn, lp, d, config)
-                    out_lp[i] = lp.detach().float().cpu()
+                # one device-to-host copy per micro-batch (a copy per datum is a sync each on CUDA)
+                host = torch.cat(lps).detach().float().cpu().split([h.shape[0] for _, h in members])
+                for (i, _), lp in zip(members, host):
+                    out_lp[i] = lp
             if backward and loss.requires_grad:
                 loss.backward()
             total += float(loss.detach())
@@ -484,9 +498,14 @@ class TrainingClient(_ClientHandle):
             for i, hidden in members:
                 targets = inputs[i]["target_tokens"].long().to(hidden.device)
                 lps[i] = self._logprobs(hidden, targets, torch.ones_like(targets, dtype=torch.bool))
-        loss, metrics = loss_fn(data, lps)
+        # As the SDK does: the user's loss sees CPU tensors (whatever the device), and its gradient
+        # with respect to them flows back into the model.
+        host = [lp.detach().cpu().requires_grad_() for lp in lps]
+        loss, metrics = loss_fn(data, host)
         loss.backward()
-        outputs = [{"logprobs": types.TensorData.from_torch(lp.detach().cpu())} for lp in lps]
+        torch.autograd.backward(lps, [h.grad.to(lp.device) if h.grad is not None else torch.zeros_like(lp)
+                                      for h, lp in zip(host, lps)])
+        outputs = [{"logprobs": types.TensorData.from_torch(lp.detach())} for lp in host]
         return types.ForwardBackwardOutput(loss_fn_output_type="custom", loss_fn_outputs=outputs,
                                            metrics={"loss:sum": float(loss.detach()), **dict(metrics or {})})
 

@@ -99,7 +99,12 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         own_kv = (k, v)
-        if cache is not None:
+        if cache is not None and isinstance(cache_pos, torch.Tensor):
+            # static decoding: write at a tensor index, attend over the whole cache (the mask hides
+            # what is not written yet), so every step runs the same kernels on the same buffers
+            k = cache.k[self.layer_idx].index_copy_(2, cache_pos, k)
+            v = cache.v[self.layer_idx].index_copy_(2, cache_pos, v)
+        elif cache is not None:
             cache.k[self.layer_idx, :, :, cache_pos:cache_pos + T] = k
             cache.v[self.layer_idx, :, :, cache_pos:cache_pos + T] = v
             k = cache.k[self.layer_idx, :, :, :cache_pos + T]
@@ -165,7 +170,10 @@ class CausalLM(nn.Module):
         self.rotary = rotary  # the HF model's own rotary embedding (handles every rope_type)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, cache_pos: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """`cache_pos` as an int: keys/values land at that offset and attention sees the cache up to
+        them. As a 1-element tensor: they land at that index and attention sees the whole cache
+        under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays."""
         x = self._embed(input_ids)
         cos, sin = (t.float() for t in self.rotary(x, position_ids))
         mask = _additive(mask)
