@@ -5,8 +5,12 @@ step, 16 new tokens, LoRA r16 on all linear layers, beta=0 (no KL), one optimisa
 iteration per batch, no vLLM, the same thread count and precision on both sides.
 
     python bench/vs_trl.py --steps 5 [--precision float32] [--lr 5e-4]
+    python bench/vs_trl.py --accuracy [--wall 300] [--lrs-tinkrl ...] [--lrs-trl ...]
 
-Step time is the median over the measured steps (the first step is warm-up).
+Step time is the median over the measured steps (the first step is warm-up). `--accuracy`:
+each system trains at each of its learning rates for the same wall time (model loading
+included), then answers tinkrl's 100 held-out problems greedily; each system's best counts
+(their losses normalise differently, so their best learning rates differ).
 """
 
 from __future__ import annotations
@@ -43,7 +47,13 @@ def last_number(text: str) -> int | None:
     return int(nums[-1]) if nums else None
 
 
-def run_trl(steps: int, lr: float, precision: str, out_dir: Path) -> dict:
+def arithmetic_split() -> "ArithmeticProblems":
+    from tinkrl.envs.math import ArithmeticProblems
+
+    return ArithmeticProblems(10, 99, ["+"])  # the default `arithmetic` env: 2-digit addition, 10 % held out
+
+
+def run_trl(steps: int, lr: float, precision: str, out_dir: Path, wall_s: float | None = None) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -51,12 +61,17 @@ def run_trl(steps: int, lr: float, precision: str, out_dir: Path) -> dict:
 
     from tinkrl.local.models import resolve_model_dir
 
+    t_start = time.time()  # the wall budget counts model loading, as tinkrl's time_budget_s does
     path = resolve_model_dir(MODEL)
     tok = AutoTokenizer.from_pretrained(path)
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a}
-                              for q, a in problems(8 * max(steps, 1000), seed=1)])
+    if wall_s is None:
+        rows = problems(8 * max(steps, 1000), seed=1)
+    else:  # the accuracy comparison: train on tinkrl's train split, evaluate on its held-out problems
+        split, rng = arithmetic_split(), random.Random(1)
+        rows = [(p.question, int(p.answer)) for p in (split.sample(rng, test=False) for _ in range(8 * 2000))]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in rows])
 
     def reward(completions, answer, **_):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
@@ -72,26 +87,68 @@ def run_trl(steps: int, lr: float, precision: str, out_dir: Path) -> dict:
 
         def on_step_end(self, args, state, control, **kw):
             times.append(time.time() - self.start)
+            if wall_s is not None and time.time() - t_start + times[-1] > wall_s:
+                control.should_training_stop = True  # another step would overrun the wall budget
 
     args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=32, num_generations=4,
                       max_completion_length=16, learning_rate=lr, beta=0.0, num_iterations=1,
-                      max_steps=steps, logging_steps=1, save_strategy="no",
+                      max_steps=steps if wall_s is None else 100_000, logging_steps=1, save_strategy="no",
                       report_to=[], use_cpu=not torch.cuda.is_available(), bf16=precision == "bfloat16",
                       temperature=1.0, gradient_accumulation_steps=1, seed=0)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
                           peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
                           callbacks=[Timer()])
     trainer.train()
-    return {"step_times": times}
+    out = {"step_times": times}
+    if wall_s is not None:
+        out["greedy_correct"] = hf_greedy_accuracy(trainer.model, tok)
+    return out
+
+
+def hf_greedy_accuracy(model, tok) -> float:
+    """Greedy accuracy on tinkrl's 100 held-out problems, asked plainly through the chat template."""
+    held_out = arithmetic_split().test_problems(100)
+    texts = [tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False,
+                                     add_generation_prompt=True) for p in held_out]
+    tok.padding_side = "left"
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    model.eval()  # left in train mode with gradient checkpointing, generate() without a cache emits garbage
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=16, do_sample=False,
+                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    replies = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(last_number(r) == int(p.answer) for r, p in zip(replies, held_out)) / len(held_out)
 
 
 def run_tinkrl(steps: int, lr: float, precision: str, out_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "tinkrl.cli", "train", "configs/default.yaml", "batch_size=32", "group_size=4",
            "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "eval_problems=0",
-           "save_every=0", f"max_steps={steps}", f"log_path={out_dir}"]
+           "save_every=0", f"max_steps={steps}", f"log_path={out_dir}",
+           "remove_constant_reward_groups=false"]  # train every rollout, as TRL does: the same work on both sides
     subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return {"step_times": [r["time/step"] for r in rows]}
+
+
+def run_tinkrl_for(wall_s: float, lr: float, precision: str, out_dir: Path) -> dict:
+    """Train for `wall_s` seconds (model loading included), then the greedy eval on 100 held-out problems."""
+    cmd = [sys.executable, "-m", "tinkrl.cli", "train", "configs/default.yaml", "batch_size=32", "group_size=4",
+           "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "eval_problems=100",
+           "save_every=0", "max_steps=100000", f"time_budget_s={wall_s}", f"log_path={out_dir}"]
+    subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], check=True, stdout=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"step_times": [r["time/step"] for r in rows], "greedy_correct": rows[-1]["eval/arithmetic/greedy_correct"]}
+
+
+def accuracy_sweep(wall_s: float, lrs_ours: list[float], lrs_trl: list[float], precision: str, tmp: Path) -> dict:
+    """Each system at each of its learning rates for the same wall time; each one's best accuracy."""
+    ours = {lr: run_tinkrl_for(wall_s, lr, precision, tmp / f"tinkrl-{lr}") for lr in lrs_ours}
+    trl = {lr: run_trl(0, lr, precision, tmp / f"trl-{lr}", wall_s=wall_s) for lr in lrs_trl}
+    summary = lambda runs: {str(lr): {"greedy_correct": r["greedy_correct"], "steps": len(r["step_times"])}
+                            for lr, r in runs.items()}
+    return {"wall_s": wall_s, "precision": precision, "tinkrl": summary(ours), "trl": summary(trl),
+            "tinkrl_best": max((r["greedy_correct"] for r in ours.values()), default=None),
+            "trl_best": max((r["greedy_correct"] for r in trl.values()), default=None)}
 
 
 def main() -> None:
@@ -99,7 +156,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--accuracy", action="store_true",
+                    help="accuracy at equal wall time: each system at 3 learning rates for --wall seconds")
+    ap.add_argument("--wall", type=float, default=300.0)
+    ap.add_argument("--lrs-tinkrl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
+    ap.add_argument("--lrs-trl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
     args = ap.parse_args()
+    if args.accuracy:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(accuracy_sweep(args.wall, args.lrs_tinkrl, args.lrs_trl, args.precision, Path(tmp)),
+                             indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ours = run_tinkrl(args.steps, args.lr, args.precision, Path(tmp) / "tinkrl")
         trl = run_trl(args.steps, args.lr, args.precision, Path(tmp) / "trl")
