@@ -92,9 +92,9 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
     ps = prompts(engine.tokenizer, n)
     params = types.SamplingParams(max_tokens=new, temperature=1.0, stop=[])
 
-    def concurrent():
+    def concurrent(client=sc):
         with ThreadPoolExecutor(n) as pool:
-            futs = list(pool.map(lambda p: sc.sample(types.ModelInput.from_ints(p), 1, params), ps))
+            futs = list(pool.map(lambda p: client.sample(types.ModelInput.from_ints(p), 1, params), ps))
             return [f.result() for f in futs]
 
     def prebatched():
@@ -107,13 +107,7 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
     # what RL samples with: the same requests through a LoRA (r16, all modules) sampling client
     lora = ServiceClient(device=device, dtype=precision).create_lora_training_client(model_name, rank=16, seed=0)
     sc_lora = lora.save_weights_and_get_sampling_client()
-
-    def concurrent_lora():
-        with ThreadPoolExecutor(n) as pool:
-            futs = list(pool.map(lambda p: sc_lora.sample(types.ModelInput.from_ints(p), 1, params), ps))
-            return [f.result() for f in futs]
-
-    t_lora = timed(concurrent_lora, repeats)
+    t_lora = timed(lambda: concurrent(sc_lora), repeats)
     del lora, sc_lora
 
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32

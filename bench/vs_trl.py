@@ -120,29 +120,29 @@ def hf_greedy_accuracy(model, tok) -> float:
     return sum(last_number(r) == int(p.answer) for r, p in zip(replies, held_out)) / len(held_out)
 
 
-def run_tinkrl(steps: int, lr: float, precision: str, out_dir: Path) -> dict:
+def run_tinkrl(lr: float, precision: str, out_dir: Path, steps: int | None = None,
+               wall_s: float | None = None) -> dict:
+    """`steps` steps training every rollout, as TRL does (the same work on both sides); or, with
+    `wall_s`, the default config for that many seconds (model loading included), then its greedy
+    eval on 100 held-out problems."""
     cmd = [sys.executable, "-m", "tinkrl.cli", "train", "configs/default.yaml", "batch_size=32", "group_size=4",
-           "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "eval_problems=0",
-           "save_every=0", f"max_steps={steps}", f"log_path={out_dir}",
-           "remove_constant_reward_groups=false"]  # train every rollout, as TRL does: the same work on both sides
+           "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "save_every=0",
+           f"log_path={out_dir}"]
+    if wall_s is None:
+        cmd += ["eval_problems=0", f"max_steps={steps}", "remove_constant_reward_groups=false"]
+    else:
+        cmd += ["eval_problems=100", "max_steps=100000", f"time_budget_s={wall_s}"]
     subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"step_times": [r["time/step"] for r in rows]}
-
-
-def run_tinkrl_for(wall_s: float, lr: float, precision: str, out_dir: Path) -> dict:
-    """Train for `wall_s` seconds (model loading included), then the greedy eval on 100 held-out problems."""
-    cmd = [sys.executable, "-m", "tinkrl.cli", "train", "configs/default.yaml", "batch_size=32", "group_size=4",
-           "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "eval_problems=100",
-           "save_every=0", "max_steps=100000", f"time_budget_s={wall_s}", f"log_path={out_dir}"]
-    subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"step_times": [r["time/step"] for r in rows], "greedy_correct": rows[-1]["eval/arithmetic/greedy_correct"]}
+    out = {"step_times": [r["time/step"] for r in rows]}
+    if wall_s is not None:
+        out["greedy_correct"] = rows[-1]["eval/arithmetic/greedy_correct"]
+    return out
 
 
 def accuracy_sweep(wall_s: float, lrs_ours: list[float], lrs_trl: list[float], precision: str, tmp: Path) -> dict:
     """Each system at each of its learning rates for the same wall time; each one's best accuracy."""
-    ours = {lr: run_tinkrl_for(wall_s, lr, precision, tmp / f"tinkrl-{lr}") for lr in lrs_ours}
+    ours = {lr: run_tinkrl(lr, precision, tmp / f"tinkrl-{lr}", wall_s=wall_s) for lr in lrs_ours}
     trl = {lr: run_trl(0, lr, precision, tmp / f"trl-{lr}", wall_s=wall_s) for lr in lrs_trl}
     summary = lambda runs: {str(lr): {"greedy_correct": r["greedy_correct"], "steps": len(r["step_times"])}
                             for lr, r in runs.items()}
@@ -168,7 +168,7 @@ def main() -> None:
                              indent=1))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        ours = run_tinkrl(args.steps, args.lr, args.precision, Path(tmp) / "tinkrl")
+        ours = run_tinkrl(args.lr, args.precision, Path(tmp) / "tinkrl", steps=args.steps)
         trl = run_trl(args.steps, args.lr, args.precision, Path(tmp) / "trl")
     t_ours = statistics.median(ours["step_times"][1:] or ours["step_times"])
     t_trl = statistics.median(trl["step_times"][1:] or trl["step_times"])

@@ -24,7 +24,7 @@ import tinker
 from tinker import types
 
 from tinkrl.local.packing import MIN_SHARED, common_prefix_len
-from tinkrl.local.transformer import CausalLM, KVCache, causal_mask
+from tinkrl.local.transformer import CausalLM, KVCache, additive_mask, causal_mask
 
 
 @dataclass
@@ -136,8 +136,7 @@ class StaticDecoder:
     @classmethod
     def for_rows(cls, lm: CausalLM, cache: KVCache, attn: torch.Tensor, graph: bool) -> "StaticDecoder":
         """`attn`: [R, cache length], 1 at the rows' real prompt positions."""
-        mask = torch.zeros(attn.shape, device=attn.device).masked_fill_(attn == 0, float("-inf"))
-        return cls(lm, cache, mask[:, None, None, :], graph)
+        return cls(lm, cache, additive_mask(attn[:, None, None, :].bool()), graph)
 
     def _forward(self) -> torch.Tensor:
         hidden = self.lm(self.tokens, self.positions, self.mask, self.cache, self.write_at)
@@ -244,8 +243,10 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
 
     for step in range(max_new):
         live = [b for b, a in enumerate(slots) if a is not None]
-        if len(live) < len(slots):  # finished rows kept in a static decoder's batch
-            logits = logits[torch.tensor(live, device=device)]
+        all_live = len(live) == len(slots)  # else finished rows are kept in a static decoder's batch
+        live_idx = None if all_live else torch.tensor(live, device=device)
+        if not all_live:
+            logits = logits[live_idx]
         logprobs = logits.log_softmax(-1)
         drawn = _draw(logits, [rows[slots[b]] for b in live])
         drawn_lp = logprobs.gather(-1, drawn[:, None])[:, 0]
@@ -264,8 +265,7 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         keep = [b for b in live if slots[b] is not None]
         if not keep:
             break
-        nxt = drawn if len(live) == len(slots) else \
-            torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, torch.tensor(live, device=device), drawn)
+        nxt = drawn if all_live else torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, live_idx, drawn)
         # Eager decoding drops finished rows at once; a static decoder's fixed batch only when half are gone.
         if len(keep) < len(slots) and (decoder is None or len(keep) <= len(slots) // 2):
             sel = torch.tensor(keep, device=device)

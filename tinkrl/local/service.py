@@ -475,14 +475,13 @@ class TrainingClient(_ClientHandle):
                 # One head pass over every datum of the micro-batch, then each datum's loss.
                 targets = torch.cat([d["target_tokens"].long() for d in dev_inputs])
                 active = torch.cat([losses.active_positions(loss_fn, d) for d in dev_inputs])
-                lps = self._logprobs(torch.cat([h for _, h in members]), targets, active)
-                lps = lps.split([h.shape[0] for _, h in members])
+                all_lps = self._logprobs(torch.cat([h for _, h in members]), targets, active)
+                sizes = [h.shape[0] for _, h in members]
                 loss = torch.zeros((), device=dev)
-                for lp, d in zip(lps, dev_inputs):
+                for lp, d in zip(all_lps.split(sizes), dev_inputs):
                     loss = loss + losses.datum_loss(loss_fn, lp, d, config)
                 # one device-to-host copy per micro-batch (a copy per datum is a sync each on CUDA)
-                host = torch.cat(lps).detach().float().cpu().split([h.shape[0] for _, h in members])
-                for (i, _), lp in zip(members, host):
+                for (i, _), lp in zip(members, all_lps.detach().float().cpu().split(sizes)):
                     out_lp[i] = lp
             if backward and loss.requires_grad:
                 loss.backward()

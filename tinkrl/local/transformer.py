@@ -176,7 +176,7 @@ class CausalLM(nn.Module):
         under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays."""
         x = self._embed(input_ids)
         cos, sin = (t.float() for t in self.rotary(x, position_ids))
-        mask = _additive(mask)
+        mask = additive_mask(mask)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
@@ -192,7 +192,7 @@ class CausalLM(nn.Module):
         visible to every later real position.
         """
         B = input_ids.shape[0]
-        mask = _additive(mask)
+        mask = additive_mask(mask)
         pre, rest = self._embed(input_ids[:1, :shared]), self._embed(input_ids[:, shared:])
         cos_p, sin_p = (t.float() for t in self.rotary(pre, position_ids[:1, :shared]))
         cos_r, sin_r = (t.float() for t in self.rotary(rest, position_ids[:, shared:]))
@@ -236,7 +236,7 @@ class Head(nn.Linear):
         return F.linear(x.float(), self.weight)
 
 
-def _additive(mask: torch.Tensor) -> torch.Tensor:
+def additive_mask(mask: torch.Tensor) -> torch.Tensor:
     """A boolean attention mask as an additive fp32 one (CPU attention kernels run ~2x faster with it)."""
     if mask.dtype != torch.bool:
         return mask
