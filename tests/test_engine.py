@@ -476,6 +476,28 @@ def test_groups_sharing_an_opening_train_exactly(service, seqs, tok):
     zero_grads(tc)
 
 
+def test_untrained_positions_of_a_grpo_batch_report_their_own_logprobs(service, seqs, tok):
+    """RL datums train only their last tokens; every other position (the prompt, and the first
+    response tokens, whose targets differ between a group's members at the same pack position)
+    is computed once per distinct hidden state and target. Each datum still gets its own logprob
+    at every position, as when it runs alone through the exact head."""
+    tc = new_tc(service)
+    randomize_lora(tc, scale=0.02)
+    opening = tok.encode("You are a careful assistant. Answer the user's question briefly.")
+    prompts = [opening + tok.encode(q) for q in ("What is 12 + 30?", "Name a colour.")]
+    data_seqs = [p + s[:n] for p in prompts for s, n in zip(seqs, (4, 6, 5))]
+    rl = []
+    for s in data_seqs:
+        trained = np.zeros(len(s) - 1)
+        trained[-2:] = 1.0
+        rl.append(datum(s, logprobs=-0.5 * trained, advantages=0.3 * trained))
+    together = logprobs_of(tc.forward(rl, "importance_sampling").result())
+    atol = 1e-4 if TEST_DTYPE == "float32" else 2e-2  # untrained positions use the compute-dtype head
+    for s, lp in zip(data_seqs, together):
+        alone = logprobs_of(tc.forward([ce(s)]).result())[0]
+        np.testing.assert_allclose(lp, alone, atol=atol)
+
+
 def test_packing_is_exact(service, seqs, tok):
     tc = new_tc(service)
     randomize_lora(tc, scale=0.02)
