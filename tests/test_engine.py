@@ -261,6 +261,27 @@ def test_sampling_client_is_pinned_to_its_weights(service, seqs):
     assert tokens_differ or diff > 1e-3
 
 
+def test_fp32_samplers_of_different_adapters_sample_their_own_policy(seqs):
+    """In fp32 the sampler merges the adapter into its weights (one merged tree per engine):
+    clients of adapters with different targets and ranks, used in turn, each sample exactly the
+    policy their trainer computes (the MLP and head merged for the first adapter are restored
+    for the attention-only one, and merged again after it)."""
+    service = ServiceClient(dtype="float32")
+    full = service.create_lora_training_client(TINY, rank=4, seed=0)
+    attn_only = service.create_lora_training_client(TINY, rank=8, seed=1, train_mlp=False, train_unembed=False)
+    randomize_lora(full, scale=0.05, seed=2)
+    randomize_lora(attn_only, scale=0.05, seed=3)
+    clients = {"full": (full, full.save_weights_and_get_sampling_client()),
+               "attn_only": (attn_only, attn_only.save_weights_and_get_sampling_client())}
+    prompt = seqs[0][:8]
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3, stop=[])
+    for name in ("full", "attn_only", "full"):
+        tc, sc = clients[name]
+        for s in sc.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences:
+            forward = logprobs_of(tc.forward([ce(prompt + list(s.tokens))]).result())[0][len(prompt) - 1:]
+            np.testing.assert_allclose(forward, s.logprobs, atol=1e-4, err_msg=name)
+
+
 # -- sampling ----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tinker import types
+from torch import nn
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
@@ -167,6 +168,9 @@ class Engine:
         self.max_context = int(getattr(self.config, "max_position_embeddings", 4096))
         self._sampler_trees: dict[tuple, CausalLM] = {}
         self._loaded_in_tree: dict[tuple, str] = {}
+        self._merged_tree: CausalLM | None = None  # fp32: adapters merged into the weights (_merged_tree_for)
+        self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
+        self._merged_key: str | None = None
         self._work: list[tuple[Callable, LocalFuture]] = []
         self._samples: list[tuple[_Snapshot, SampleJob, LocalFuture]] = []
         self._cv = threading.Condition()
@@ -272,6 +276,8 @@ class Engine:
     def _tree_for(self, snap: _Snapshot) -> CausalLM:
         if snap.lora is None:
             return self.base
+        if self.dtype == torch.float32:
+            return self._merged_tree_for(snap)
         cfg_key = tuple(sorted(snap.config.items()))
         tree = self._sampler_trees.get(cfg_key)
         if tree is None:
@@ -284,6 +290,43 @@ class Engine:
                 for name, t in snap.lora.items():
                     params[name].copy_(t)
             self._loaded_in_tree[cfg_key] = snap.key
+        return tree
+
+    def _merged_tree_for(self, snap: _Snapshot) -> CausalLM:
+        """In fp32, a sampling tree with the adapter merged into its own copy of each adapted
+        weight (W + scale * B @ A), once per weight version.
+
+        A decode step then runs the base model's matrix products only: with the adapter apart,
+        LoRA's two extra small products per projection cost ~15-40 % of a CPU decode step. The
+        merge is exact to fp32 rounding (~1e-6 from the trainer's W x + scale * B (A x)) and takes
+        ~0.1 s. In reduced precision the adapter stays apart: a merged weight would round to bf16
+        (or TF32) differently from the trainer's W and B @ A, and the sampler and the trainer
+        must compute the same logprobs.
+        """
+        tree = self._merged_tree
+        if tree is None:
+            tree = self._merged_tree = self.new_tree()
+        if self._merged_key == snap.key:
+            return tree
+        modules, base_modules = dict(tree.named_modules()), dict(self.base.named_modules())
+        scale = LORA_ALPHA / snap.config["rank"]
+        adapted = set()
+        with torch.no_grad():
+            for name, a in snap.lora.items():
+                if ".lora_A." not in name:
+                    continue
+                module = name.split(".lora_A.")[0]
+                b = snap.lora[name.replace(".lora_A.", ".lora_B.")]
+                if module not in self._merged_own:  # shares the base weight until first adapted
+                    modules[module].weight = nn.Parameter(torch.empty_like(base_modules[module].weight),
+                                                          requires_grad=False)
+                    self._merged_own.add(module)
+                torch.addmm(base_modules[module].weight, b.to(self.device), a.to(self.device), alpha=scale,
+                            out=modules[module].weight)
+                adapted.add(module)
+            for module in self._merged_own - adapted:  # adapted by an earlier version's config only
+                modules[module].weight.copy_(base_modules[module].weight)
+        self._merged_key = snap.key
         return tree
 
 
