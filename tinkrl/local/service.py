@@ -506,7 +506,7 @@ class TrainingClient(_ClientHandle):
                     hidden = self.model(ids, positions, mask)
             yield _Forwarded(hidden, [(i, r, idx) for r, p in enumerate(mb) for i, idx in p.members], shared)
 
-    def _logprobs(self, fwd: "_Forwarded", targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    def _logprobs(self, fwd: _Forwarded, targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Target logprobs of every position of the micro-batch's datums, in member order: the exact
         fp32 head where the loss can be non-zero; elsewhere (no loss, no gradient) the faster
         compute-dtype head, without grad, once per distinct (hidden state, target)."""
