@@ -118,6 +118,10 @@ class _Forwarded:
     members: list[tuple[int, int, list[int]]]  # (datum index, pack row, the datum's positions in that row)
     shared: int  # leading positions every row shares (run once; identical in every row)
 
+    def sizes(self) -> list[int]:
+        """Each member datum's number of positions, in member order."""
+        return [len(idx) for _, _, idx in self.members]
+
     def coordinates(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, position) of every datum position, members in order."""
         rows = [r for _, r, idx in self.members for _ in idx]
@@ -549,7 +553,7 @@ class TrainingClient(_ClientHandle):
                 targets = torch.cat([d["target_tokens"].long() for d in dev_inputs])
                 active = torch.cat([losses.active_positions(loss_fn, d) for d in dev_inputs])
                 all_lps = self._logprobs(fwd, targets, active)
-                sizes = [len(idx) for _, _, idx in fwd.members]
+                sizes = fwd.sizes()
                 loss = torch.zeros((), device=dev)
                 for lp, d in zip(all_lps.split(sizes), dev_inputs):
                     loss = loss + losses.datum_loss(loss_fn, lp, d, config)
@@ -569,7 +573,7 @@ class TrainingClient(_ClientHandle):
         for fwd in self._hidden_states(data, grad=True, max_tokens=1 << 30):  # one graph for the user's loss
             targets = torch.cat([inputs[i]["target_tokens"].long() for i, _, _ in fwd.members]).to(fwd.hidden.device)
             all_lps = self._logprobs(fwd, targets, torch.ones_like(targets, dtype=torch.bool))
-            for (i, _, _), lp in zip(fwd.members, all_lps.split([len(idx) for _, _, idx in fwd.members])):
+            for (i, _, _), lp in zip(fwd.members, all_lps.split(fwd.sizes())):
                 lps[i] = lp
         # As the SDK does: the user's loss sees CPU tensors (whatever the device), and its gradient
         # with respect to them flows back into the model.
