@@ -7,6 +7,11 @@ a LoRA (r16) sampling client, as RL samples. Training: LoRA
 forward+backward tokens/s through `TrainingClient.forward_backward` against a plain peft
 loop over the same datums. Each comparison at one precision on both sides.
 
+Each precision runs in its own process, and the transformers/peft side runs on the engine's
+worker thread: torch on CPU gives every thread that runs a parallel op its own OpenMP team,
+and two teams on one machine slow each other (~1.7x on 2 cores), so a second engine or a
+main-thread baseline in the same process would distort both sides.
+
     python bench/engine.py [--precision float32 bfloat16] [--model NAME | --random smollm2|qwen2.5-0.5b]
         [--device cpu|cuda] [--repeats 3] [--out docs/bench_engine.json]
 """
@@ -17,7 +22,9 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,6 +75,20 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
+def on_engine_thread(engine, fn):
+    """Run a transformers/peft baseline on the engine's worker thread (one OpenMP team, see the
+    module docstring), under torch's default fp32 matmul precision rather than the engine's."""
+    def call():
+        previous = torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+        torch.backends.mkldnn.matmul.fp32_precision = torch.backends.cuda.matmul.fp32_precision = "ieee"
+        try:
+            return fn()
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision = previous
+
+    return engine.submit(call).result()
+
+
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -112,7 +133,7 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
 
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     path = resolve_model_dir(model_name) if not model_name.startswith("/") else model_name
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    hf = on_engine_thread(engine, lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval())
     tok = engine.tokenizer
     width = max(map(len, ps))
     ids = torch.tensor([[tok.pad_token_id or 2] * (width - len(p)) + p for p in ps], device=device)
@@ -123,7 +144,7 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
             hf.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new, min_new_tokens=new, do_sample=True,
                         temperature=1.0, top_k=0, pad_token_id=tok.pad_token_id or 2)
 
-    t_hf = timed(generate, repeats)
+    t_hf = on_engine_thread(engine, lambda: timed(generate, repeats))
     tokens = n * new
     return {"sampling/tinkrl_concurrent_tok_s": tokens / t_conc, "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
             "sampling/hf_generate_tok_s": tokens / t_hf, "sampling/speedup_vs_generate": t_hf / t_conc,
@@ -153,9 +174,9 @@ def bench_training(model_name: str, precision: str, device: str, repeats: int, r
         t_ours = timed(lambda: tc.forward_backward(datums, "cross_entropy").result(), repeats)
 
         dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-        hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(model_name) if "/" in model_name and not
-                                                  model_name.startswith("/") else model_name, dtype=dtype).to(device)
-        peft_model = get_peft_model(hf, LoraConfig(r=rank, lora_alpha=32, target_modules="all-linear"))
+        path = resolve_model_dir(model_name) if "/" in model_name and not model_name.startswith("/") else model_name
+        peft_model = on_engine_thread(tc.engine, lambda: get_peft_model(AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype).to(device), LoraConfig(r=rank, lora_alpha=32, target_modules="all-linear")))
         width = max(map(len, seqs))
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
         attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
@@ -168,11 +189,11 @@ def bench_training(model_name: str, precision: str, device: str, repeats: int, r
             out = peft_model(input_ids=ids, attention_mask=attn, labels=labels)
             out.loss.backward()
 
-        t_peft = timed(peft_step, repeats)
+        t_peft = on_engine_thread(tc.engine, lambda: timed(peft_step, repeats))
         results[f"train_{label}/tinkrl_tok_s"] = n_tokens / t_ours
         results[f"train_{label}/peft_tok_s"] = n_tokens / t_peft
         results[f"train_{label}/speedup"] = t_peft / t_ours
-        del peft_model, hf
+        del peft_model
     return results
 
 
@@ -188,16 +209,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model = random_model_dir(args.random) if args.random else args.model
-    rows = []
-    for precision in args.precision:
+    if len(args.precision) > 1:  # one process per precision (see the module docstring)
+        rows = []
+        for precision in args.precision:
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                child = [sys.executable, __file__, "--model", args.model, "--device", args.device, "--repeats",
+                         str(args.repeats), "--precision", precision, "--out", out.name]
+                child += ["--random", args.random] if args.random else []
+                child += ["--skip-training"] * args.skip_training + ["--compile"] * args.compile
+                subprocess.run(child, check=True)
+                rows += json.loads(Path(out.name).read_text())
+    else:
+        precision = args.precision[0]
         row = {"model": args.random or args.model, "precision": precision, "device": args.device,
                "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
                "date": time.strftime("%Y-%m-%d")}
         row.update(bench_sampling(model, precision, args.device, args.repeats))
         if not args.skip_training:
             row.update(bench_training(model, precision, args.device, args.repeats, compile=args.compile))
-        rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
+        rows = [row]
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

@@ -13,7 +13,8 @@ from tinker import types
 TINY = "tinkrl/tiny-llama"
 REAL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # On CUDA the default precision multiplies in TF32 (~1e-3 relative): exactness checks run in fp32 there.
-TEST_DTYPE = "float32" if torch.cuda.is_available() else None
+# On CPU the engine tests run the bf16 mode's code paths (the default there is fp32 without AMX).
+TEST_DTYPE = "float32" if torch.cuda.is_available() else "bfloat16"
 TEXTS = [
     "The quick brown fox jumps over the lazy dog while the cat watches from the fence.",
     "Question: what is 17 + 25? Answer: 42, because seventeen plus twenty-five is forty-two.",

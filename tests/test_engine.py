@@ -21,8 +21,9 @@ from engine_helpers import (TEST_DTYPE, TEXTS, TINY, assert_close_vectors, datum
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
+from tinkrl.local.sampler import _inverse_cdf
 from tinkrl.local.service import CheckpointNotFound
-from tinkrl.local.transformer import ieee_attention
+from tinkrl.local.transformer import frozen_linear, ieee_attention
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +300,46 @@ def test_attention_leaves_the_bf16_math_mode_as_it_found_it():
         torch.backends.mkldnn.matmul.fp32_precision = previous
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_frozen_linear_equals_f_linear_in_value_and_input_gradient(with_bias):
+    """Frozen fp32 projections run through oneDNN on x86 (MKL's sgemm is 2-3x slower on AMD):
+    same values and input gradients as `F.linear`, for 3-D and non-contiguous inputs."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 40, generator=g)
+    bias = torch.randn(48, generator=g) if with_bias else None
+    x = torch.randn(3, 7, 80, generator=g)[..., ::2]  # [3, 7, 40], not contiguous
+    grad_out = torch.randn(3, 7, 48, generator=g)
+    results = []
+    for fn in (frozen_linear, torch.nn.functional.linear):
+        xi = x.clone().requires_grad_()
+        y = fn(xi, weight, bias)
+        y.backward(grad_out)
+        results.append((y.detach(), xi.grad))
+    (y, gx), (y_ref, gx_ref) = results
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
+
+
 # -- sampling ----------------------------------------------------------------------------------------------------
+
+def test_two_level_draw_is_the_inverse_cdf_and_never_picks_filtered_tokens():
+    """The sampler finds the token for u in two levels (vocabulary blocks, then inside one);
+    on a grid of u it picks what a search of the full cumulative sum picks, and never a
+    token of probability zero (top-k/top-p filtered), also at u = 0 and u just below 1."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 1000, generator=g) * 3
+    logits[2:] = logits[2:].masked_fill(torch.rand(2, 1000, generator=g) > 0.02, float("-inf"))  # filtered rows
+    probs = logits.softmax(-1)
+    grid = torch.cat([torch.tensor([0.0, 1 - 2 ** -24]), (torch.arange(2000) + 0.5) / 2000])
+    mismatches = 0
+    for u in grid:
+        us = u.repeat(4)
+        got = _inverse_cdf(probs, us)
+        assert (probs.gather(-1, got[:, None]) > 0).all()
+        ref = torch.searchsorted(probs.cumsum(-1), (us * probs.sum(-1))[:, None], right=True)[:, 0]
+        mismatches += int((got != ref.clamp_max(999)).sum())
+    assert mismatches <= 4  # float rounding at a token boundary, or u just below 1
+
 
 @pytest.fixture(scope="module")
 def sampler(service):

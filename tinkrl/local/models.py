@@ -151,19 +151,27 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def cpu_has_bf16_math() -> bool:
+    """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
+
+    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (ONEDNN_VERBOSE on a
+    Zen 4 EPYC: `brg_matmul:avx512_core`, `attr-fpmath:bf16`, results exact to fp32).
+    """
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the hardware computes it natively (CUDA with bf16, CPUs with AMX/AVX512-BF16)."""
+    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs)."""
     override = os.environ.get("TINKRL_DTYPE")
     if override:
         return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                 "bf16": torch.bfloat16}[override]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return torch.float32
-    return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else torch.float32
+    return torch.bfloat16 if cpu_has_bf16_math() else torch.float32
 
 
 def _tiny_model(name: str, dtype: torch.dtype):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import tinker
 from tinker import types
 
@@ -75,14 +76,37 @@ def _generator(seed: int | None, sample_index: int, device) -> torch.Generator |
     return g
 
 
+_BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """For each row, the first token whose cumulative probability exceeds u * total (u in [0, 1)).
+
+    The same draw as `searchsorted(probs.cumsum(-1), u * total)`, in two levels: a block of
+    `_BLOCK` tokens from the blocks' cumulative mass, then the token inside that block. A
+    vocabulary-long cumsum is a sequential scan (~5 ms for 32 x 49k on a CPU core, every
+    decode step); block sums vectorise. Never returns a zero-probability (filtered) token.
+    """
+    R, V = probs.shape
+    blocks = F.pad(probs, (0, (-V) % _BLOCK)).view(R, -1, _BLOCK)
+    block_cdf = blocks.sum(-1).cumsum(-1)
+    total = block_cdf[:, -1:]
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(block_cdf, target, right=True)  # [R, 1]: its mass ends past target
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp_min(0)), torch.zeros_like(target))
+    within = blocks.gather(1, block[:, :, None].expand(-1, -1, _BLOCK))[:, 0].cumsum(-1)
+    last = within[:, -1:]  # rounding may put target - before at or past the block's own sum
+    rest = torch.minimum((target - before).clamp_min(0), torch.nextafter(last, torch.zeros_like(last)))
+    return (block * _BLOCK + torch.searchsorted(within, rest, right=True))[:, 0]
+
+
 def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     """One token per row from fp32 logits [R, V], honouring each row's T / top_k / top_p / seed."""
     R = logits.shape[0]
     temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=logits.device)
     greedy = temps <= 0
-    out = logits.argmax(-1)
     if bool(greedy.all()):
-        return out
+        return logits.argmax(-1)
     scaled = logits / temps.clamp_min(1e-6)[:, None]
     needs_filter = [i for i, r in enumerate(rows) if (r.top_k > 0 or r.top_p < 1.0) and r.temperature > 0]
     if needs_filter:
@@ -99,15 +123,12 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         scaled[idx] = torch.full_like(sub, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = scaled.softmax(-1)
-    cdf = probs.cumsum(-1)
     u = torch.empty(R, dtype=torch.float32)
     shared = torch.rand(R)
     for i, r in enumerate(rows):
         u[i] = torch.rand(1, generator=r.generator)[0] if r.generator is not None else shared[i]
-    u = u.to(logits.device) * cdf[:, -1]
-    sampled = torch.searchsorted(cdf, u[:, None]).squeeze(-1).clamp_max(logits.shape[-1] - 1)
-    return torch.where(greedy, out, sampled)
+    sampled = _inverse_cdf(scaled.softmax(-1), u.to(logits.device))
+    return torch.where(greedy, logits.argmax(-1), sampled) if bool(greedy.any()) else sampled
 
 
 class StaticDecoder:
@@ -232,10 +253,11 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
             rows.append(_Row(i, s, len(j.prompt), budget, stop_ids, stop_strings, float(j.params.temperature),
                              int(j.params.top_k or -1), float(j.params.top_p if j.params.top_p is not None else 1.0),
                              _generator(j.params.seed, s, device)))
-    row_job = torch.tensor([job_prompt[r.job] for r in rows], device=device)
-    cache = cache.select(row_job)
-    attn = attn[row_job]
-    logits = last_logits[row_job]
+    row_prompt = [job_prompt[r.job] for r in rows]
+    logits = last_logits
+    if row_prompt != list(range(U)):  # else one row per prompt, in order: nothing to copy
+        row_job = torch.tensor(row_prompt, device=device)
+        cache, attn, logits = cache.select(row_job), attn[row_job], last_logits[row_job]
     slots: list[int | None] = list(range(len(rows)))  # the row in each batch slot; None once it finished
     next_pos = torch.tensor([r.prompt_len for r in rows], device=device)  # position of each row's next token
     static = device.type == "cuda" if static is None else static

@@ -21,6 +21,7 @@ import math
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType
@@ -32,7 +33,7 @@ from torch import nn
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
-from tinkrl.local.models import (DEFAULT_MODEL, known_models, default_dtype, load_model, pick_device,
+from tinkrl.local.models import (DEFAULT_MODEL, cpu_has_bf16_math, known_models, default_dtype, load_model, pick_device,
                                  tinkrl_home)
 from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import SampleJob, sample_batch
@@ -161,6 +162,9 @@ class Engine:
             return cls._engines[key]
 
     def __init__(self, model_name: str, device: torch.device, dtype: torch.dtype):
+        if device.type == "cpu" and dtype != torch.float32 and not cpu_has_bf16_math():
+            warnings.warn("bfloat16 on a CPU without AMX: oneDNN keeps fp32 matrix products there, so this engine "
+                          "computes in fp32; float32 is as fast and merges LoRA adapters for sampling", stacklevel=3)
         loaded = load_model(model_name, device, torch.float32)
         self.model_name, self.device, self.dtype = model_name, device, dtype
         self.tokenizer = loaded.tokenizer
