@@ -88,7 +88,8 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     decode step); block sums vectorise. Never returns a zero-probability (filtered) token.
     """
     R, V = probs.shape
-    blocks = F.pad(probs, (0, (-V) % _BLOCK)).view(R, -1, _BLOCK)
+    pad = (-V) % _BLOCK
+    blocks = (F.pad(probs, (0, pad)) if pad else probs).view(R, -1, _BLOCK)
     block_cdf = blocks.sum(-1).cumsum(-1)
     total = block_cdf[:, -1:]
     target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
@@ -107,7 +108,7 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     greedy = temps <= 0
     if bool(greedy.all()):
         return logits.argmax(-1)
-    scaled = logits / temps.clamp_min(1e-6)[:, None]
+    scaled = logits if bool((temps == 1).all()) else logits / temps.clamp_min(1e-6)[:, None]
     needs_filter = [i for i, r in enumerate(rows) if (r.top_k > 0 or r.top_p < 1.0) and r.temperature > 0]
     if needs_filter:
         idx = torch.tensor(needs_filter, device=logits.device)
@@ -122,11 +123,11 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         drop = (ranks >= top_k) | (mass_before >= top_p)
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = scaled.clone() if scaled is logits else scaled
         scaled[idx] = torch.full_like(sub, float("-inf")).scatter(-1, order, sorted_logits)
-    u = torch.empty(R, dtype=torch.float32)
-    shared = torch.rand(R)
-    for i, r in enumerate(rows):
-        u[i] = torch.rand(1, generator=r.generator)[0] if r.generator is not None else shared[i]
+    shared = torch.rand(R).tolist()
+    u = torch.tensor([torch.rand(1, generator=r.generator).item() if r.generator is not None else shared[i]
+                      for i, r in enumerate(rows)], dtype=torch.float32)
     sampled = _inverse_cdf(scaled.softmax(-1), u.to(logits.device))
     return torch.where(greedy, logits.argmax(-1), sampled) if bool(greedy.any()) else sampled
 
@@ -269,9 +270,8 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         live_idx = None if all_live else torch.tensor(live, device=device)
         if not all_live:
             logits = logits[live_idx]
-        logprobs = logits.log_softmax(-1)
         drawn = _draw(logits, [rows[slots[b]] for b in live])
-        drawn_lp = logprobs.gather(-1, drawn[:, None])[:, 0]
+        drawn_lp = logits.gather(-1, drawn[:, None])[:, 0] - logits.logsumexp(-1)
         for b, tok, lp in zip(live, drawn.tolist(), drawn_lp.tolist()):
             r = rows[slots[b]]
             r.tokens.append(tok)

@@ -62,6 +62,17 @@ def _onednn_linear_backward(ctx, grad: torch.Tensor):
 _onednn_linear.register_autograd(_onednn_linear_backward, setup_context=_onednn_linear_context)
 
 
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked layout of a frozen weight, kept on the weight (so every tree sharing it
+    shares one) and remade when the weight is rewritten in place (merged sampler weights).
+    Products without autograd (sampling, `forward`) run ~35 % faster from it at decode shapes
+    (30 SmolLM2 layers + head, 32 rows: 39 vs 60 ms), for a second copy of the weights in memory."""
+    cached = getattr(weight, "_tinkrl_packed", None)
+    if cached is None or cached[0] != weight._version:
+        cached = weight._tinkrl_packed = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight, 32))
+    return cached[1]
+
+
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same fp32 arithmetic, faster)."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
@@ -69,7 +80,7 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return _onednn_linear(x, weight, bias)
-    return _pointwise(x, weight, bias)  # the sampler's path: ~15 us less per call than the custom op
+    return _pointwise(x, _packed(weight), bias)  # the sampler's path
 
 
 class Linear(nn.Linear):
