@@ -9,10 +9,11 @@ The module tree mirrors transformers' names (`model.layers.N.self_attn.q_proj`, 
 `lm_head`), so peft injects LoRA into it exactly as into the HF model, and adapters we save
 load into `transformers` + `peft` unchanged.
 
-Precision policy (`compute_dtype` bf16 or fp32): projection weights are stored in the
-compute dtype and multiply inputs cast to it; their outputs, the residual stream, norms,
-RoPE and attention are fp32. The unembedding is fp32 wherever a logprob is computed, so
-logits are never rounded to bf16 (bf16 logits alone move logprobs by ~0.05).
+Precision policy: weights, activations, norms, RoPE and attention are fp32; the engine's
+bf16 setting lets the matrix products run in bf16 with fp32 accumulators (oneDNN's math
+mode, TF32 on CUDA; see service.use_reduced_precision_matmuls), so nothing is rounded to
+bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 logits alone
+move logprobs by ~0.05). On x86 CPUs frozen fp32 products run through oneDNN (`frozen_linear`).
 """
 
 from __future__ import annotations
