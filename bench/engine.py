@@ -90,7 +90,8 @@ def on_engine_thread(engine, fn):
 
 
 def timed(fn, repeats: int) -> float:
-    fn(), fn()  # warm-up: the first calls pack weights and grow caches
+    for _ in range(2):  # warm-up: the first calls pack weights and grow caches
+        fn()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

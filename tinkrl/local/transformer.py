@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinkrl.local.models import cpu_has_bf16_math
+
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -81,6 +83,8 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return _onednn_linear(x, weight, bias)
+    if torch.backends.mkldnn.matmul.fp32_precision != "ieee" and cpu_has_bf16_math():
+        return _pointwise(x, weight, bias)  # bf16 products: leave the weight layout to oneDNN
     return _pointwise(x, _packed(weight), bias)  # the sampler's path
 
 
