@@ -105,11 +105,14 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     """One token per row from fp32 logits [R, V], honouring each row's T / top_k / top_p / seed."""
     R = logits.shape[0]
-    temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=logits.device)
-    greedy = temps <= 0
-    if bool(greedy.all()):
+    greedy = [r.temperature <= 0 for r in rows]  # decided from the rows: no device sync per step
+    if all(greedy):
         return logits.argmax(-1)
-    scaled = logits if bool((temps == 1).all()) else logits / temps.clamp_min(1e-6)[:, None]
+    if all(r.temperature == 1 for r in rows):
+        scaled = logits
+    else:
+        temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=logits.device)
+        scaled = logits / temps.clamp_min(1e-6)[:, None]
     needs_filter = [i for i, r in enumerate(rows) if (r.top_k > 0 or r.top_p < 1.0) and r.temperature > 0]
     if needs_filter:
         idx = torch.tensor(needs_filter, device=logits.device)
@@ -130,7 +133,9 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     u = torch.tensor([torch.rand(1, generator=r.generator).item() if r.generator is not None else shared[i]
                       for i, r in enumerate(rows)], dtype=torch.float32)
     sampled = _inverse_cdf(scaled.softmax(-1), u.to(logits.device))
-    return torch.where(greedy, logits.argmax(-1), sampled) if bool(greedy.any()) else sampled
+    if not any(greedy):
+        return sampled
+    return torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(-1), sampled)
 
 
 class StaticDecoder:
