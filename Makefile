@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test test-all bench clean
+.PHONY: install train test test-all lint bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ train: install
 
 test: install
 	$(VENV)/bin/python -m pytest -q -m "not slow" tests
+
+lint: install
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 test-all: install
 	$(VENV)/bin/python -m pytest -q tests

@@ -19,6 +19,7 @@ main-thread baseline in the same process would distort both sides.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -36,15 +37,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tinker import types  # noqa: E402
 
 RANDOM_ARCHS = {  # real architectures, random weights (no download)
-    "tiny": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152,
-                 tie_word_embeddings=True, rope_theta=100000.0),
-    "smollm2": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
-                    tie_word_embeddings=True, rope_theta=100000.0),
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         tie_word_embeddings=True, rope_theta=1000000.0),
+    "tiny": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    ),
+    "smollm2": dict(
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
+    ),
 }
 
 
@@ -57,8 +84,9 @@ def random_model_dir(arch: str) -> str:
     out = tinkrl_home() / "models" / f"random--{arch}"
     if not (out / "config.json").is_file():
         spec = dict(RANDOM_ARCHS[arch])
-        cfg = AutoConfig.for_model(spec.pop("model_type"), max_position_embeddings=4096, bos_token_id=1,
-                                   eos_token_id=2, pad_token_id=2, **spec)
+        cfg = AutoConfig.for_model(
+            spec.pop("model_type"), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=2, **spec
+        )
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.save_pretrained(out)
@@ -69,8 +97,11 @@ def random_model_dir(arch: str) -> str:
 def prompts(tokenizer, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {10 + 3 * i} + {97 - 2 * i}?"}],
-                                             tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {10 + 3 * i} + {97 - 2 * i}?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         out.append(tokenizer.encode(text, add_special_tokens=False))
     return out
 
@@ -78,6 +109,7 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 def on_engine_thread(engine, fn):
     """Run a transformers/peft baseline on the engine's worker thread (one OpenMP team, see the
     module docstring), under torch's default fp32 matmul precision rather than the engine's."""
+
     def call():
         previous = torch.backends.mkldnn.matmul.fp32_precision, torch.backends.cuda.matmul.fp32_precision
         torch.backends.mkldnn.matmul.fp32_precision = torch.backends.cuda.matmul.fp32_precision = "ieee"
@@ -121,15 +153,16 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
 
     def prebatched():
         jobs = [SampleJob(p, 1, params) for p in ps]
-        engine.submit(lambda: sample_batch(engine.base, jobs, engine.tokenizer, engine.eos_id,
-                                           engine.max_context)).result()
+        engine.submit(
+            lambda: sample_batch(engine.base, jobs, engine.tokenizer, engine.eos_id, engine.max_context)
+        ).result()
 
     t_conc = timed(concurrent, repeats)
     t_pre = timed(prebatched, repeats)
     # what RL samples with: the same requests through a LoRA (r16, all modules) sampling client
     lora = ServiceClient(device=device, dtype=precision).create_lora_training_client(model_name, rank=16, seed=0)
     sc_lora = lora.save_weights_and_get_sampling_client()
-    t_lora = timed(lambda: concurrent(sc_lora), repeats)
+    t_lora = timed(functools.partial(concurrent, sc_lora), repeats)
     del lora, sc_lora
 
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
@@ -142,18 +175,32 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
 
     def generate():
         with torch.no_grad():
-            hf.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new, min_new_tokens=new, do_sample=True,
-                        temperature=1.0, top_k=0, pad_token_id=tok.pad_token_id or 2)
+            hf.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                pad_token_id=tok.pad_token_id or 2,
+            )
 
     t_hf = on_engine_thread(engine, lambda: timed(generate, repeats))
     tokens = n * new
-    return {"sampling/tinkrl_concurrent_tok_s": tokens / t_conc, "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
-            "sampling/hf_generate_tok_s": tokens / t_hf, "sampling/speedup_vs_generate": t_hf / t_conc,
-            "sampling/concurrent_over_prebatched": t_pre / t_conc, "sampling/tinkrl_lora_concurrent_tok_s": tokens / t_lora}
+    return {
+        "sampling/tinkrl_concurrent_tok_s": tokens / t_conc,
+        "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
+        "sampling/hf_generate_tok_s": tokens / t_hf,
+        "sampling/speedup_vs_generate": t_hf / t_conc,
+        "sampling/concurrent_over_prebatched": t_pre / t_conc,
+        "sampling/tinkrl_lora_concurrent_tok_s": tokens / t_lora,
+    }
 
 
-def bench_training(model_name: str, precision: str, device: str, repeats: int, rank: int = 16,
-                   compile: bool = False) -> dict:
+def bench_training(
+    model_name: str, precision: str, device: str, repeats: int, rank: int = 16, compile: bool = False
+) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -168,23 +215,32 @@ def bench_training(model_name: str, precision: str, device: str, repeats: int, r
     # RL-shaped data: 8 prompts x 8 responses of 16 tokens (shared prompts), and 64 distinct prompts.
     for label, ps in (("grouped", [p for p in prompts(tok, 8) for _ in range(8)]), ("distinct", prompts(tok, 64))):
         seqs = [p + torch.randint(100, 40000, (16,), generator=gen).tolist() for p in ps]
-        datums = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
-                              loss_fn_inputs={"target_tokens": s[1:], "weights": [0.0] * (len(s) - 17) + [1.0] * 16})
-                  for s in seqs]
+        datums = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(s[:-1]),
+                loss_fn_inputs={"target_tokens": s[1:], "weights": [0.0] * (len(s) - 17) + [1.0] * 16},
+            )
+            for s in seqs
+        ]
         n_tokens = sum(len(s) - 1 for s in seqs)
         t_ours = timed(lambda: tc.forward_backward(datums, "cross_entropy").result(), repeats)
 
         dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
         path = resolve_model_dir(model_name) if "/" in model_name and not model_name.startswith("/") else model_name
-        peft_model = on_engine_thread(tc.engine, lambda: get_peft_model(AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype).to(device), LoraConfig(r=rank, lora_alpha=32, target_modules="all-linear")))
+        peft_model = on_engine_thread(
+            tc.engine,
+            lambda: get_peft_model(
+                AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device),
+                LoraConfig(r=rank, lora_alpha=32, target_modules="all-linear"),
+            ),
+        )
         width = max(map(len, seqs))
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
         attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
         labels = ids.clone()
         for row, s in enumerate(seqs):
-            labels[row, :len(s) - 16] = -100
-            labels[row, len(s):] = -100
+            labels[row, : len(s) - 16] = -100
+            labels[row, len(s) :] = -100
 
         def peft_step():
             out = peft_model(input_ids=ids, attention_mask=attn, labels=labels)
@@ -194,7 +250,7 @@ def bench_training(model_name: str, precision: str, device: str, repeats: int, r
         results[f"train_{label}/tinkrl_tok_s"] = n_tokens / t_ours
         results[f"train_{label}/peft_tok_s"] = n_tokens / t_peft
         results[f"train_{label}/speedup"] = t_peft / t_ours
-        del peft_model
+        peft_model = None  # frees the copy before the next workload
     return results
 
 
@@ -214,17 +270,34 @@ def main() -> None:
         rows = []
         for precision in args.precision:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                child = [sys.executable, __file__, "--model", args.model, "--device", args.device, "--repeats",
-                         str(args.repeats), "--precision", precision, "--out", out.name]
+                child = [
+                    sys.executable,
+                    __file__,
+                    "--model",
+                    args.model,
+                    "--device",
+                    args.device,
+                    "--repeats",
+                    str(args.repeats),
+                    "--precision",
+                    precision,
+                    "--out",
+                    out.name,
+                ]
                 child += ["--random", args.random] if args.random else []
                 child += ["--skip-training"] * args.skip_training + ["--compile"] * args.compile
                 subprocess.run(child, check=True)
                 rows += json.loads(Path(out.name).read_text())
     else:
         precision = args.precision[0]
-        row = {"model": args.random or args.model, "precision": precision, "device": args.device,
-               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-               "date": time.strftime("%Y-%m-%d")}
+        row = {
+            "model": args.random or args.model,
+            "precision": precision,
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(),
+            "date": time.strftime("%Y-%m-%d"),
+        }
         row.update(bench_sampling(model, precision, args.device, args.repeats))
         if not args.skip_training:
             row.update(bench_training(model, precision, args.device, args.repeats, compile=args.compile))

@@ -32,8 +32,12 @@ def main() -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for path, label in zip(args.metrics, labels):
         rows = load(path)
-        left.plot([r["progress/step"] for r in rows], [r.get("env/all/reward/total", float("nan")) for r in rows],
-                  label=label, linewidth=1)
+        left.plot(
+            [r["progress/step"] for r in rows],
+            [r.get("env/all/reward/total", float("nan")) for r in rows],
+            label=label,
+            linewidth=1,
+        )
         evals = [r for r in rows if any(k.endswith("greedy_correct") for k in r)]
         greedy = [next(v for k, v in r.items() if k.endswith("greedy_correct")) for r in evals]
         minutes = [r["time/total"] / 60 for r in evals]

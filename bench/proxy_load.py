@@ -29,8 +29,13 @@ from tinkrl.proxy.server import ProxyServer, serve_in_thread
 async def one(client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int) -> tuple[float, int]:
     t0 = time.perf_counter()
     r = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": f"Request {i}: write a short note about the number {i}."}],
-        max_tokens=max_tokens, temperature=1.0, seed=i, extra_headers={"X-Rollout-Id": f"bench-{i % 8}"})
+        model=model,
+        messages=[{"role": "user", "content": f"Request {i}: write a short note about the number {i}."}],
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=i,
+        extra_headers={"X-Rollout-Id": f"bench-{i % 8}"},
+    )
     return time.perf_counter() - t0, r.usage.completion_tokens
 
 
@@ -55,8 +60,15 @@ def summarise(results: list[tuple[float, int]], wall: float, errors: int) -> dic
     lat = sorted(r[0] for r in results)
     tokens = sum(r[1] for r in results)
     p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] if lat else float("nan")
-    return {"requests": len(results), "errors": errors, "wall_s": wall, "req_per_s": len(results) / wall,
-            "tok_per_s": tokens / wall, "p50_s": statistics.median(lat) if lat else float("nan"), "p99_s": p99}
+    return {
+        "requests": len(results),
+        "errors": errors,
+        "wall_s": wall,
+        "req_per_s": len(results) / wall,
+        "tok_per_s": tokens / wall,
+        "p50_s": statistics.median(lat) if lat else float("nan"),
+        "p99_s": p99,
+    }
 
 
 async def bench(url: str, model: str, args) -> list[tuple[dict, dict]]:
@@ -73,8 +85,10 @@ async def bench(url: str, model: str, args) -> list[tuple[dict, dict]]:
 
 
 def fmt(r: dict) -> str:
-    return (f"{r['requests']} ok / {r['errors']} failed, {r['wall_s']:.2f} s, {r['req_per_s']:.2f} req/s, "
-            f"{r['tok_per_s']:.1f} tok/s, latency p50 {r['p50_s']:.2f} s p99 {r['p99_s']:.2f} s")
+    return (
+        f"{r['requests']} ok / {r['errors']} failed, {r['wall_s']:.2f} s, {r['req_per_s']:.2f} req/s, "
+        f"{r['tok_per_s']:.1f} tok/s, latency p50 {r['p50_s']:.2f} s p99 {r['p99_s']:.2f} s"
+    )
 
 
 def main() -> None:
@@ -95,10 +109,12 @@ def main() -> None:
     seq_tok = med([s["tok_per_s"] for s, _ in runs])
     con_tok = med([c["tok_per_s"] for _, c in runs])
     errors = sum(c["errors"] for _, c in runs)
-    print(f"\nmedian of {args.runs}: sequential {seq_tok:.1f} tok/s "
-          f"({med([s['req_per_s'] for s, _ in runs]):.2f} req/s); {args.concurrent} concurrent {con_tok:.1f} tok/s "
-          f"({med([c['req_per_s'] for _, c in runs]):.2f} req/s, wall {med([c['wall_s'] for _, c in runs]):.2f} s); "
-          f"speed-up x{con_tok / seq_tok:.1f}; failed requests: {errors}")
+    print(
+        f"\nmedian of {args.runs}: sequential {seq_tok:.1f} tok/s "
+        f"({med([s['req_per_s'] for s, _ in runs]):.2f} req/s); {args.concurrent} concurrent {con_tok:.1f} tok/s "
+        f"({med([c['req_per_s'] for _, c in runs]):.2f} req/s, wall {med([c['wall_s'] for _, c in runs]):.2f} s); "
+        f"speed-up x{con_tok / seq_tok:.1f}; failed requests: {errors}"
+    )
 
 
 if __name__ == "__main__":

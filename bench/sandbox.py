@@ -40,8 +40,10 @@ def sequential(provider, label: str, runs: int, gap_s: float = 0.0) -> None:
         time.sleep(gap_s)  # not timed: an agent's episode between two creates
         seq.append(cycle(provider))
     gap = f", {gap_s * 1e3:.0f} ms idle between runs" if gap_s else " back to back"
-    print(f"[{label}] sequential create+exec(true)+destroy over {runs} runs{gap}: "
-          f"p50 {pct(seq, .5) * 1e3:.1f} ms  p99 {pct(seq, .99) * 1e3:.1f} ms  mean {statistics.mean(seq) * 1e3:.1f} ms")
+    print(
+        f"[{label}] sequential create+exec(true)+destroy over {runs} runs{gap}: "
+        f"p50 {pct(seq, 0.5) * 1e3:.1f} ms  p99 {pct(seq, 0.99) * 1e3:.1f} ms  mean {statistics.mean(seq) * 1e3:.1f} ms"
+    )
 
 
 def measure(provider, label: str, runs: int, concurrent: int, gap_s: float = 0.0) -> None:
@@ -57,8 +59,10 @@ def measure(provider, label: str, runs: int, concurrent: int, gap_s: float = 0.0
         t0 = time.perf_counter()
         conc = list(pool.map(lambda _: cycle(provider), range(concurrent)))
         wall = time.perf_counter() - t0
-    print(f"[{label}] {concurrent} at once: all done in {wall * 1e3:.0f} ms; per sandbox "
-          f"p50 {pct(conc, .5) * 1e3:.1f} ms  p99 {pct(conc, .99) * 1e3:.1f} ms")
+    print(
+        f"[{label}] {concurrent} at once: all done in {wall * 1e3:.0f} ms; per sandbox "
+        f"p50 {pct(conc, 0.5) * 1e3:.1f} ms  p99 {pct(conc, 0.99) * 1e3:.1f} ms"
+    )
     provider.close()
 
 
@@ -68,13 +72,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--concurrent", type=int, default=32)
     ap.add_argument("--pool", type=int, default=2, help="bwrap only: pool size for the pooled run (0 = skip)")
-    ap.add_argument("--gap-ms", type=float, default=30.0,
-                    help="pooled run: also time cycles with this idle gap between them (time to refill)")
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        default=30.0,
+        help="pooled run: also time cycles with this idle gap between them (time to refill)",
+    )
     args = ap.parse_args()
     measure(get_provider(args.provider), "cold", args.runs, args.concurrent)
     if args.provider == "bwrap" and args.pool > 0:
-        measure(get_provider("bwrap", pool=args.pool), f"pool={args.pool}", args.runs, args.concurrent,
-                gap_s=args.gap_ms / 1000)
+        measure(
+            get_provider("bwrap", pool=args.pool),
+            f"pool={args.pool}",
+            args.runs,
+            args.concurrent,
+            gap_s=args.gap_ms / 1000,
+        )
 
 
 if __name__ == "__main__":

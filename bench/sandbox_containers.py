@@ -64,10 +64,16 @@ def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, float
     with ThreadPoolExecutor(concurrent) as pool:
         cycles = list(pool.map(one, range(concurrent)))
     wall = time.perf_counter() - t0
-    return {"create p50": statistics.median(create), "create p90": pct(create, 0.9),
-            "exec `true` p50": statistics.median(exec_), "exec `true` p90": pct(exec_, 0.9),
-            "1 MiB write+read p50": statistics.median(files), "close p50": statistics.median(close),
-            f"{concurrent} at once: wall": wall, f"{concurrent} at once: cycle p50": statistics.median(cycles)}
+    return {
+        "create p50": statistics.median(create),
+        "create p90": pct(create, 0.9),
+        "exec `true` p50": statistics.median(exec_),
+        "exec `true` p90": pct(exec_, 0.9),
+        "1 MiB write+read p50": statistics.median(files),
+        "close p50": statistics.median(close),
+        f"{concurrent} at once: wall": wall,
+        f"{concurrent} at once: cycle p50": statistics.median(cycles),
+    }
 
 
 def main() -> None:
@@ -89,6 +95,7 @@ def main() -> None:
             p.close()
 
             import k8s_fake_server as kf
+
             from tinkrl.sandbox.kubernetes import KubernetesProvider
 
             kube = kf.FakeKube(podman=pm, images={"task:1": podman_helper.TEST_IMAGE}).start()

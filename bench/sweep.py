@@ -37,14 +37,27 @@ def main() -> None:
     while pending or running:
         while pending and len(running) < args.parallel:
             name, *overrides = pending.pop(0)
-            cmd = [sys.executable, "-m", "tinkrl.cli", "train", args.config, *args.common, *overrides,
-                   f"log_path={args.out / name}", f"run_name={name}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tinkrl.cli",
+                "train",
+                args.config,
+                *args.common,
+                *overrides,
+                f"log_path={args.out / name}",
+                f"run_name={name}",
+            ]
             cpus = free_cpus.pop(0) if free_cpus else ""
             if cpus:
                 cmd = ["taskset", "-c", cpus, *cmd]
-            env = dict(os.environ, OMP_NUM_THREADS=str(len(cpus.split(","))) if cpus else os.environ.get("OMP_NUM_THREADS", ""))
+            env = dict(
+                os.environ, OMP_NUM_THREADS=str(len(cpus.split(","))) if cpus else os.environ.get("OMP_NUM_THREADS", "")
+            )
             log = open(args.out / f"{name}.log", "w")
-            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time(), cpus))
+            running.append(
+                (name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time(), cpus)
+            )
         time.sleep(2)
         for item in list(running):
             name, proc, start, cpus = item
@@ -57,17 +70,34 @@ def main() -> None:
                 print(f"{name}: exit {proc.returncode} after {time.time() - start:.0f}s", flush=True)
     table = {}
     for name, *_ in args.variant:
-        rows = [json.loads(l) for l in (args.out / name / "metrics.jsonl").read_text().splitlines()] \
-            if (args.out / name / "metrics.jsonl").is_file() else []
-        table[name] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()
-                        if k == "step" or k.startswith("eval/") or k in ("env/all/reward/total", "time/step", "time/total")}
-                       for r in rows]
+        rows = (
+            [json.loads(line) for line in (args.out / name / "metrics.jsonl").read_text().splitlines()]
+            if (args.out / name / "metrics.jsonl").is_file()
+            else []
+        )
+        table[name] = [
+            {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in r.items()
+                if k == "step" or k.startswith("eval/") or k in ("env/all/reward/total", "time/step", "time/total")
+            }
+            for r in rows
+        ]
     (args.out / "summary.json").write_text(json.dumps(table, indent=1))
     for name, rows in table.items():
-        evals = [(r["step"], r.get("eval/arithmetic/greedy_correct")) for r in rows if "eval/arithmetic/greedy_correct" in r]
+        evals = [
+            (r["step"], r.get("eval/arithmetic/greedy_correct")) for r in rows if "eval/arithmetic/greedy_correct" in r
+        ]
         rewards = [r.get("env/all/reward/total") for r in rows]
-        print(name, "greedy:", evals, "reward:", [round(x, 2) for x in rewards if x is not None][-5:],
-              f"total {rows[-1].get('time/total', 0):.0f}s" if rows else "", flush=True)
+        print(
+            name,
+            "greedy:",
+            evals,
+            "reward:",
+            [round(x, 2) for x in rewards if x is not None][-5:],
+            f"total {rows[-1].get('time/total', 0):.0f}s" if rows else "",
+            flush=True,
+        )
     print(f"sweep done in {time.time() - t0:.0f}s")
 
 

@@ -20,8 +20,9 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 

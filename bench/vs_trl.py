@@ -47,7 +47,7 @@ def last_number(text: str) -> int | None:
     return int(nums[-1]) if nums else None
 
 
-def arithmetic_split() -> "ArithmeticProblems":
+def arithmetic_split():
     from tinkrl.envs.math import ArithmeticProblems
 
     return ArithmeticProblems(10, 99, ["+"])  # the default `arithmetic` env: 2-digit addition, 10 % held out
@@ -90,14 +90,33 @@ def run_trl(steps: int, lr: float, precision: str, out_dir: Path, wall_s: float 
             if wall_s is not None and time.time() - t_start + times[-1] > wall_s:
                 control.should_training_stop = True  # another step would overrun the wall budget
 
-    args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=32, num_generations=4,
-                      max_completion_length=16, learning_rate=lr, beta=0.0, num_iterations=1,
-                      max_steps=steps if wall_s is None else 100_000, logging_steps=1, save_strategy="no",
-                      report_to=[], use_cpu=not torch.cuda.is_available(), bf16=precision == "bfloat16",
-                      temperature=1.0, gradient_accumulation_steps=1, seed=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
-                          callbacks=[Timer()])
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=32,
+        num_generations=4,
+        max_completion_length=16,
+        learning_rate=lr,
+        beta=0.0,
+        num_iterations=1,
+        max_steps=steps if wall_s is None else 100_000,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        bf16=precision == "bfloat16",
+        temperature=1.0,
+        gradient_accumulation_steps=1,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+        callbacks=[Timer()],
+    )
     trainer.train()
     out = {"step_times": times}
     if wall_s is not None:
@@ -108,26 +127,43 @@ def run_trl(steps: int, lr: float, precision: str, out_dir: Path, wall_s: float 
 def hf_greedy_accuracy(model, tok) -> float:
     """Greedy accuracy on tinkrl's 100 held-out problems, asked plainly through the chat template."""
     held_out = arithmetic_split().test_problems(100)
-    texts = [tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False,
-                                     add_generation_prompt=True) for p in held_out]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p.question}], tokenize=False, add_generation_prompt=True)
+        for p in held_out
+    ]
     tok.padding_side = "left"
     batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     model.eval()  # left in train mode with gradient checkpointing, generate() without a cache emits garbage
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=16, do_sample=False,
-                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-    replies = tok.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **batch,
+            max_new_tokens=16,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        )
+    replies = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(last_number(r) == int(p.answer) for r, p in zip(replies, held_out)) / len(held_out)
 
 
-def run_tinkrl(lr: float, precision: str, out_dir: Path, steps: int | None = None,
-               wall_s: float | None = None) -> dict:
+def run_tinkrl(lr: float, precision: str, out_dir: Path, steps: int | None = None, wall_s: float | None = None) -> dict:
     """`steps` steps training every rollout, as TRL does (the same work on both sides); or, with
     `wall_s`, the default config for that many seconds (model loading included), then its greedy
     eval on 100 held-out problems."""
-    cmd = [sys.executable, "-m", "tinkrl.cli", "train", "configs/default.yaml", "batch_size=32", "group_size=4",
-           "max_tokens=16", f"learning_rate={lr}", f"precision={precision}", "eval_every=0", "save_every=0",
-           f"log_path={out_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tinkrl.cli",
+        "train",
+        "configs/default.yaml",
+        "batch_size=32",
+        "group_size=4",
+        "max_tokens=16",
+        f"learning_rate={lr}",
+        f"precision={precision}",
+        "eval_every=0",
+        "save_every=0",
+        f"log_path={out_dir}",
+    ]
     if wall_s is None:
         cmd += ["eval_problems=0", f"max_steps={steps}", "remove_constant_reward_groups=false"]
     else:
@@ -144,11 +180,20 @@ def accuracy_sweep(wall_s: float, lrs_ours: list[float], lrs_trl: list[float], p
     """Each system at each of its learning rates for the same wall time; each one's best accuracy."""
     ours = {lr: run_tinkrl(lr, precision, tmp / f"tinkrl-{lr}", wall_s=wall_s) for lr in lrs_ours}
     trl = {lr: run_trl(0, lr, precision, tmp / f"trl-{lr}", wall_s=wall_s) for lr in lrs_trl}
-    summary = lambda runs: {str(lr): {"greedy_correct": r["greedy_correct"], "steps": len(r["step_times"])}
-                            for lr, r in runs.items()}
-    return {"wall_s": wall_s, "precision": precision, "tinkrl": summary(ours), "trl": summary(trl),
-            "tinkrl_best": max((r["greedy_correct"] for r in ours.values()), default=None),
-            "trl_best": max((r["greedy_correct"] for r in trl.values()), default=None)}
+
+    def summary(runs: dict) -> dict:
+        return {
+            str(lr): {"greedy_correct": r["greedy_correct"], "steps": len(r["step_times"])} for lr, r in runs.items()
+        }
+
+    return {
+        "wall_s": wall_s,
+        "precision": precision,
+        "tinkrl": summary(ours),
+        "trl": summary(trl),
+        "tinkrl_best": max((r["greedy_correct"] for r in ours.values()), default=None),
+        "trl_best": max((r["greedy_correct"] for r in trl.values()), default=None),
+    }
 
 
 def main() -> None:
@@ -156,25 +201,43 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--accuracy", action="store_true",
-                    help="accuracy at equal wall time: each system at 3 learning rates for --wall seconds")
+    ap.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="accuracy at equal wall time: each system at 3 learning rates for --wall seconds",
+    )
     ap.add_argument("--wall", type=float, default=300.0)
     ap.add_argument("--lrs-tinkrl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
     ap.add_argument("--lrs-trl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
     args = ap.parse_args()
     if args.accuracy:
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(accuracy_sweep(args.wall, args.lrs_tinkrl, args.lrs_trl, args.precision, Path(tmp)),
-                             indent=1))
+            print(
+                json.dumps(
+                    accuracy_sweep(args.wall, args.lrs_tinkrl, args.lrs_trl, args.precision, Path(tmp)), indent=1
+                )
+            )
         return
     with tempfile.TemporaryDirectory() as tmp:
         ours = run_tinkrl(args.lr, args.precision, Path(tmp) / "tinkrl", steps=args.steps)
         trl = run_trl(args.steps, args.lr, args.precision, Path(tmp) / "trl")
     t_ours = statistics.median(ours["step_times"][1:] or ours["step_times"])
     t_trl = statistics.median(trl["step_times"][1:] or trl["step_times"])
-    print(json.dumps({"precision": args.precision, "threads": torch.get_num_threads(), "steps": args.steps,
-                      "tinkrl_step_s": t_ours, "trl_step_s": t_trl, "speedup": t_trl / t_ours,
-                      "tinkrl_steps": ours["step_times"], "trl_steps": trl["step_times"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "precision": args.precision,
+                "threads": torch.get_num_threads(),
+                "steps": args.steps,
+                "tinkrl_step_s": t_ours,
+                "trl_step_s": t_trl,
+                "speedup": t_trl / t_ours,
+                "tinkrl_steps": ours["step_times"],
+                "trl_steps": trl["step_times"],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from tinker import types
 
@@ -44,8 +43,10 @@ def on_engine(tc, fn):
 
 def lora_grads(tc) -> dict[str, torch.Tensor]:
     def grab():
-        return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-                for n, p in tc.params.items()}
+        return {
+            n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in tc.params.items()
+        }
+
     return on_engine(tc, grab)
 
 
@@ -53,6 +54,7 @@ def zero_grads(tc) -> None:
     def clear():
         for p in tc.params.values():
             p.grad = None
+
     on_engine(tc, clear)
 
 
@@ -62,11 +64,13 @@ def lora_weights(tc) -> dict[str, torch.Tensor]:
 
 def randomize_lora(tc, scale: float = 0.05, seed: int = 0) -> None:
     """Give every LoRA matrix (B included, which peft starts at 0) random values, so the adapter is live."""
+
     def fill():
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            for n, p in sorted(tc.params.items()):
+            for _, p in sorted(tc.params.items()):
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
+
     on_engine(tc, fill)
 
 
@@ -89,14 +93,3 @@ def real_models_dir() -> Path:
     resolve_model_dir(REAL)  # dequantises the GGUF on a fresh machine (~20 s, once)
     home = Path(os.environ.get("TINKRL_HOME", Path.home() / ".tinkrl")).expanduser()
     return home / "models"
-
-
-@pytest.fixture
-def isolated_home(tmp_path, monkeypatch) -> Path:
-    """A fresh $TINKRL_HOME for checkpoints, sharing the real model cache (no re-dequantising)."""
-    models = real_models_dir()
-    home = tmp_path / "tinkrl_home"
-    home.mkdir()
-    (home / "models").symlink_to(models, target_is_directory=True)
-    monkeypatch.setenv("TINKRL_HOME", str(home))
-    return home

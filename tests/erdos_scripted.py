@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-HILL_CLIMB_RESPONSE = '''I will perturb the current construction and keep every improvement.
+HILL_CLIMB_RESPONSE = """I will perturb the current construction and keep every improvement.
 ```python
 def run(seed=0):
     rng = np.random.default_rng(seed)
@@ -33,7 +33,7 @@ def run(seed=0):
             h, best = cand, c5(cand)
     print("C5 =", best)
     return h
-```'''
+```"""
 
 
 def make_renderer():
@@ -53,8 +53,19 @@ async def play_step(dataset, step: int, renderer, response: str = HILL_CLIMB_RES
         ob, stop = await env.initial_observation()
         action = tokens + ([stop[0]] if stop and isinstance(stop[0], int) else [])
         result = await env.step(action, stop_reason="stop")
-        return Trajectory([Transition(ob, action, [0.0] * len(action), result.reward, result.episode_done,
-                                      metrics=result.metrics, logs=result.logs)])
+        return Trajectory(
+            [
+                Transition(
+                    ob,
+                    action,
+                    [0.0] * len(action),
+                    result.reward,
+                    result.episode_done,
+                    metrics=result.metrics,
+                    logs=result.logs,
+                )
+            ]
+        )
 
     for builder in dataset.get_batch(step):
         envs = await builder.make_envs()
@@ -69,10 +80,16 @@ def build(run_dir: Path, renderer, *, n_points: int = 60, seed: int = 0):
     from tinkrl.envs.erdos import ErdosEnvConfig, build_erdos_dataset
     from tinkrl.sandbox import get_provider
 
-    cfg = ErdosEnvConfig(n_points=n_points, buffer_size=4, epsilon=0.0, timeout_s=10, initial_states=1,
-                         parallel_runs=2)
-    return build_erdos_dataset(cfg, renderer=renderer, group_size=2, groups_per_batch=2, run_dir=run_dir,
-                               seed=seed, sandbox_provider=get_provider("bwrap"))
+    cfg = ErdosEnvConfig(n_points=n_points, buffer_size=4, epsilon=0.0, timeout_s=10, initial_states=1, parallel_runs=2)
+    return build_erdos_dataset(
+        cfg,
+        renderer=renderer,
+        group_size=2,
+        groups_per_batch=2,
+        run_dir=run_dir,
+        seed=seed,
+        sandbox_provider=get_provider("bwrap"),
+    )
 
 
 def main(argv: list[str]) -> int:

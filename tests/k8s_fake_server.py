@@ -34,8 +34,16 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "details": details, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details,
+        "code": code,
+    }
 
 
 def _quantity(q: str | int | float | None) -> float:
@@ -80,8 +88,11 @@ class Rbac:
     """RBAC authorizer over Role/ClusterRole + RoleBinding objects (subjects: ServiceAccount, User)."""
 
     def __init__(self, objects: list[dict]):
-        self.roles = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-                      for o in objects if o["kind"] in ("Role", "ClusterRole")}
+        self.roles = {
+            (o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+            for o in objects
+            if o["kind"] in ("Role", "ClusterRole")
+        }
         self.bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
 
     @staticmethod
@@ -101,10 +112,12 @@ class Rbac:
             ref = b["roleRef"]
             role = self.roles.get((bns if ref["kind"] == "Role" else "", ref["name"]))
             for rule in (role or {}).get("rules", []):
-                if ("" in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", [])) and \
-                        (resource in rule.get("resources", []) or "*" in rule.get("resources", [])) and \
-                        (verb in rule.get("verbs", []) or "*" in rule.get("verbs", [])) and \
-                        (not rule.get("resourceNames") or name in rule["resourceNames"]):
+                if (
+                    ("" in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+                    and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
+                    and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+                    and (not rule.get("resourceNames") or name in rule["resourceNames"])
+                ):
                     return True
         return False
 
@@ -112,8 +125,15 @@ class Rbac:
 class FakeKube:
     """The server's state: pods, one node, known images, tokens, and an optional podman backend."""
 
-    def __init__(self, podman=None, images: dict[str, str] | None = None, node: Node | None = None,
-                 tokens: dict[str, str] | None = None, rbac: Rbac | None = None, pull_delay_s: float = 0.05):
+    def __init__(
+        self,
+        podman=None,
+        images: dict[str, str] | None = None,
+        node: Node | None = None,
+        tokens: dict[str, str] | None = None,
+        rbac: Rbac | None = None,
+        pull_delay_s: float = 0.05,
+    ):
         self.podman = podman  # tests/podman_helper.Podman or None
         self.images = dict(images or {})  # image as pods name it -> local podman image
         self.node = node or Node()
@@ -133,7 +153,7 @@ class FakeKube:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
-    def start(self) -> "FakeKube":
+    def start(self) -> FakeKube:
         self._kubelet.start()
         self._serve.start()
         return self
@@ -150,12 +170,18 @@ class FakeKube:
     def kubeconfig(self, path: Path, token: str = "admin-token", namespace: str = "default") -> Path:
         import yaml
 
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "u", "user": {"token": token}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": namespace}}],
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "u", "user": {"token": token}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": namespace}}],
+                }
+            )
+        )
         return path
 
     # -- scheduling and the kubelet --------------------------------------------------------
@@ -168,15 +194,22 @@ class FakeKube:
             if taint.get("effect") not in ("NoSchedule", "NoExecute"):
                 continue
             tolerated = any(
-                (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"])) or
-                (t.get("key") == taint["key"] and t.get("value") == taint.get("value"))
-                for t in spec.get("tolerations") or [])
+                (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"]))
+                or (t.get("key") == taint["key"] and t.get("value") == taint.get("value"))
+                for t in spec.get("tolerations") or []
+            )
             if not tolerated:
-                return (f"0/1 nodes are available: 1 node(s) had untolerated taint "
-                        f"{{{taint['key']}: {taint.get('value', '')}}}.")
+                return (
+                    f"0/1 nodes are available: 1 node(s) had untolerated taint "
+                    f"{{{taint['key']}: {taint.get('value', '')}}}."
+                )
         used_cpu = used_mem = 0.0
         for other in self.pods.values():
-            if other is not pod and other["spec"].get("nodeName") and other["status"]["phase"] in ("Pending", "Running"):
+            if (
+                other is not pod
+                and other["spec"].get("nodeName")
+                and other["status"]["phase"] in ("Pending", "Running")
+            ):
                 for c in other["spec"]["containers"]:
                     req = c.get("resources", {}).get("requests", {})
                     used_cpu += _quantity(req.get("cpu"))
@@ -203,8 +236,9 @@ class FakeKube:
             with self.lock:
                 why = self._unschedulable_reason(pod)
                 if why:
-                    st["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                         "message": why}]
+                    st["conditions"] = [
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+                    ]
                     return
                 pod["spec"]["nodeName"] = "fake-node"
                 st["conditions"] = [{"type": "PodScheduled", "status": "True"}]
@@ -214,17 +248,35 @@ class FakeKube:
             if age < self.pull_delay_s:
                 return
             reason = "ErrImagePull" if age < 3 * self.pull_delay_s + 0.5 else "ImagePullBackOff"
-            msg = (f'Back-off pulling image "{c["image"]}"' if reason == "ImagePullBackOff" else
-                   f'failed to pull and unpack image "{c["image"]}": not found')
-            st["containerStatuses"] = [{"name": c["name"], "ready": False, "restartCount": 0, "imageID": "", "image": c["image"],
-                                        "state": {"waiting": {"reason": reason, "message": msg}}}]
+            msg = (
+                f'Back-off pulling image "{c["image"]}"'
+                if reason == "ImagePullBackOff"
+                else f'failed to pull and unpack image "{c["image"]}": not found'
+            )
+            st["containerStatuses"] = [
+                {
+                    "name": c["name"],
+                    "ready": False,
+                    "restartCount": 0,
+                    "imageID": "",
+                    "image": c["image"],
+                    "state": {"waiting": {"reason": reason, "message": msg}},
+                }
+            ]
             return
         if self.podman is not None:
             res = self.podman.run(*self._run_args(key, pod), check=False)
             if res.returncode != 0:
-                st["containerStatuses"] = [{"name": c["name"], "ready": False, "restartCount": 0, "imageID": "", "image": c["image"],
-                                            "state": {"waiting": {"reason": "CreateContainerError",
-                                                                  "message": res.stderr.decode()[-300:]}}}]
+                st["containerStatuses"] = [
+                    {
+                        "name": c["name"],
+                        "ready": False,
+                        "restartCount": 0,
+                        "imageID": "",
+                        "image": c["image"],
+                        "state": {"waiting": {"reason": "CreateContainerError", "message": res.stderr.decode()[-300:]}},
+                    }
+                ]
                 st["phase"] = "Failed"
                 return
         with self.lock:
@@ -232,9 +284,20 @@ class FakeKube:
                 self._remove_container(*key)
                 return
             st["phase"] = "Running"
-            st["conditions"] = [{"type": t, "status": "True"} for t in
-                                ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
-            st["containerStatuses"] = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0, "imageID": "", "image": c["image"], "state": {"running": {"startedAt": _now()}}}]
+            st["conditions"] = [
+                {"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ]
+            st["containerStatuses"] = [
+                {
+                    "name": c["name"],
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "imageID": "",
+                    "image": c["image"],
+                    "state": {"running": {"startedAt": _now()}},
+                }
+            ]
 
     def _run_args(self, key: tuple[str, str], pod: dict) -> list[str]:
         c = pod["spec"]["containers"][0]
@@ -300,15 +363,25 @@ def _make_handler(kube: FakeKube):
             if sub == "exec":
                 verb = "create"  # exec needs create on pods/exec (also over a WebSocket GET)
             else:
-                verb = {"GET": "get" if name else ("watch" if _flag(query, "watch") else "list"),
-                        "POST": "create", "DELETE": "delete"}.get(method, method.lower())
+                verb = {
+                    "GET": "get" if name else ("watch" if _flag(query, "watch") else "list"),
+                    "POST": "create",
+                    "DELETE": "delete",
+                }.get(method, method.lower())
             kube.requests.append((user, verb, url.path))
             if kube.rbac is not None and not kube.rbac.allowed(user, verb, ns, resource, name):
                 what = f'{resource} "{name}"' if name else resource
-                return self._send(403, status(403, "Forbidden",
-                                              f'{what} is forbidden: User "{user}" cannot {verb} resource '
-                                              f'"{resource}" in API group "" in the namespace "{ns}"',
-                                              name=name, kind=resource))
+                return self._send(
+                    403,
+                    status(
+                        403,
+                        "Forbidden",
+                        f'{what} is forbidden: User "{user}" cannot {verb} resource '
+                        f'"{resource}" in API group "" in the namespace "{ns}"',
+                        name=name,
+                        kind=resource,
+                    ),
+                )
             if sub == "exec":
                 return self._exec(ns, name, query)
             if sub:
@@ -318,15 +391,18 @@ def _make_handler(kube: FakeKube):
             if method == "GET" and not name:
                 sel = (query.get("labelSelector") or [""])[0]
                 with kube.lock:
-                    items = [_public(p) for (pns, _), p in kube.pods.items()
-                             if pns == ns and _selector_matches(sel, p["metadata"].get("labels") or {})]
-                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
-                                        "items": items})
+                    items = [
+                        _public(p)
+                        for (pns, _), p in kube.pods.items()
+                        if pns == ns and _selector_matches(sel, p["metadata"].get("labels") or {})
+                    ]
+                return self._send(
+                    200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}
+                )
             with kube.lock:
                 pod = kube.pods.get((ns, name))
                 if pod is None:
-                    return self._send(404, status(404, "NotFound", f'pods "{name}" not found', name=name,
-                                                  kind="pods"))
+                    return self._send(404, status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods"))
                 if method == "GET":
                     return self._send(200, _public(pod))
                 if method == "DELETE":
@@ -345,16 +421,23 @@ def _make_handler(kube: FakeKube):
                 containers = pod["spec"]["containers"]
                 assert containers and all(c.get("name") and c.get("image") for c in containers)
             except (ValueError, KeyError, TypeError, AssertionError):
-                return self._send(422, status(422, "Invalid", "Pod is invalid: metadata.name, spec.containers "
-                                                              "(name, image) are required"))
+                return self._send(
+                    422,
+                    status(422, "Invalid", "Pod is invalid: metadata.name, spec.containers (name, image) are required"),
+                )
             if pod["metadata"].get("namespace", ns) != ns:
                 return self._send(400, status(400, "BadRequest", "the namespace of the object does not match"))
             with kube.lock:
                 if (ns, name) in kube.pods:
-                    return self._send(409, status(409, "AlreadyExists", f'pods "{name}" already exists',
-                                                  name=name, kind="pods"))
-                pod["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(),
-                                       resourceVersion=str(len(kube.pods) + 1))
+                    return self._send(
+                        409, status(409, "AlreadyExists", f'pods "{name}" already exists', name=name, kind="pods")
+                    )
+                pod["metadata"].update(
+                    namespace=ns,
+                    uid=str(uuid.uuid4()),
+                    creationTimestamp=_now(),
+                    resourceVersion=str(len(kube.pods) + 1),
+                )
                 pod["status"] = {"phase": "Pending", "conditions": []}
                 pod["_created"] = time.time()
                 kube.pods[(ns, name)] = pod
@@ -384,10 +467,17 @@ def _make_handler(kube: FakeKube):
             ws = _WebSocket(self.connection, self.rfile)
             command = query.get("command") or []
             if pod["status"]["phase"] != "Running" or kube.podman is None:
-                ws.send_channel(3, json.dumps(status(400, "BadRequest", "container not running or no runtime")).encode())
+                ws.send_channel(
+                    3, json.dumps(status(400, "BadRequest", "container not running or no runtime")).encode()
+                )
                 return ws.close()
-            proc = subprocess.Popen(["podman", "exec", "-i", _ctr(ns, name), *command], env=kube.podman.env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                ["podman", "exec", "-i", _ctr(ns, name), *command],
+                env=kube.podman.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             want_stdin = _flag(query, "stdin")  # Go's ParseBool: true, True, 1, ...
             if not want_stdin:
                 proc.stdin.close()
@@ -396,8 +486,10 @@ def _make_handler(kube: FakeKube):
                 for chunk in iter(lambda: stream.read1(65536), b""):
                     ws.send_channel(channel, chunk)
 
-            pumps = [threading.Thread(target=pump, args=(proc.stdout, 1), daemon=True),
-                     threading.Thread(target=pump, args=(proc.stderr, 2), daemon=True)]
+            pumps = [
+                threading.Thread(target=pump, args=(proc.stdout, 1), daemon=True),
+                threading.Thread(target=pump, args=(proc.stderr, 2), daemon=True),
+            ]
             for t in pumps:
                 t.start()
 

@@ -55,8 +55,9 @@ def start_server(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
 
 def start_toy_server(port: int | None = None, die_at_session: int = 0) -> tuple[subprocess.Popen, str]:
     port = port or free_port()
-    return start_server([str(REPO / "tests" / "ors_toy_env.py"), "--port", str(port),
-                         "--die-at-session", str(die_at_session)], port)
+    return start_server(
+        [str(REPO / "tests" / "ors_toy_env.py"), "--port", str(port), "--die-at-session", str(die_at_session)], port
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:

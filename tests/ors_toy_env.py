@@ -28,7 +28,7 @@ class Adder(Environment):
     sessions = 0
     die_at_session = 0
 
-    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006 - the SDK's signature
         super().__init__(task_spec, secrets)
         Adder.sessions += 1
         if Adder.sessions == Adder.die_at_session:
@@ -50,15 +50,20 @@ class Adder(Environment):
     @tool
     async def hint(self) -> ToolOutput:
         """Get a hint (costs 0.1 reward)."""
-        return ToolOutput(blocks=[TextBlock(text=f"The sum is between {self.a} and {self.a + self.b}.")],
-                          reward=-0.1, finished=False)
+        return ToolOutput(
+            blocks=[TextBlock(text=f"The sum is between {self.a} and {self.a + self.b}.")], reward=-0.1, finished=False
+        )
 
     @tool
     async def submit(self, params: SubmitParams) -> ToolOutput:
         """Submit the final answer."""
         correct = params.answer.strip() == str(self.a + self.b)
-        return ToolOutput(blocks=[TextBlock(text="Correct!" if correct else "Wrong.")],
-                          reward=1.0 if correct else 0.0, finished=True, metadata={"gold": self.a + self.b})
+        return ToolOutput(
+            blocks=[TextBlock(text="Correct!" if correct else "Wrong.")],
+            reward=1.0 if correct else 0.0,
+            finished=True,
+            metadata={"gold": self.a + self.b},
+        )
 
 
 def main() -> None:

@@ -59,8 +59,9 @@ class Podman:
         return f"unix://{self.socket}"
 
     def run(self, *args: str, check: bool = True, input_: bytes | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(["podman", *args], env=self.env, check=check, capture_output=True, input=input_,
-                              timeout=120)
+        return subprocess.run(
+            ["podman", *args], env=self.env, check=check, capture_output=True, input=input_, timeout=120
+        )
 
     def stop(self) -> None:
         if self.service and self.service.poll() is None:
@@ -84,6 +85,7 @@ def busybox_rootfs_tar(dest: Path) -> Path:
         return tar_path
     applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
     with tarfile.open(tar_path, "w") as tf:
+
         def add_dir(name: str, mode: int = 0o755) -> None:
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, mode
@@ -99,12 +101,15 @@ def busybox_rootfs_tar(dest: Path) -> Path:
             info = tarfile.TarInfo(f"bin/{a}")
             info.type, info.linkname = tarfile.SYMTYPE, "busybox"
             tf.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"),
-                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
+        for name, text in (
+            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"),
+            ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+        ):
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
             import io
+
             tf.addfile(info, io.BytesIO(data))
     return tar_path
 
@@ -114,17 +119,33 @@ def start(root: Path, with_service: bool = True) -> Podman:
     root.mkdir(parents=True, exist_ok=True)
     (root / "containers.conf").write_text(CONTAINERS_CONF)
     (root / "storage.conf").write_text(
-        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n')
-    env = {**os.environ, "CONTAINERS_CONF": str(root / "containers.conf"),
-           "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"), "TMPDIR": str(root)}
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n'
+    )
+    env = {
+        **os.environ,
+        "CONTAINERS_CONF": str(root / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
+        "TMPDIR": str(root),
+    }
     pm = Podman(root=root, env=env, socket=root / "podman.sock")
     have = pm.run("image", "exists", TEST_IMAGE, check=False).returncode == 0
     if not have:
-        pm.run("import", "--change", "CMD=/bin/sh", "--change", "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
-               str(busybox_rootfs_tar(root)), TEST_IMAGE)
+        pm.run(
+            "import",
+            "--change",
+            "CMD=/bin/sh",
+            "--change",
+            "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
+            str(busybox_rootfs_tar(root)),
+            TEST_IMAGE,
+        )
     if with_service:
-        pm.service = subprocess.Popen(["podman", "system", "service", "--time=0", pm.base_url], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=open(root / "service.log", "ab"))
+        pm.service = subprocess.Popen(
+            ["podman", "system", "service", "--time=0", pm.base_url],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(root / "service.log", "ab"),
+        )
         deadline = time.monotonic() + 30
         while not pm.socket.exists():
             if pm.service.poll() is not None or time.monotonic() > deadline:

@@ -65,8 +65,9 @@ def test_entropic_adaptive_picks_beta_with_kl_ln2():
     assert got.tolist() == pytest.approx(compute_advantages(REWARDS, "entropic", beta=beta).tolist(), rel=1e-9)
     # scale-free: rewards times 10 -> beta / 10, same advantages
     assert adaptive_beta(np.asarray(REWARDS) * 10) == pytest.approx(beta / 10, rel=1e-6)
-    assert compute_advantages([r * 10 for r in REWARDS], "entropic_adaptive").tolist() == pytest.approx(got.tolist(),
-                                                                                                       rel=1e-6)
+    assert compute_advantages([r * 10 for r in REWARDS], "entropic_adaptive").tolist() == pytest.approx(
+        got.tolist(), rel=1e-6
+    )
 
 
 def test_entropic_adaptive_when_ln2_is_out_of_reach():

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import REAL, datum, logprobs_of
 from tinker import types
 
-from engine_helpers import REAL, datum, logprobs_of
 from tinkrl.local import ServiceClient
 from tinkrl.renderers import get_renderer
 
@@ -34,7 +34,7 @@ def max_disagreement(tc, sc, prompts, temperature: float) -> float:
             full = p.to_ints() + list(s.tokens)
             n = len(full) - 1
             weights = np.zeros(n)
-            weights[p.length - 1:] = 1.0  # the sampled tokens, as an RL datum trains on
+            weights[p.length - 1 :] = 1.0  # the sampled tokens, as an RL datum trains on
             data.append(datum(full, weights=weights))
             spans.append((p.length - 1, np.asarray(s.logprobs, dtype=np.float64)))
     fwd = logprobs_of(tc.forward(data).result())

@@ -93,8 +93,9 @@ def test_missing_and_malformed_yaml_files(capsys, in_tmp):
 
 
 def test_config_path_and_overrides(in_tmp):
-    (in_tmp / "run.yaml").write_text("learning_rate: 1.0e-4\nlora_rank: 8\nenvironments:\n  arithmetic:\n"
-                                     "    env: {max_value: 20}\n")
+    (in_tmp / "run.yaml").write_text(
+        "learning_rate: 1.0e-4\nlora_rank: 8\nenvironments:\n  arithmetic:\n    env: {max_value: 20}\n"
+    )
     path, overrides = parse_cli(["--config_path", "run.yaml", "--overrides", "lora_rank=4", "wandb.project=p"])
     assert path == "run.yaml" and overrides == ["lora_rank=4", "wandb.project=p"]
     c = load_config(path, overrides)

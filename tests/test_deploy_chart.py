@@ -88,8 +88,11 @@ def test_training_preset_runs_train_and_drops_the_proxy():
 
 
 def _rbac_rules(docs: list[dict]) -> dict[str, list[dict]]:
-    return {f'{r["kind"]}/{r["metadata"]["namespace"]}/{r["metadata"]["name"]}': r["rules"]
-            for r in docs if r["kind"] in ("Role", "ClusterRole")}
+    return {
+        f"{r['kind']}/{r['metadata']['namespace']}/{r['metadata']['name']}": r["rules"]
+        for r in docs
+        if r["kind"] in ("Role", "ClusterRole")
+    }
 
 
 def test_rbac_grants_pods_and_exec_in_one_namespace_only():
@@ -130,9 +133,12 @@ def test_rbac_enforced_on_the_providers_real_calls(tmp_path):
     pm = None
     if podman_helper.unavailable_reason() is None:
         pm = podman_helper.start(tmp_path / "podman", with_service=False)
-    kube = kf.FakeKube(podman=pm, images={"img:1": podman_helper.TEST_IMAGE},
-                       tokens={"sa-token": "system:serviceaccount:tinkrl:tinkrl-orchestrator"},
-                       rbac=kf.Rbac(docs)).start()
+    kube = kf.FakeKube(
+        podman=pm,
+        images={"img:1": podman_helper.TEST_IMAGE},
+        tokens={"sa-token": "system:serviceaccount:tinkrl:tinkrl-orchestrator"},
+        rbac=kf.Rbac(docs),
+    ).start()
     try:
         kc = str(kube.kubeconfig(tmp_path / "kc", token="sa-token"))
         p = KubernetesProvider(kubeconfig=kc, namespace="tinkrl", poll_interval_s=0.02, ready_timeout_s=20)
@@ -154,13 +160,17 @@ def test_rbac_enforced_on_the_providers_real_calls(tmp_path):
 
 
 def test_make_template_prints_the_manifests_and_make_lint_passes():
-    out = subprocess.run(["make", "-s", "-C", "deploy", "template", "VALUES=values-training.yaml"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["make", "-s", "-C", "deploy", "template", "VALUES=values-training.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert {"Role", "RoleBinding", "Deployment", "ConfigMap", "ServiceAccount"} <= {d["kind"] for d in docs}
-    lint = subprocess.run(["make", "-s", "-C", "deploy", "lint"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    lint = subprocess.run(["make", "-s", "-C", "deploy", "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
 
 

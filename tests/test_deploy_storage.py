@@ -52,8 +52,11 @@ def test_push_uploads_changes_only_and_pull_restores(s3, tmp_path):
     run = _run_dir(tmp_path)
     pusher = storage.Pusher(run, "s3://runs-bucket/runs/myrun", url)
     first = pusher.push_once()
-    assert sorted(first) == ["runs/myrun/checkpoints/000010/adapter.safetensors", "runs/myrun/config.yaml",
-                             "runs/myrun/metrics.jsonl"]
+    assert sorted(first) == [
+        "runs/myrun/checkpoints/000010/adapter.safetensors",
+        "runs/myrun/config.yaml",
+        "runs/myrun/metrics.jsonl",
+    ]
     assert pusher.push_once() == []  # nothing changed
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 2}\n')
@@ -81,9 +84,24 @@ def test_make_results_fetches_a_run(s3, tmp_path):
     assert storage.cli_main(["push", str(run), "s3://runs-bucket/runs/myrun", "--endpoint-url", url]) == 0
     results = tmp_path / "results"
     env = {**os.environ, "TINKRL_S3_ENDPOINT_URL": url, "PY": sys.executable}
-    out = subprocess.run(["make", "-s", "-C", "deploy", "results", "BUCKET=runs-bucket", "ACCOUNT=000000000000",
-                          "RUN=myrun", f"RESULTS={results}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            "deploy",
+            "results",
+            "BUCKET=runs-bucket",
+            "ACCOUNT=000000000000",
+            "RUN=myrun",
+            f"RESULTS={results}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (results / "myrun" / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert (results / "myrun" / "checkpoints" / "000010" / "adapter.safetensors").stat().st_size == 200_000

@@ -43,8 +43,9 @@ def provider(podman):
 
 @pytest.fixture()
 def sandbox(provider):
-    sb = provider.create(SandboxSpec(image=IMAGE, workdir="/app", memory_mb=256, pids=64, cpu=0.5,
-                                     labels={"task_id": "hello/world"}))
+    sb = provider.create(
+        SandboxSpec(image=IMAGE, workdir="/app", memory_mb=256, pids=64, cpu=0.5, labels={"task_id": "hello/world"})
+    )
     yield sb
     sb.close()
 
@@ -78,8 +79,10 @@ def test_output_is_capped_head_and_tail(podman):
 
 def test_limits_network_and_labels(podman, provider, sandbox):
     # cgroup v1 memory limit as the container sees it, and only loopback exists
-    r = sandbox.exec("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max;"
-                     " cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    r = sandbox.exec(
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max;"
+        " cat /proc/net/dev | tail -n +3 | cut -d: -f1"
+    )
     mem, *ifaces = r.stdout.split()
     assert int(mem) == 256 * 1024 * 1024
     assert ifaces == ["lo"]
@@ -150,8 +153,9 @@ def test_leaked_containers_of_a_dead_run_are_reaped_and_a_live_runs_kept(podman,
         print(sb.name, flush=True)
         os._exit(0)
     """)
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1]
+    )
     assert out.returncode == 0, out.stderr
     leaked = out.stdout.split()[-1]
     assert provider.client.containers.list(all=True, filters={"name": leaked})
@@ -175,8 +179,10 @@ def test_reap_by_run_id_and_provider_start_reaps(podman, provider):
     sb.close()
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/lib/podman/netavark"),
-                    reason="podman's bridge network needs netavark (apt-get install netavark iptables)")
+@pytest.mark.skipif(
+    not os.path.exists("/usr/lib/podman/netavark"),
+    reason="podman's bridge network needs netavark (apt-get install netavark iptables)",
+)
 def test_a_task_that_asks_for_network_gets_an_interface(provider):
     with provider.create(SandboxSpec(image=IMAGE, network=True)) as sb:
         ifaces = sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split()

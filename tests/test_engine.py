@@ -14,10 +14,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from engine_helpers import (  # noqa: F401
+    TEST_DTYPE,
+    TEXTS,
+    TINY,
+    assert_close_vectors,
+    datum,
+    flat,
+    logprobs_of,
+    lora_grads,
+    lora_weights,
+    on_engine,
+    randomize_lora,
+    zero_grads,
+)
 from tinker import types
 
-from engine_helpers import (TEST_DTYPE, TEXTS, TINY, assert_close_vectors, datum, flat, isolated_home, logprobs_of,  # noqa: F401
-                            lora_grads, lora_weights, on_engine, randomize_lora, zero_grads)
 from tinkrl.local import LocalFuture, ServiceClient
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
@@ -56,6 +68,7 @@ def hold_engine(tc):
     def block():
         started.set()
         release.wait(30)
+
     tc.engine.submit(block)
     assert started.wait(30)
     return release
@@ -63,15 +76,18 @@ def hold_engine(tc):
 
 # -- futures ------------------------------------------------------------------------------------------------
 
+
 def test_calls_return_futures_at_once_and_run_in_submission_order(service, seqs):
     tc = new_tc(service)
     before = logprobs_of(tc.forward([ce(seqs[0])]).result())[0]
     release = hold_engine(tc)
     try:
         done: list[str] = []
-        futs = {"fb": tc.forward_backward([ce(seqs[0])]),
-                "optim": tc.optim_step(types.AdamParams(learning_rate=0.05)),
-                "fwd": tc.forward([ce(seqs[0])])}
+        futs = {
+            "fb": tc.forward_backward([ce(seqs[0])]),
+            "optim": tc.optim_step(types.AdamParams(learning_rate=0.05)),
+            "fwd": tc.forward([ce(seqs[0])]),
+        }
         for name, f in futs.items():
             assert isinstance(f, LocalFuture)
             f.add_done_callback(lambda _f, name=name: done.append(name))
@@ -106,6 +122,7 @@ def test_futures_are_awaitable(service, seqs):
 
 # -- gradients and the optimizer -----------------------------------------------------------------------------
 
+
 def test_gradients_accumulate_until_optim_step(service, seqs):
     tc = new_tc(service)
     randomize_lora(tc)
@@ -126,8 +143,9 @@ def test_gradients_accumulate_until_optim_step(service, seqs):
 def _reference_adamw(params0, grads_per_step, p: types.AdamParams):
     names = sorted(params0)
     leaves = [params0[n].clone().double().requires_grad_(True) for n in names]
-    opt = torch.optim.AdamW(leaves, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
-                            weight_decay=p.weight_decay)
+    opt = torch.optim.AdamW(
+        leaves, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay
+    )
     norms = []
     for grads in grads_per_step:
         for leaf, n in zip(leaves, names):
@@ -153,8 +171,14 @@ def test_adamw_matches_torch_and_clipping(service, seqs, clip):
         norm = float(flat(g).norm())
         grads_seen.append(g)
         if p is None:
-            p = types.AdamParams(learning_rate=0.01, beta1=0.8, beta2=0.9, eps=1.0, weight_decay=0.1,
-                                 grad_clip_norm=0.0 if clip == 0.0 else norm / 10)
+            p = types.AdamParams(
+                learning_rate=0.01,
+                beta1=0.8,
+                beta2=0.9,
+                eps=1.0,
+                weight_decay=0.1,
+                grad_clip_norm=0.0 if clip == 0.0 else norm / 10,
+            )
         norms_reported.append(tc.optim_step(p).result().metrics["grad_norm:mean"])
     expected, ref_norms = _reference_adamw(w0, grads_seen, p)
     got = lora_weights(tc)
@@ -167,6 +191,7 @@ def test_adamw_matches_torch_and_clipping(service, seqs, clip):
 
 
 # -- checkpoints -----------------------------------------------------------------------------------------------
+
 
 def _train_step(tc, data, lr=0.02):
     tc.forward_backward(data).result()
@@ -257,8 +282,10 @@ def test_sampling_client_is_pinned_to_its_weights(service, seqs):
     for a, b in zip(first.sequences, again.sequences):
         assert list(a.tokens) == list(b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    diff = max(np.abs(np.asarray(a.logprobs[:1]) - np.asarray(b.logprobs[:1])).max()
-               for a, b in zip(first.sequences, fresh.sequences))
+    diff = max(
+        np.abs(np.asarray(a.logprobs[:1]) - np.asarray(b.logprobs[:1])).max()
+        for a, b in zip(first.sequences, fresh.sequences)
+    )
     tokens_differ = any(list(a.tokens) != list(b.tokens) for a, b in zip(first.sequences, fresh.sequences))
     assert tokens_differ or diff > 1e-3
 
@@ -273,14 +300,16 @@ def test_fp32_samplers_of_different_adapters_sample_their_own_policy(seqs):
     attn_only = service.create_lora_training_client(TINY, rank=8, seed=1, train_mlp=False, train_unembed=False)
     randomize_lora(full, scale=0.05, seed=2)
     randomize_lora(attn_only, scale=0.05, seed=3)
-    clients = {"full": (full, full.save_weights_and_get_sampling_client()),
-               "attn_only": (attn_only, attn_only.save_weights_and_get_sampling_client())}
+    clients = {
+        "full": (full, full.save_weights_and_get_sampling_client()),
+        "attn_only": (attn_only, attn_only.save_weights_and_get_sampling_client()),
+    }
     prompt = seqs[0][:8]
     params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3, stop=[])
     for name in ("full", "attn_only", "full"):
         tc, sc = clients[name]
         for s in sc.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences:
-            forward = logprobs_of(tc.forward([ce(prompt + list(s.tokens))]).result())[0][len(prompt) - 1:]
+            forward = logprobs_of(tc.forward([ce(prompt + list(s.tokens))]).result())[0][len(prompt) - 1 :]
             np.testing.assert_allclose(forward, s.logprobs, atol=1e-4, err_msg=name)
 
 
@@ -322,11 +351,13 @@ def test_frozen_linear_equals_f_linear_in_value_and_input_gradient(with_bias):
     with torch.no_grad():  # the sampler's path: a packed copy of the weight, remade when the weight changes
         torch.testing.assert_close(frozen_linear(x, weight, bias), y_ref, rtol=1e-5, atol=1e-5)
         weight.mul_(2)
-        torch.testing.assert_close(frozen_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            frozen_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5
+        )
 
 
 # -- sampling ----------------------------------------------------------------------------------------------------
+
 
 def test_two_level_draw_is_the_inverse_cdf_and_never_picks_filtered_tokens():
     """The sampler finds the token for u in two levels (vocabulary blocks, then inside one);
@@ -336,7 +367,7 @@ def test_two_level_draw_is_the_inverse_cdf_and_never_picks_filtered_tokens():
     logits = torch.randn(4, 1000, generator=g) * 3
     logits[2:] = logits[2:].masked_fill(torch.rand(2, 1000, generator=g) > 0.02, float("-inf"))  # filtered rows
     probs = logits.softmax(-1)
-    grid = torch.cat([torch.tensor([0.0, 1 - 2 ** -24]), (torch.arange(2000) + 0.5) / 2000])
+    grid = torch.cat([torch.tensor([0.0, 1 - 2**-24]), (torch.arange(2000) + 0.5) / 2000])
     mismatches = 0
     for u in grid:
         us = u.repeat(4)
@@ -377,18 +408,18 @@ def test_stop_token_ids_and_stop_strings(sampler, seqs, tok):
     k = 5
     first = ref.index(ref[k])  # the first occurrence of that token
     stopped = _one(sc, prompt, max_tokens=12, temperature=0.0, stop=[ref[k]]).sequences[0]
-    assert list(stopped.tokens) == ref[:first + 1] and stopped.stop_reason == "stop"
+    assert list(stopped.tokens) == ref[: first + 1] and stopped.stop_reason == "stop"
 
     text = tok.decode(ref)
     pieces = [tok.decode(ref[:i]) for i in range(1, len(ref) + 1)]
     target_end = next(i for i in range(3, len(ref)) if len(pieces[i].strip()) > len(pieces[2].strip()))
-    stop_string = text[len(pieces[2]):len(pieces[target_end])][-3:]
+    stop_string = text[len(pieces[2]) : len(pieces[target_end])][-3:]
     assert stop_string
     by_string = _one(sc, prompt, max_tokens=12, temperature=0.0, stop=[stop_string]).sequences[0]
     out = tok.decode(list(by_string.tokens))
     assert by_string.stop_reason == "stop" and stop_string in out
     assert stop_string not in tok.decode(list(by_string.tokens)[:-1])
-    assert list(by_string.tokens) == ref[:len(by_string.tokens)]
+    assert list(by_string.tokens) == ref[: len(by_string.tokens)]
 
 
 def test_seeds_num_samples_and_temperature(sampler, seqs):
@@ -410,15 +441,20 @@ def test_prompt_logprobs_and_sampled_logprobs_equal_forward(sampler, seqs):
     prompt = seqs[0][:12]
     resp = _one(sc, prompt, max_tokens=6, seed=3, temperature=0.7)
     computed = sc.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
-    included = sc.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=1),
-                         include_prompt_logprobs=True).result().prompt_logprobs
+    included = (
+        sc.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=1), include_prompt_logprobs=True
+        )
+        .result()
+        .prompt_logprobs
+    )
     assert computed[0] is None and included[0] is None and len(computed) == len(prompt)
     full = prompt + list(resp.sequences[0].tokens)
     fwd = logprobs_of(tc.forward([ce(full)]).result())[0]
-    np.testing.assert_allclose(np.asarray(computed[1:], dtype=np.float64), fwd[:len(prompt) - 1], atol=1e-3)
-    np.testing.assert_allclose(np.asarray(included[1:], dtype=np.float64), fwd[:len(prompt) - 1], atol=1e-3)
+    np.testing.assert_allclose(np.asarray(computed[1:], dtype=np.float64), fwd[: len(prompt) - 1], atol=1e-3)
+    np.testing.assert_allclose(np.asarray(included[1:], dtype=np.float64), fwd[: len(prompt) - 1], atol=1e-3)
     # the sampled tokens' logprobs are the policy's (T=1, untruncated) even when drawn at T=0.7
-    np.testing.assert_allclose(resp.sequences[0].logprobs, fwd[len(prompt) - 1:], atol=1e-3)
+    np.testing.assert_allclose(resp.sequences[0].logprobs, fwd[len(prompt) - 1 :], atol=1e-3)
 
 
 def test_prompts_sharing_an_opening_sample_as_they_do_alone(sampler, seqs, tok):
@@ -436,15 +472,18 @@ def test_prompts_sharing_an_opening_sample_as_they_do_alone(sampler, seqs, tok):
         alone = sc.sample(types.ModelInput.from_ints(p), 1, params, include_prompt_logprobs=True).result()
         assert list(got.sequences[0].tokens) == list(alone.sequences[0].tokens)
         np.testing.assert_allclose(got.sequences[0].logprobs, alone.sequences[0].logprobs, atol=1e-4)
-        np.testing.assert_allclose(np.asarray(got.prompt_logprobs[1:], dtype=np.float64),
-                                   np.asarray(alone.prompt_logprobs[1:], dtype=np.float64), atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(got.prompt_logprobs[1:], dtype=np.float64),
+            np.asarray(alone.prompt_logprobs[1:], dtype=np.float64),
+            atol=1e-4,
+        )
         fwd = logprobs_of(tc.forward([ce(p + list(got.sequences[0].tokens))]).result())[0]
-        np.testing.assert_allclose(np.asarray(got.prompt_logprobs[1:], dtype=np.float64), fwd[:len(p) - 1], atol=1e-3)
+        np.testing.assert_allclose(np.asarray(got.prompt_logprobs[1:], dtype=np.float64), fwd[: len(p) - 1], atol=1e-3)
 
 
 def test_concurrent_samples_agree_with_sequential(sampler, seqs):
     _, sc = sampler
-    prompts = [s[:6 + i % 4] for i, s in enumerate(seqs * 4)]
+    prompts = [s[: 6 + i % 4] for i, s in enumerate(seqs * 4)]
 
     def run(i):  # mixed lengths, budgets (rows finish at different steps) and top_k / top_p filters
         extra = [{"top_k": 5}, {"top_p": 0.9}, {}, {"temperature": 0.0}][i % 4]
@@ -479,14 +518,15 @@ def test_static_decoding_samples_as_eager_decoding(sampler, seqs, static):
         for i, s in enumerate(seqs * 3):
             extra = [{"top_k": 5}, {"top_p": 0.9}, {"stop": [stop_token]}, {"temperature": 0.0}][i % 4]
             params = {"max_tokens": 2 + 2 * (i % 7), "seed": 100 + i, "temperature": 1.0, **extra}
-            out.append(SampleJob(s[:6 + i % 5], 2, types.SamplingParams(**params)))
+            out.append(SampleJob(s[: 6 + i % 5], 2, types.SamplingParams(**params)))
         return out
 
     def run(use_static):
         batch = jobs()
         tree = engine._tree_for(sc.snapshot)
-        engine.submit(lambda: sample_batch(tree, batch, engine.tokenizer, engine.eos_id, engine.max_context,
-                                           static=use_static)).result()
+        engine.submit(
+            lambda: sample_batch(tree, batch, engine.tokenizer, engine.eos_id, engine.max_context, static=use_static)
+        ).result()
         return [seq for job in batch for seq in job.result.sequences]
 
     reference, got = run(not static), run(static)
@@ -510,9 +550,11 @@ def test_a_bad_request_does_not_fail_the_requests_batched_with_it(sampler):
     _, sc = sampler
     release = hold_engine(sampler[0])  # queue the requests so they would be merged into one batch
     try:
-        good = [sc.sample(types.ModelInput.from_ints([1, 2, 3 + i]), 1, types.SamplingParams(max_tokens=3))
-                for i in range(3)]
-        for bad in ([], [-1], [10 ** 7]):
+        good = [
+            sc.sample(types.ModelInput.from_ints([1, 2, 3 + i]), 1, types.SamplingParams(max_tokens=3))
+            for i in range(3)
+        ]
+        for bad in ([], [-1], [10**7]):
             with pytest.raises(ValueError):
                 sc.sample(types.ModelInput.from_ints(bad), 1, types.SamplingParams(max_tokens=3)).result(30)
     finally:
@@ -521,6 +563,7 @@ def test_a_bad_request_does_not_fail_the_requests_batched_with_it(sampler):
 
 
 # -- packing -------------------------------------------------------------------------------------------------------
+
 
 def test_groups_of_different_prompts_pack_apart():
     """Two GRPO groups whose prompts share only the chat template's opening: merging them would
@@ -620,6 +663,7 @@ def test_packing_is_exact(service, seqs, tok):
 
 # -- models ----------------------------------------------------------------------------------------------------------
 
+
 def test_capabilities_list_default_and_tiny_models(service):
     names = [m.model_name for m in service.get_server_capabilities().supported_models]
     assert DEFAULT_MODEL in names
@@ -671,6 +715,7 @@ def test_tiny_architectures_match_transformers_and_train(service, model, seqs):
 
 # -- torch.compile ---------------------------------------------------------------------------------------------
 
+
 def test_compiled_training_matches_eager(service, seqs, tok):
     """compile=True fuses the layers' elementwise work; losses, logprobs and gradients stay those of
     the eager forward, across batches of different shapes (dynamic shapes, no wrong cached graph)."""
@@ -681,8 +726,12 @@ def test_compiled_training_matches_eager(service, seqs, tok):
     prompt = tok.encode("Shared prompt of a group")
     opening = tok.encode("You are a careful assistant. Answer the user's question briefly.")
     two_groups = [ce(opening + tok.encode(q) + s[:n]) for q in ("Hi?", "Why?") for s, n in zip(seqs, (2, 4))]
-    batches = [[ce(s) for s in seqs], [ce(prompt + s[:n]) for s, n in zip(seqs, (2, 5, 7, 3))], [ce(seqs[1])],
-               two_groups]
+    batches = [
+        [ce(s) for s in seqs],
+        [ce(prompt + s[:n]) for s, n in zip(seqs, (2, 5, 7, 3))],
+        [ce(seqs[1])],
+        two_groups,
+    ]
     for data in batches:
         outs = []
         for tc in (eager, compiled):
@@ -705,7 +754,7 @@ def test_unembedding_lora_forward_equals_peft(service):
     grads = []
     for forward in (head.forward, lambda h: type(head).forward(head, h)):  # ours, then peft's own
         params = [head.lora_A["default"].weight, head.lora_B["default"].weight]
-        out = on_engine(tc, lambda: forward(x))
+        out = on_engine(tc, lambda f=forward: f(x))
         g = torch.autograd.grad((out * torch.linspace(-1, 1, out.shape[-1], device=out.device)).sum(), params)
         grads.append((out.detach(), g))
     (ours, g_ours), (peft_out, g_peft) = grads

@@ -18,8 +18,9 @@ def _child(rng: np.random.Generator, n: int = 20):
 
 def _filled(tmp_path=None, capacity=4, epsilon=0.0, sampler="greedy", seed=0):
     rng = np.random.default_rng(seed)
-    buf = ReuseBuffer(capacity, epsilon, sampler=sampler, children_per_parent=8,
-                      path=(tmp_path / "buffer.json") if tmp_path else None)
+    buf = ReuseBuffer(
+        capacity, epsilon, sampler=sampler, children_per_parent=8, path=(tmp_path / "buffer.json") if tmp_path else None
+    )
     h0 = em.random_construction(20, rng)
     root = buf.add_initial(h0, em.c5(h0))
     buf.add_children(root.id, [_child(rng) for _ in range(6)], step=0)
@@ -54,7 +55,6 @@ def test_capacity_keeps_the_best_and_the_initial_start():
     buf, root = _filled(capacity=4)
     grown = [e for e in buf.entries if not e.initial]
     assert len(grown) == 4 and buf.get(root.id) is not None
-    rng = np.random.default_rng(5)
     # A much better child evicts the worst grown entry.
     worst = max(grown, key=lambda e: e.c5)
     good = np.r_[np.full(10, 2 / 3), np.full(10, 1 / 3)]
@@ -88,7 +88,7 @@ def test_puct_counts_expansions_up_the_lineage_and_separates_lineages():
     assert buf.get(root.id).visits == 2 and buf.get(child.id).visits == 1
     picks = buf.select(3, rng)
     for i, a in enumerate(picks):
-        for b in picks[i + 1:]:
+        for b in picks[i + 1 :]:
             assert a.id not in b.ancestors and b.id not in a.ancestors and a.id != b.id
     scores = buf.puct_scores()
     assert [p.id for p in picks][0] == max(scores, key=scores.get)

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import erdos_scripted as es
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-import erdos_scripted as es
 from tinkrl.envs import erdos_math as em
 from tinkrl.envs.erdos import ErdosConfig, ErdosEnvConfig, build_erdos_dataset
 from tinkrl.errors import ConfigError
@@ -35,8 +35,9 @@ def provider():
 
 
 def test_config_takes_the_documented_keys_and_rejects_unknown_ones():
-    cfg = ErdosConfig(n_points=200, buffer_size=16, epsilon=0.125, max_tokens=2048, teacher_forcing=True,
-                      context_window_tokens=4096)
+    cfg = ErdosConfig(
+        n_points=200, buffer_size=16, epsilon=0.125, max_tokens=2048, teacher_forcing=True, context_window_tokens=4096
+    )
     assert ErdosConfig is ErdosEnvConfig and cfg.n_points == 200 and cfg.teacher_forcing
     with pytest.raises(ValidationError):
         ErdosEnvConfig(n_point=200)
@@ -46,8 +47,9 @@ def test_config_takes_the_documented_keys_and_rejects_unknown_ones():
 
 def _dataset(tmp_path, renderer, provider, **overrides):
     cfg = ErdosEnvConfig(**{"n_points": 40, "buffer_size": 4, "timeout_s": 10, "initial_states": 2, **overrides})
-    return build_erdos_dataset(cfg, renderer=renderer, group_size=2, groups_per_batch=2, run_dir=tmp_path,
-                               seed=1, sandbox_provider=provider)
+    return build_erdos_dataset(
+        cfg, renderer=renderer, group_size=2, groups_per_batch=2, run_dir=tmp_path, seed=1, sandbox_provider=provider
+    )
 
 
 def test_two_phase_sampling_forces_the_closing_text_and_scores_the_final_code(tmp_path, renderer, provider):
@@ -111,8 +113,7 @@ def test_invalid_answers_are_recorded_by_reason_and_never_enter_the_buffer(tmp_p
 
 def test_scripted_policy_lowers_the_best_c5_and_survives_kill_and_resume(tmp_path):
     run_dir = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), "0", "50"], stdout=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen([sys.executable, str(SCRIPT), str(run_dir), "0", "50"], stdout=subprocess.PIPE, text=True)
     lines = []
     try:
         assert first.stdout is not None
@@ -133,8 +134,9 @@ def test_scripted_policy_lowers_the_best_c5_and_survives_kill_and_resume(tmp_pat
     h = np.asarray(on_disk["h"])
     assert em.c5(h) == pytest.approx(on_disk["c5"], abs=1e-15) and em.validate(h, 60).valid
 
-    again = subprocess.run([sys.executable, str(SCRIPT), str(run_dir), "3", "5"], capture_output=True, text=True,
-                           timeout=300)
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run_dir), "3", "5"], capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     resumed = [json.loads(line) for line in again.stdout.splitlines()]
     assert resumed[0]["resumed"] is True and resumed[0]["best_c5"] <= on_disk["c5"]
@@ -156,19 +158,49 @@ def test_the_documented_launch_keys_build_the_env_through_the_registry(tmp_path,
     from tinkrl.config import load_config
     from tinkrl.envs import EnvContext, make_env_config
 
-    config = load_config(None, ["env=ErdosConfig", "env.n_points=200", "env.buffer_size=16", "env.epsilon=0.125",
-                                "env.max_tokens=2048", "env.teacher_forcing=True",
-                                "env.context_window_tokens=4096", "adv_estimator=entropic", "adv_beta=2.0",
-                                "batch_size=512", "group_size=64", "lora_rank=32"])
+    config = load_config(
+        None,
+        [
+            "env=ErdosConfig",
+            "env.n_points=200",
+            "env.buffer_size=16",
+            "env.epsilon=0.125",
+            "env.max_tokens=2048",
+            "env.teacher_forcing=True",
+            "env.context_window_tokens=4096",
+            "adv_estimator=entropic",
+            "adv_beta=2.0",
+            "batch_size=512",
+            "group_size=64",
+            "lora_rank=32",
+        ],
+    )
     key, entry = next(iter(config.environments.items()))
     cfg = make_env_config(key, entry)
     assert isinstance(cfg, ErdosEnvConfig)
-    assert (cfg.n_points, cfg.buffer_size, cfg.epsilon, cfg.max_tokens, cfg.teacher_forcing,
-            cfg.context_window_tokens) == (200, 16, 0.125, 2048, True, 4096)
-    ctx = EnvContext(key=key, entry=entry, renderer=renderer, model_name=config.model_name, group_size=64,
-                     groups_per_batch=config.groups_per_env()[key], max_tokens=config.max_tokens, run_dir=tmp_path,
-                     seed=0, sandbox_provider=lambda: provider)
+    assert (
+        cfg.n_points,
+        cfg.buffer_size,
+        cfg.epsilon,
+        cfg.max_tokens,
+        cfg.teacher_forcing,
+        cfg.context_window_tokens,
+    ) == (200, 16, 0.125, 2048, True, 4096)
+    ctx = EnvContext(
+        key=key,
+        entry=entry,
+        renderer=renderer,
+        model_name=config.model_name,
+        group_size=64,
+        groups_per_batch=config.groups_per_env()[key],
+        max_tokens=config.max_tokens,
+        run_dir=tmp_path,
+        seed=0,
+        sandbox_provider=lambda: provider,
+    )
     datasets = cfg.build(ctx)
     batch = datasets.train.get_batch(0)
     assert len(batch) == 8 and (tmp_path / "best.json").exists() and (tmp_path / "erdos_buffer.json").exists()
-    assert datasets.on_step(0, [])["erdos/best_c5"] == pytest.approx(json.loads((tmp_path / "best.json").read_text())["c5"])
+    assert datasets.on_step(0, [])["erdos/best_c5"] == pytest.approx(
+        json.loads((tmp_path / "best.json").read_text())["c5"]
+    )

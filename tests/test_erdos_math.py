@@ -84,19 +84,22 @@ def test_grid_maximum_is_the_maximum_over_all_real_shifts():
             assert value <= max(grid)
 
 
-@pytest.mark.parametrize("values, reason", [
-    (np.r_[np.full(99, 0.5), np.nan], em.NOT_FINITE),
-    (np.r_[np.full(99, 0.5), np.inf], em.NOT_FINITE),
-    (np.r_[np.full(98, 0.5), 1.2, -0.2], em.OUT_OF_RANGE),
-    (np.full(99, 50 / 99), em.WRONG_LENGTH),
-    (np.full(100, 0.45), em.WRONG_INTEGRAL),
-    (np.full((10, 10), 0.5), em.WRONG_SHAPE),
-    (["a"] * 100, em.WRONG_SHAPE),
-    # Integral 1 − 1e-7: within tolerance, normalised back to exactly 1 (values stay ≤ 1).
-    (np.r_[np.ones(50), np.zeros(50)] * (1 - 1e-7), None),
-    # Integral 1 − 2e-7 within tolerance, but normalising pushes the 1.0 values above 1.
-    (np.r_[np.ones(49), 1 - 1e-5, np.zeros(50)], em.OUT_OF_RANGE),
-])
+@pytest.mark.parametrize(
+    "values, reason",
+    [
+        (np.r_[np.full(99, 0.5), np.nan], em.NOT_FINITE),
+        (np.r_[np.full(99, 0.5), np.inf], em.NOT_FINITE),
+        (np.r_[np.full(98, 0.5), 1.2, -0.2], em.OUT_OF_RANGE),
+        (np.full(99, 50 / 99), em.WRONG_LENGTH),
+        (np.full(100, 0.45), em.WRONG_INTEGRAL),
+        (np.full((10, 10), 0.5), em.WRONG_SHAPE),
+        (["a"] * 100, em.WRONG_SHAPE),
+        # Integral 1 − 1e-7: within tolerance, normalised back to exactly 1 (values stay ≤ 1).
+        (np.r_[np.ones(50), np.zeros(50)] * (1 - 1e-7), None),
+        # Integral 1 − 2e-7 within tolerance, but normalising pushes the 1.0 values above 1.
+        (np.r_[np.ones(49), 1 - 1e-5, np.zeros(50)], em.OUT_OF_RANGE),
+    ],
+)
 def test_invalid_constructions_are_rejected_with_their_reason(values, reason):
     result = em.validate(values, 100)
     if reason is None:

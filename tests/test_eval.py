@@ -42,14 +42,39 @@ def test_bad_arguments_exit_2(capsys):
 
 @needs_bwrap
 def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys):
-    rc = cli_main(["--tasks", str(TASKS), "--task-id", "hello-file", "--task-id", "calc__calc-1",
-                   "--model", "tinkrl/tiny-llama", "--n", "2", "--max-turns", "2", "--max-tokens", "8",
-                   "--output-path", str(tmp_path), "--run-id", "tiny", "--n-concurrent", "4"])
+    rc = cli_main(
+        [
+            "--tasks",
+            str(TASKS),
+            "--task-id",
+            "hello-file",
+            "--task-id",
+            "calc__calc-1",
+            "--model",
+            "tinkrl/tiny-llama",
+            "--n",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "8",
+            "--output-path",
+            str(tmp_path),
+            "--run-id",
+            "tiny",
+            "--n-concurrent",
+            "4",
+        ]
+    )
     assert rc == 0
     out = tmp_path / "tiny"
     trials = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [(t["task_id"], t["attempt"]) for t in trials] == [("hello-file", 1), ("hello-file", 2),
-                                                              ("calc__calc-1", 1), ("calc__calc-1", 2)]
+    assert [(t["task_id"], t["attempt"]) for t in trials] == [
+        ("hello-file", 1),
+        ("hello-file", 2),
+        ("calc__calc-1", 1),
+        ("calc__calc-1", 2),
+    ]
     for t in trials:
         # random weights never solve a task: every trial runs its 2 turns and is graded 0
         assert t["failure_mode"] is None and t["reward"] == 0.0 and t["turns"] == 2
@@ -62,8 +87,13 @@ def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys
     assert "| hello-file | harbor | 2 | 0 | 0 | 0.000 |" in table and "pass@2" in table
     assert table.strip() in capsys.readouterr().out
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    assert preds == [{"instance_id": "calc__calc-1", "model_name_or_path": "tinkrl/tiny-llama",
-                      "model_patch": preds[0]["model_patch"]}]
+    assert preds == [
+        {
+            "instance_id": "calc__calc-1",
+            "model_name_or_path": "tinkrl/tiny-llama",
+            "model_patch": preds[0]["model_patch"],
+        }
+    ]
     assert (out / "predictions.attempt2.jsonl").is_file() and not (out / "results.partial.jsonl").exists()
 
 
@@ -71,20 +101,29 @@ def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys
 # A scripted remote model behind an OpenAI-compatible endpoint
 
 HELLO = "printf 'Hello, world!\\n' > /app/hello.txt"
-CALC_FIX = ("python3 - <<'EOF'\np = 'calc/ops.py'\ns = open(p).read()\n"
-            "s = s.replace('    return a / b', '    if b == 0:\\n        raise ValueError(\"division by zero\")\\n"
-            "    return a / b')\nopen(p, 'w').write(s)\nEOF")
+CALC_FIX = (
+    "python3 - <<'EOF'\np = 'calc/ops.py'\ns = open(p).read()\n"
+    "s = s.replace('    return a / b', '    if b == 0:\\n        raise ValueError(\"division by zero\")\\n"
+    "    return a / b')\nopen(p, 'w').write(s)\nEOF"
+)
 
 
 def _completion(content, calls=(), finish="tool_calls"):
-    tool_calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-                  for cid, name, args in calls]
+    tool_calls = [
+        {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        for cid, name, args in calls
+    ]
     msg = {"role": "assistant", "content": content}
     if tool_calls:
         msg["tool_calls"] = tool_calls
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "scripted-model",
-            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "scripted-model",
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+    }
 
 
 class ScriptedModel(BaseHTTPRequestHandler):
@@ -103,8 +142,13 @@ class ScriptedModel(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path.endswith("/models"):
-            self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "created": 0,
-                                                         "owned_by": "tests"}]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": "scripted-model", "object": "model", "created": 0, "owned_by": "tests"}],
+                },
+            )
         else:
             self._send(404, {"error": {"message": "not found"}})
 
@@ -117,11 +161,13 @@ class ScriptedModel(BaseHTTPRequestHandler):
             if turn == 0:
                 return self._send(200, _completion(None, [("call_hello_1", "execute_bash", {"command": HELLO})]))
             # a server without a tool parser: the call stays in the text
-            return self._send(200, _completion('Done.\n<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
-                                               finish="stop"))
+            return self._send(
+                200, _completion('Done.\n<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>', finish="stop")
+            )
         if "calc.divide" in instruction:
-            return self._send(200, _completion("Fixing it.", [("c1", "execute_bash", {"command": CALC_FIX}),
-                                                               ("c2", "submit", {})]))
+            return self._send(
+                200, _completion("Fixing it.", [("c1", "execute_bash", {"command": CALC_FIX}), ("c2", "submit", {})])
+            )
         self._send(500, {"error": {"message": "the model server crashed"}})
 
 
@@ -138,9 +184,32 @@ def endpoint():
 
 @needs_bwrap
 def test_eval_against_an_openai_compatible_endpoint(endpoint, tmp_path):
-    rc = cli_main(["--dataset-path", str(TASKS), "-t", "hello-file", "-t", "calc__calc-1", "-t", "fix-permissions",
-                   "--base-url", endpoint, "--api-key", "sk-test", "--n", "1", "--max-turns", "3",
-                   "--output-path", str(tmp_path), "--run-id", "remote", "--temperature", "0"])
+    rc = cli_main(
+        [
+            "--dataset-path",
+            str(TASKS),
+            "-t",
+            "hello-file",
+            "-t",
+            "calc__calc-1",
+            "-t",
+            "fix-permissions",
+            "--base-url",
+            endpoint,
+            "--api-key",
+            "sk-test",
+            "--n",
+            "1",
+            "--max-turns",
+            "3",
+            "--output-path",
+            str(tmp_path),
+            "--run-id",
+            "remote",
+            "--temperature",
+            "0",
+        ]
+    )
     assert rc == 0
     out = tmp_path / "remote"
     trials = {t["task_id"]: t for t in map(json.loads, (out / "results.jsonl").read_text().splitlines())}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_helpers import TEXTS, TINY, datum, logprobs_of  # noqa: F401
 from tinker import types
 
-from engine_helpers import TEXTS, TINY, datum, isolated_home, logprobs_of  # noqa: F401
 from tinkrl.cli import main as tinkrl
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import load_model
@@ -48,8 +48,9 @@ def test_export_adapter_and_merged_model(trained, tmp_path, capsys):
     assert tinkrl(["export", path, "--out", str(tmp_path / "adapter")]) == 0
     assert "PEFT adapter" in capsys.readouterr().out
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
-    adapted = PeftModel.from_pretrained(load_model(TINY, torch.device("cpu"), torch.float32).model,
-                                        tmp_path / "adapter")
+    adapted = PeftModel.from_pretrained(
+        load_model(TINY, torch.device("cpu"), torch.float32).model, tmp_path / "adapter"
+    )
     adapter_lp = _logprobs(adapted, seq)
     np.testing.assert_allclose(adapter_lp, engine_lp, atol=1e-3)
 

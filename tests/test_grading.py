@@ -9,27 +9,33 @@ import pytest
 from tinkrl import grading as g
 
 
-@pytest.mark.parametrize("text, expected", [
-    (r"so the answer is \boxed{42}.", "42"),
-    (r"first \boxed{1} then \boxed{2}", "2"),  # the last one
-    (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),  # nested braces
-    (r"$\boxed{x^{2}+\{1\}}$ done", r"x^{2}+\{1\}"),
-    (r"\fbox{7}", "7"),
-    (r"the answer: \boxed 5$", "5"),
-    (r"\boxed{3} and a broken \boxed{4", "3"),  # an unbalanced last box falls back to the earlier one
-    ("no box here, just 12", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so the answer is \boxed{42}.", "42"),
+        (r"first \boxed{1} then \boxed{2}", "2"),  # the last one
+        (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{1}{\sqrt{2}}"),  # nested braces
+        (r"$\boxed{x^{2}+\{1\}}$ done", r"x^{2}+\{1\}"),
+        (r"\fbox{7}", "7"),
+        (r"the answer: \boxed 5$", "5"),
+        (r"\boxed{3} and a broken \boxed{4", "3"),  # an unbalanced last box falls back to the earlier one
+        ("no box here, just 12", None),
+    ],
+)
 def test_extract_boxed(text, expected):
     assert g.extract_boxed(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("47 + 38 = 85.", "85"),
-    ("It costs $1,234.50 in total", "1234.50"),
-    ("down to -7", "-7"),
-    ("no digits", None),
-    ("first 3 then 10", "10"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("47 + 38 = 85.", "85"),
+        ("It costs $1,234.50 in total", "1234.50"),
+        ("down to -7", "-7"),
+        ("no digits", None),
+        ("first 3 then 10", "10"),
+    ],
+)
 def test_extract_last_number(text, expected):
     assert g.extract_last_number(text) == expected
 
@@ -46,18 +52,21 @@ def test_extract_gsm8k_and_final_answer():
     assert g.extract_final_answer(r"<think>\boxed{1}</think> final: 2") == "2"
 
 
-@pytest.mark.parametrize("given, gold, expected", [
-    ("0.5", r"\frac{1}{2}", True),
-    ("1/2", r"\dfrac{1}{2}", True),
-    ("-3/4", r"-\frac{3}{4}", True),
-    ("1,000", "1000", True),
-    ("1,234.5", "1234.50", True),
-    ("12.0", "12", True),
-    (r"\text{(B)}", r"\text{(B)}", True),
-    ("$5$.", "5", True),
-    ("13", "12", False),
-    ("0.25", "0.5", False),
-])
+@pytest.mark.parametrize(
+    "given, gold, expected",
+    [
+        ("0.5", r"\frac{1}{2}", True),
+        ("1/2", r"\dfrac{1}{2}", True),
+        ("-3/4", r"-\frac{3}{4}", True),
+        ("1,000", "1000", True),
+        ("1,234.5", "1234.50", True),
+        ("12.0", "12", True),
+        (r"\text{(B)}", r"\text{(B)}", True),
+        ("$5$.", "5", True),
+        ("13", "12", False),
+        ("0.25", "0.5", False),
+    ],
+)
 def test_fast_match_decides(given, gold, expected):
     assert g.fast_match(given, gold) is expected
 
@@ -77,16 +86,19 @@ def pool():
     p.close()
 
 
-@pytest.mark.parametrize("given, gold, expected", [
-    (r"\frac{\sqrt3}{2}", r"\frac{\sqrt{3}}{2}", True),
-    ("(x+1)^2", "x^2+2x+1", True),
-    (r"\pi/2", r"\frac{\pi}{2}", True),
-    ("3", r"\sqrt{9}", True),
-    ("4", r"\sqrt{9}", False),
-    (r"\{2,1\}", r"\{1,2\}", True),
-    ("x=3", "3", True),
-    (r"\frac{1}{3}", "0.5", False),
-])
+@pytest.mark.parametrize(
+    "given, gold, expected",
+    [
+        (r"\frac{\sqrt3}{2}", r"\frac{\sqrt{3}}{2}", True),
+        ("(x+1)^2", "x^2+2x+1", True),
+        (r"\pi/2", r"\frac{\pi}{2}", True),
+        ("3", r"\sqrt{9}", True),
+        ("4", r"\sqrt{9}", False),
+        (r"\{2,1\}", r"\{1,2\}", True),
+        ("x=3", "3", True),
+        (r"\frac{1}{3}", "0.5", False),
+    ],
+)
 def test_math_verify_equivalences(pool, given, gold, expected):
     grade = g.grade(given, gold, pool)
     assert grade.method == "math_verify"
@@ -95,8 +107,9 @@ def test_math_verify_equivalences(pool, given, gold, expected):
 
 def test_grade_async_runs_math_verify_off_the_loop(pool):
     async def both():
-        return await asyncio.gather(g.grade_async("0.5", r"\frac{1}{2}", pool),
-                                    g.grade_async(r"2\sqrt{2}", r"\sqrt{8}", pool))
+        return await asyncio.gather(
+            g.grade_async("0.5", r"\frac{1}{2}", pool), g.grade_async(r"2\sqrt{2}", r"\sqrt{8}", pool)
+        )
 
     fast, slow = asyncio.run(both())
     assert fast == g.Grade(True, "fast")

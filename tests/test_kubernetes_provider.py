@@ -25,8 +25,9 @@ from tinkrl.sandbox.kubernetes import KubernetesProvider, KubernetesSandboxConfi
 from tinkrl.sandbox.reaper import cli_main as reap_cli  # noqa: E402
 
 IMAGE = "registry.example/task:1"  # the name pods use; the fake kubelet maps it to the podman test image
-NEEDS_PODMAN = pytest.mark.skipif(podman_helper.unavailable_reason() is not None,
-                                  reason=str(podman_helper.unavailable_reason()))
+NEEDS_PODMAN = pytest.mark.skipif(
+    podman_helper.unavailable_reason() is not None, reason=str(podman_helper.unavailable_reason())
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +58,19 @@ def pod_of(kube, name):
 
 
 def test_pod_carries_labels_resources_placement_and_ttl(kube):
-    p = provider(kube, node_selector={"pool": "sandbox"}, tolerations=[{"key": "sbx", "operator": "Exists",
-                                                                          "effect": "NoSchedule"}],
-                 image_pull_secrets=["mirror"], cpu_limit_factor=2.0, ttl_s=3600)
+    p = provider(
+        kube,
+        node_selector={"pool": "sandbox"},
+        tolerations=[{"key": "sbx", "operator": "Exists", "effect": "NoSchedule"}],
+        image_pull_secrets=["mirror"],
+        cpu_limit_factor=2.0,
+        ttl_s=3600,
+    )
     kube.node.labels["pool"] = "sandbox"
     kube.node.taints.append({"key": "sbx", "value": "1", "effect": "NoSchedule"})
-    sb = p.create(SandboxSpec(image=IMAGE, cpu=0.5, memory_mb=512, disk_mb=256,
-                              labels={"task_id": "django__django-1234"}))
+    sb = p.create(
+        SandboxSpec(image=IMAGE, cpu=0.5, memory_mb=512, disk_mb=256, labels={"task_id": "django__django-1234"})
+    )
     pod = pod_of(kube, sb.name)
     md, spec = pod["metadata"], pod["spec"]
     assert md["labels"]["app.kubernetes.io/managed-by"] == "tinkrl"
@@ -193,8 +200,12 @@ def test_reaper_owner_pods(kube):
     from tinkrl.sandbox.scaleout import Owner
 
     cfg = KubernetesSandboxConfig(kubeconfig=kube.kc, namespace="sbx")
-    orch = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orch-abc", "namespace": "sbx"},
-            "spec": {"containers": [{"name": "o", "image": IMAGE, "command": ["sleep", "3600"]}]}}
+    orch = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orch-abc", "namespace": "sbx"},
+        "spec": {"containers": [{"name": "o", "image": IMAGE, "command": ["sleep", "3600"]}]},
+    }
     api = __import__("tinkrl.sandbox.kubernetes", fromlist=["new_api"]).new_api(cfg)
     created = api.create_namespaced_pod("sbx", orch)
     p = provider(kube, run_id="inpod")

@@ -12,9 +12,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_helpers import (
+    TEST_DTYPE,
+    TEXTS,
+    TINY,
+    assert_close_vectors,
+    datum,
+    flat,
+    logprobs_of,
+    lora_grads,
+    on_engine,
+    randomize_lora,
+    zero_grads,
+)
 
-from engine_helpers import (TEST_DTYPE, TEXTS, TINY, assert_close_vectors, datum, flat, logprobs_of, lora_grads, on_engine,
-                            randomize_lora, zero_grads)
 from tinkrl.local import ServiceClient
 from tinkrl.local.losses import LossInputError
 
@@ -41,7 +52,7 @@ def rl_inputs(tc, seqs, prompt_len: int = 6, spread: float = 0.5):
     for k, (s, lp) in enumerate(zip(seqs, lps)):
         n = len(s) - 1
         action = np.arange(n) >= prompt_len - 1
-        offsets = np.linspace(-spread, spread, n)[::(1 if k == 0 else -1)]
+        offsets = np.linspace(-spread, spread, n)[:: (1 if k == 0 else -1)]
         q = np.where(action, lp + offsets, 0.0)
         adv = np.where(action, 1.5 if k == 0 else -0.7, 0.0)
         out.append({"logprobs": q, "advantages": adv, "action": action.astype(np.float32)})
@@ -49,6 +60,7 @@ def rl_inputs(tc, seqs, prompt_len: int = 6, spread: float = 0.5):
 
 
 # -- the formulas, written from DESIGN.md §1 in torch ----------------------------------------------------
+
 
 def formula(loss_fn: str, lp: torch.Tensor, inp: dict, cfg: dict | None = None) -> torch.Tensor:
     cfg = cfg or {}
@@ -119,7 +131,8 @@ def test_loss_value_and_gradient_equal_formula(tc, seqs, loss_fn, cfg):
     engine_grad = flat(lora_grads(tc))
     zero_grads(tc)
     custom = tc.forward_backward_custom(
-        data, lambda _data, lps_t: (sum(formula(loss_fn, lp, inp, cfg) for lp, inp in zip(lps_t, inputs)), {})).result()
+        data, lambda _data, lps_t: (sum(formula(loss_fn, lp, inp, cfg) for lp, inp in zip(lps_t, inputs)), {})
+    ).result()
     assert custom.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4)
     reference_grad = flat(lora_grads(tc))
     zero_grads(tc)
@@ -137,6 +150,7 @@ def test_clip_ranges_are_exercised(tc, seqs):
 
 def test_configured_ppo_clip_changes_the_loss(tc, seqs):
     data, _ = build(tc, seqs, "ppo")
+
     def loss(cfg=None):
         return tc.forward(data, "ppo", cfg).result().metrics["loss:sum"]
 
@@ -269,14 +283,19 @@ def test_wrong_length_input_is_a_clear_error(tc, seqs):
     n = len(s) - 1
     from tinker import types
 
-    bad = types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
-                      loss_fn_inputs={"target_tokens": np.asarray(s[1:], dtype=np.int64),
-                                      "weights": np.ones(n + 1, dtype=np.float32)})
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints(s[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.asarray(s[1:], dtype=np.int64),
+            "weights": np.ones(n + 1, dtype=np.float32),
+        },
+    )
     msg = _error(tc.forward_backward([bad], "cross_entropy"))
     assert "weights" in msg and str(n + 1) in msg and str(n) in msg
-    full_targets = types.Datum(model_input=types.ModelInput.from_ints(s[:-1]),
-                               loss_fn_inputs={"target_tokens": np.asarray(s, dtype=np.int64),
-                                               "weights": np.ones(n, dtype=np.float32)})
+    full_targets = types.Datum(
+        model_input=types.ModelInput.from_ints(s[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(s, dtype=np.int64), "weights": np.ones(n, dtype=np.float32)},
+    )
     msg = _error(tc.forward([full_targets], "cross_entropy"))
     assert "target_tokens" in msg
 
@@ -301,6 +320,7 @@ def test_gradient_is_the_derivative_of_the_reported_loss(seqs, loss_fn):
             with torch.no_grad():
                 for n, p in tc.params.items():
                     p.add_(grads[n].to(p.dtype) * (step / norm))
+
         on_engine(tc, move)
 
     def loss_at(sign: float) -> float:

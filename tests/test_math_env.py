@@ -26,9 +26,18 @@ def renderer():
 
 def make_ctx(renderer, key="arithmetic", env=None, group_size=4, groups=3, seed=0, eval_problems=20, **entry):
     e = EnvEntry(env=env or {}, **entry)
-    return EnvContext(key=key, entry=e, renderer=renderer, model_name=MODEL, group_size=group_size,
-                      groups_per_batch=groups, max_tokens=64, run_dir=Path("/nonexistent"), seed=seed,
-                      eval_problems=eval_problems)
+    return EnvContext(
+        key=key,
+        entry=e,
+        renderer=renderer,
+        model_name=MODEL,
+        group_size=group_size,
+        groups_per_batch=groups,
+        max_tokens=64,
+        run_dir=Path("/nonexistent"),
+        seed=seed,
+        eval_problems=eval_problems,
+    )
 
 
 def build(renderer, key="arithmetic", **kw):
@@ -57,10 +66,16 @@ def step(renderer, builder, text: str, stop: bool = True):
 
 # -- config ---------------------------------------------------------------------------------------
 
+
 def test_config_defaults_and_errors():
     cfg = m.MathEnvConfig()
-    assert (cfg.dataset, cfg.min_value, cfg.max_value, cfg.operations, cfg.format_coef) == \
-        ("arithmetic", 10, 99, ["+"], 0.0)
+    assert (cfg.dataset, cfg.min_value, cfg.max_value, cfg.operations, cfg.format_coef) == (
+        "arithmetic",
+        10,
+        99,
+        ["+"],
+        0.0,
+    )
     with pytest.raises(ConfigError, match=r"environments.arithmetic.env.max_value: .*must be >= min_value \(50\)"):
         make_env_config("arithmetic", EnvEntry(env={"min_value": 50, "max_value": 10}))
     with pytest.raises(ConfigError, match="env.data_path: .*does not apply"):
@@ -73,6 +88,7 @@ def test_config_defaults_and_errors():
 
 
 # -- arithmetic -----------------------------------------------------------------------------------
+
 
 def test_arithmetic_prompt_is_the_plain_question(renderer):
     ds = build(renderer)
@@ -173,6 +189,7 @@ def test_arithmetic_without_format_coef_gives_plain_correctness(renderer):
 
 # -- datasets -------------------------------------------------------------------------------------
 
+
 def test_gsm8k_from_sample_files(renderer):
     ds = build(renderer, key="gsm8k", env={"data_path": str(SAMPLES / "gsm8k")}, groups=3, group_size=2)
     train = [b.problem for i in range(len(ds.train)) for b in ds.train.get_batch(i)]
@@ -190,25 +207,36 @@ def test_gsm8k_from_sample_files(renderer):
 
 
 def test_problem_list_batches_cover_each_epoch_once(renderer):
-    ds = build(renderer, key="polaris", env={"data_path": str(SAMPLES / "polaris" / "train.jsonl")}, groups=1,
-               eval_problems=2)
+    ds = build(
+        renderer, key="polaris", env={"data_path": str(SAMPLES / "polaris" / "train.jsonl")}, groups=1, eval_problems=2
+    )
     assert len(ds.train.problems) == 4 and len(ds.test.problems) == 2  # 2 of 6 held out
     assert not {p.id for p in ds.train.problems} & {p.id for p in ds.test.problems}
     epoch0 = [ds.train.get_batch(i)[0].problem.id for i in range(4)]
     epoch1 = [ds.train.get_batch(i)[0].problem.id for i in range(4, 8)]
     assert sorted(epoch0) == sorted(epoch1) == sorted(p.id for p in ds.train.problems)
-    again = build(renderer, key="polaris", env={"data_path": str(SAMPLES / "polaris" / "train.jsonl")}, groups=1,
-                  eval_problems=2)
+    again = build(
+        renderer, key="polaris", env={"data_path": str(SAMPLES / "polaris" / "train.jsonl")}, groups=1, eval_problems=2
+    )
     assert [again.train.get_batch(i)[0].problem.id for i in range(8)] == epoch0 + epoch1
-    capped = build(renderer, key="polaris", env={"data_path": str(SAMPLES / "polaris")}, groups=1,
-                   eval_problems=2, splits={"train": {"num_samples": 2, "shuffle": False}})
+    capped = build(
+        renderer,
+        key="polaris",
+        env={"data_path": str(SAMPLES / "polaris")},
+        groups=1,
+        eval_problems=2,
+        splits={"train": {"num_samples": 2, "shuffle": False}},
+    )
     assert capped.train.problems == ds.train.problems[:2]
     assert [capped.train.get_batch(i)[0].problem for i in range(4)] == capped.train.problems * 2  # in order
 
 
 def test_hendrycks_excludes_math500_and_tests_on_it(renderer):
-    ds = build(renderer, key="hendrycks", env={"data_path": str(SAMPLES / "hendrycks"),
-                                               "test_data_path": str(SAMPLES / "math500")})
+    ds = build(
+        renderer,
+        key="hendrycks",
+        env={"data_path": str(SAMPLES / "hendrycks"), "test_data_path": str(SAMPLES / "math500")},
+    )
     questions = [p.question for p in ds.train.problems]
     assert len(questions) == 6  # 7 sample problems (2 subjects, train + test) minus 1 MATH-500 problem
     assert not any("x^2 - 5x + 6" in q for q in questions)

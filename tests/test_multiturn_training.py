@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from engine_helpers import TINY, assert_close_vectors, flat, lora_grads, randomize_lora, zero_grads
 from tinker import types
 
-from engine_helpers import TINY, assert_close_vectors, flat, lora_grads, randomize_lora, zero_grads
 from tinkrl.local import ServiceClient
 from tinkrl.local.losses import datum_loss
 from tinkrl.renderers import get_renderer
@@ -40,7 +40,8 @@ class ToolLoopEnv(Env):
 
     async def initial_observation(self):
         ob = self.renderer.build_generation_prompt(
-            [{"role": "system", "content": "You operate a shell."}, {"role": "user", "content": "List the files."}])
+            [{"role": "system", "content": "You operate a shell."}, {"role": "user", "content": "List the files."}]
+        )
         self.tokens = ob.to_ints()
         return ob, self.renderer.stop_sequences()
 
@@ -51,11 +52,13 @@ class ToolLoopEnv(Env):
         mask = [0.0] + [1.0] * (len(action) - 1) if self.turn == 2 else None
         if done:
             return StepResult(1.0, True, tinker.ModelInput.from_ints([]), [], {"turn": self.turn}, action_mask=mask)
-        cont = self.renderer.continuation([{"role": "tool", "content": f"file_{self.turn}.txt"}],
-                                          action_ended_cleanly=stop_reason == "stop")
+        cont = self.renderer.continuation(
+            [{"role": "tool", "content": f"file_{self.turn}.txt"}], action_ended_cleanly=stop_reason == "stop"
+        )
         self.tokens = self.tokens + list(action) + cont
-        return StepResult(0.0, False, tinker.ModelInput.from_ints(self.tokens), self.renderer.stop_sequences(),
-                          action_mask=mask)
+        return StepResult(
+            0.0, False, tinker.ModelInput.from_ints(self.tokens), self.renderer.stop_sequences(), action_mask=mask
+        )
 
     async def close(self):
         self.closed = True
@@ -92,15 +95,20 @@ def test_rollout_is_one_datum_with_sampler_logprobs(episode):
     for t in traj.transitions:  # where each action sits in the merged sequence
         ob = t.ob.to_ints()
         pos = len(ob)
-        assert seq.tokens[pos:pos + len(t.ac_tokens)] == list(t.ac_tokens)
-        is_action[pos:pos + len(t.ac_tokens)] = True
+        assert seq.tokens[pos : pos + len(t.ac_tokens)] == list(t.ac_tokens)
+        is_action[pos : pos + len(t.ac_tokens)] = True
     assert (adv[~is_action] == 0).all()  # prompt, tool results and format glue: advantage 0
 
     d = seq.to_datum()
-    fwd = tc.forward([types.Datum(model_input=d.model_input,
-                                  loss_fn_inputs={**d.loss_fn_inputs,
-                                                  "weights": np.ones(len(seq.tokens) - 1, np.float32)})],
-                     "cross_entropy").result()
+    fwd = tc.forward(
+        [
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={**d.loss_fn_inputs, "weights": np.ones(len(seq.tokens) - 1, np.float32)},
+            )
+        ],
+        "cross_entropy",
+    ).result()
     lp = fwd.loss_fn_outputs[0]["logprobs"].to_numpy()
     sampled = np.asarray(seq.logprobs[1:])[is_action[1:]]
     np.testing.assert_allclose(lp[is_action[1:]], sampled, atol=1e-3)

@@ -12,12 +12,18 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ors_helpers import start_toy_server, stop
+
 from tinkrl.config import EnvEntry, SplitConfig
 from tinkrl.envs import EnvContext
-from tinkrl.envs.openreward import (OpenRewardEnv, OpenRewardEnvConfig, RemoteEnvSpec, open_session_count,
-                                    reduce_rewards, resolve_client)
+from tinkrl.envs.openreward import (
+    OpenRewardEnv,
+    OpenRewardEnvConfig,
+    RemoteEnvSpec,
+    open_session_count,
+    reduce_rewards,
+    resolve_client,
+)
 from tinkrl.errors import ConfigError, InfraFailure
 
 
@@ -76,8 +82,8 @@ def test_episode_prompt_tools_rewards_and_token_extension(toy_server, renderer):
         r1 = await env.step(a1)
         assert not r1.episode_done and r1.reward == 0.0
         nxt = r1.next_observation.to_ints()
-        assert nxt[:len(ob.to_ints()) + len(a1)] == ob.to_ints() + a1  # prefix extends token for token
-        assert "The sum is between 3 and 10." in renderer.tokenizer.decode(nxt[len(ob.to_ints()) + len(a1):])
+        assert nxt[: len(ob.to_ints()) + len(a1)] == ob.to_ints() + a1  # prefix extends token for token
+        assert "The sum is between 3 and 10." in renderer.tokenizer.decode(nxt[len(ob.to_ints()) + len(a1) :])
         r2 = await env.step(action(renderer, "The answer: " + call("submit", answer="10")))
         assert r2.episode_done
         assert r2.reward == pytest.approx(0.9)  # -0.1 (hint) + 1.0 (correct), summed
@@ -92,8 +98,7 @@ def test_episode_prompt_tools_rewards_and_token_extension(toy_server, renderer):
 
 def test_malformed_and_unknown_calls_go_back_to_the_model(toy_server, renderer):
     async def episode():
-        env = OpenRewardEnv(make_spec(toy_server, renderer, "mean", nonterminal=-1.0, max_turns=3),
-                            "test", 0)
+        env = OpenRewardEnv(make_spec(toy_server, renderer, "mean", nonterminal=-1.0, max_turns=3), "test", 0)
         ob, _ = await env.initial_observation()
         assert "What is 100 + 1?" in renderer.tokenizer.decode(ob.to_ints())
         r = await env.step(action(renderer, "<tool_call>{not json}</tool_call>"))
@@ -126,11 +131,24 @@ def test_no_tool_call_is_nudged_and_turn_limit_is_nonterminal(toy_server, render
 
 
 def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
-    entry = EnvEntry(base_url=toy_server, num_rollouts=3, max_failing_rollouts=1, temperature=0.7,
-                     splits={"train": SplitConfig(shuffle=True, num_samples=5),
-                             "test": SplitConfig(shuffle=False, num_samples=3)})
-    ctx = EnvContext(key="adder", entry=entry, renderer=renderer, model_name="tinkrl/tiny-llama",
-                     group_size=3, groups_per_batch=2, max_tokens=32, run_dir=tmp_path, seed=1)
+    entry = EnvEntry(
+        base_url=toy_server,
+        num_rollouts=3,
+        max_failing_rollouts=1,
+        temperature=0.7,
+        splits={"train": SplitConfig(shuffle=True, num_samples=5), "test": SplitConfig(shuffle=False, num_samples=3)},
+    )
+    ctx = EnvContext(
+        key="adder",
+        entry=entry,
+        renderer=renderer,
+        model_name="tinkrl/tiny-llama",
+        group_size=3,
+        groups_per_batch=2,
+        max_tokens=32,
+        run_dir=tmp_path,
+        seed=1,
+    )
     ds = OpenRewardEnvConfig().build(ctx)
     assert len(ds.train) == 3  # 5 tasks / 2 groups per batch, rounded up
     seen = [(b.split, b.index) for i in range(3) for b in ds.train.get_batch(i)]
@@ -146,8 +164,17 @@ def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
 
 def test_config_errors_are_one_line(toy_server, renderer, tmp_path: Path):
     def ctx(entry):
-        return EnvContext(key="adder", entry=entry, renderer=renderer, model_name="m", group_size=2,
-                          groups_per_batch=1, max_tokens=8, run_dir=tmp_path, seed=0)
+        return EnvContext(
+            key="adder",
+            entry=entry,
+            renderer=renderer,
+            model_name="m",
+            group_size=2,
+            groups_per_batch=1,
+            max_tokens=8,
+            run_dir=tmp_path,
+            seed=0,
+        )
 
     with pytest.raises(ConfigError, match="validation not offered"):
         OpenRewardEnvConfig().build(ctx(EnvEntry(base_url=toy_server, splits={"validation": SplitConfig()})))
@@ -159,8 +186,17 @@ def test_config_errors_are_one_line(toy_server, renderer, tmp_path: Path):
 
 def test_hosted_environment_needs_a_key(monkeypatch, renderer, tmp_path: Path):
     monkeypatch.delenv("OPENREWARD_API_KEY", raising=False)
-    ctx = EnvContext(key="GeneralReasoning/WhoDunIt", entry=EnvEntry(), renderer=renderer, model_name="m",
-                     group_size=2, groups_per_batch=1, max_tokens=8, run_dir=tmp_path, seed=0)
+    ctx = EnvContext(
+        key="GeneralReasoning/WhoDunIt",
+        entry=EnvEntry(),
+        renderer=renderer,
+        model_name="m",
+        group_size=2,
+        groups_per_batch=1,
+        max_tokens=8,
+        run_dir=tmp_path,
+        seed=0,
+    )
     with pytest.raises(ConfigError, match="OPENREWARD_API_KEY is not set"):
         OpenRewardEnvConfig().build(ctx)
 
@@ -176,6 +212,7 @@ def test_key_is_never_sent_to_a_self_hosted_server(monkeypatch):
 def test_server_killed_mid_episode_is_an_infra_failure(renderer):
     proc, url = start_toy_server()
     try:
+
         async def episode():
             env = OpenRewardEnv(make_spec(url, renderer, "sum", call_timeout_s=5.0), "train", 1)
             await env.initial_observation()
@@ -263,8 +300,12 @@ def test_sessions_left_open_by_an_interrupted_run_are_deleted_at_exit(toy_server
     assert open_session_count() == 1
 
     def ping() -> int:
-        req = urllib.request.Request(toy_server + "/ping", data=b"{}", method="POST",
-                                     headers={"X-Session-ID": sid, "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            toy_server + "/ping",
+            data=b"{}",
+            method="POST",
+            headers={"X-Session-ID": sid, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status

@@ -11,26 +11,51 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from ors_helpers import start_toy_server, stop
+
 from tinkrl.config import load_config
 from tinkrl.envs.openreward import open_session_count
 
-BASE = {"model_name": "tinkrl/tiny-llama", "max_steps": 2, "max_tokens": 12, "lora_rank": 4,
-        "learning_rate": 1e-3, "eval_every": 0, "eval_problems": 2, "save_every": 0, "seed": 3}
+BASE = {
+    "model_name": "tinkrl/tiny-llama",
+    "max_steps": 2,
+    "max_tokens": 12,
+    "lora_rank": 4,
+    "learning_rate": 1e-3,
+    "eval_every": 0,
+    "eval_problems": 2,
+    "save_every": 0,
+    "seed": 3,
+}
 
 
 def adder_entry(url: str, **extra) -> dict:
-    return {"base_url": url, "num_rollouts": 2, "reward_reduction": "sum", "nonterminal_reward": -0.5,
-            "splits": {"train": {"shuffle": True, "num_samples": 4}}, "env": {"max_turns": 2}, **extra}
+    return {
+        "base_url": url,
+        "num_rollouts": 2,
+        "reward_reduction": "sum",
+        "nonterminal_reward": -0.5,
+        "splits": {"train": {"shuffle": True, "num_samples": 4}},
+        "env": {"max_turns": 2},
+        **extra,
+    }
 
 
 def train(tmp_path: Path, environments: dict, batch_size: int) -> tuple[dict, list[dict]]:
     from tinkrl.rl.train import main
 
     cfg_path = tmp_path / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump({**BASE, "batch_size": batch_size, "group_size": 2,
-                                        "log_path": str(tmp_path / "run"), "environments": environments}))
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                **BASE,
+                "batch_size": batch_size,
+                "group_size": 2,
+                "log_path": str(tmp_path / "run"),
+                "environments": environments,
+            }
+        )
+    )
     metrics = main(load_config(str(cfg_path)))
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return metrics, lines
@@ -60,8 +85,10 @@ def test_two_steps_on_a_remote_ors_env(toy_server, tmp_path: Path):
 
 
 def test_remote_env_mixed_with_arithmetic(toy_server, tmp_path: Path):
-    envs = {"adder": adder_entry(toy_server, temperature=0.7),
-            "arithmetic": {"num_rollouts": 2, "env": {"max_value": 20}}}
+    envs = {
+        "adder": adder_entry(toy_server, temperature=0.7),
+        "arithmetic": {"num_rollouts": 2, "env": {"max_value": 20}},
+    }
     _, lines = train(tmp_path, envs, batch_size=8)
     assert len(lines) == 2
     for m in lines:
@@ -74,8 +101,10 @@ def test_remote_env_mixed_with_arithmetic(toy_server, tmp_path: Path):
 def test_env_server_killed_mid_run_is_recorded_and_the_run_goes_on(tmp_path: Path):
     proc, url = start_toy_server(die_at_session=3)  # dies while step 0's sessions are being opened
     try:
-        envs = {"adder": adder_entry(url, env={"max_turns": 2, "session_retries": 0, "call_timeout_s": 5}),
-                "arithmetic": {"num_rollouts": 2, "env": {"max_value": 20}}}
+        envs = {
+            "adder": adder_entry(url, env={"max_turns": 2, "session_retries": 0, "call_timeout_s": 5}),
+            "arithmetic": {"num_rollouts": 2, "env": {"max_value": 20}},
+        }
         _, lines = train(tmp_path, envs, batch_size=8)
         assert proc.wait(timeout=5) != 0  # the server really died
     finally:

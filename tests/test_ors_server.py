@@ -7,16 +7,31 @@ import json
 import re
 
 import pytest
-
 from ors_helpers import free_port, start_server, stop
+
 from tinkrl.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
 def arithmetic_server():
     port = free_port()
-    proc, url = start_server(["-m", "tinkrl.cli", "serve", "env", "--port", str(port), "--train-size", "20",
-                              "--eval-problems", "5", "arithmetic", "arithmetic.max_value=20"], port)
+    proc, url = start_server(
+        [
+            "-m",
+            "tinkrl.cli",
+            "serve",
+            "env",
+            "--port",
+            str(port),
+            "--train-size",
+            "20",
+            "--eval-problems",
+            "5",
+            "arithmetic",
+            "arithmetic.max_value=20",
+        ],
+        port,
+    )
     yield url
     stop(proc)
 
@@ -66,10 +81,22 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
     from tinkrl.renderers import get_renderer
 
     renderer = get_renderer(load_tokenizer("tinkrl/tiny-llama"), "tinkrl/tiny-llama")
-    entry = EnvEntry(base_url=arithmetic_server, name="arithmetic",
-                     splits={"train": SplitConfig(shuffle=False), "test": SplitConfig()})
-    ctx = EnvContext(key="remote-arith", entry=entry, renderer=renderer, model_name="tinkrl/tiny-llama",
-                     group_size=2, groups_per_batch=2, max_tokens=16, run_dir=tmp_path, seed=0)
+    entry = EnvEntry(
+        base_url=arithmetic_server,
+        name="arithmetic",
+        splits={"train": SplitConfig(shuffle=False), "test": SplitConfig()},
+    )
+    ctx = EnvContext(
+        key="remote-arith",
+        entry=entry,
+        renderer=renderer,
+        model_name="tinkrl/tiny-llama",
+        group_size=2,
+        groups_per_batch=2,
+        max_tokens=16,
+        run_dir=tmp_path,
+        seed=0,
+    )
     ds = OpenRewardEnvConfig().build(ctx)
     assert ds.test is not None and len(ds.train) == 10
 
@@ -79,8 +106,9 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
         text = renderer.tokenizer.decode(ob.to_ints())
         question = re.search(r"What is \d+ \+ \d+\?", text).group(0)
         call = {"name": "answer", "arguments": {"answer": str(_sum(question))}}
-        act = renderer.tokenizer.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call>",
-                                        add_special_tokens=False) + [renderer.im_end]
+        act = renderer.tokenizer.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call>", add_special_tokens=False) + [
+            renderer.im_end
+        ]
         res = await env.step(act)
         await env.close()
         return res
@@ -104,8 +132,20 @@ def test_serve_tasks_runs_tools_in_a_sandbox_and_grades_on_submit():
     from openreward import OpenReward
 
     port = free_port()
-    proc, url = start_server(["-m", "tinkrl.cli", "serve", "env", "--port", str(port), "tasks",
-                              "tasks.path=tasks/hello-file", "tasks.gate=false"], port)
+    proc, url = start_server(
+        [
+            "-m",
+            "tinkrl.cli",
+            "serve",
+            "env",
+            "--port",
+            str(port),
+            "tasks",
+            "tasks.path=tasks/hello-file",
+            "tasks.gate=false",
+        ],
+        port,
+    )
     try:
         with OpenReward(api_key="") as client:
             # variant= names the environment's path: "/tasks" alone is the task-list route
@@ -117,8 +157,9 @@ def test_serve_tasks_runs_tools_in_a_sandbox_and_grades_on_submit():
             assert "command" in tools["execute_bash"].input_schema["properties"]
             with env.session(split="train", index=0) as session:
                 assert "hello.txt" in session.get_prompt()[0].text
-                out = session.call_tool("execute_bash", {"command": "echo 'Hello, world!' > /app/hello.txt && "
-                                                                    "cat /app/hello.txt"})
+                out = session.call_tool(
+                    "execute_bash", {"command": "echo 'Hello, world!' > /app/hello.txt && cat /app/hello.txt"}
+                )
                 assert "Hello, world!" in out.blocks[0].text and not out.finished and out.reward is None
                 out = session.call_tool("execute_bash", {"nonsense": 1})  # a bad call is an observation
                 assert "rror" in out.blocks[0].text and not out.finished

@@ -6,11 +6,18 @@ import json
 
 import pytest
 
-from tinkrl.proxy.capture import (AssistantTokens, CapturedCall, CapturedSample, CaptureStore, assistant_key,
-                                  captured_to_trajectory, chain_calls)
+from tinkrl.proxy.capture import (
+    AssistantTokens,
+    CapturedCall,
+    CapturedSample,
+    CaptureStore,
+    assistant_key,
+    captured_to_trajectory,
+    chain_calls,
+)
 from tinkrl.proxy.openai_api import ApiError, build_chat_prompt, parse_chat_request, sample_to_message
-from tinkrl.rl.data import trajectory_to_sequences
 from tinkrl.renderers import get_renderer
+from tinkrl.rl.data import trajectory_to_sequences
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +28,35 @@ def renderer():
 
 
 def _call(prompt, sampled, cid="c"):
-    return CapturedCall(cid, "chat", list(prompt), [CapturedSample(list(sampled), [-0.5] * len(sampled), "stop",
-                                                                   "stop")], 0)
+    return CapturedCall(
+        cid, "chat", list(prompt), [CapturedSample(list(sampled), [-0.5] * len(sampled), "stop", "stop")], 0
+    )
 
 
 def test_assistant_key_survives_client_reserialisation():
-    ours = {"role": "assistant", "content": "Let me look.\n",
-            "tool_calls": [{"id": "call_1", "type": "function",
-                            "function": {"name": "execute_bash", "arguments": '{"command": "ls", "timeout": 5}'}}]}
-    theirs = {"role": "assistant", "content": "<think>private</think>Let me look.", "refusal": None,
-              "tool_calls": [{"id": "renumbered", "type": "function",
-                              "function": {"name": "execute_bash", "arguments": '{"timeout":5,"command":"ls"}'}}]}
+    ours = {
+        "role": "assistant",
+        "content": "Let me look.\n",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "execute_bash", "arguments": '{"command": "ls", "timeout": 5}'},
+            }
+        ],
+    }
+    theirs = {
+        "role": "assistant",
+        "content": "<think>private</think>Let me look.",
+        "refusal": None,
+        "tool_calls": [
+            {
+                "id": "renumbered",
+                "type": "function",
+                "function": {"name": "execute_bash", "arguments": '{"timeout":5,"command":"ls"}'},
+            }
+        ],
+    }
     other = json.loads(json.dumps(theirs))
     other["tool_calls"][0]["function"]["arguments"] = '{"command": "ls -a", "timeout": 5}'
     assert assistant_key(ours) == assistant_key(theirs)
@@ -59,11 +84,11 @@ def test_spliced_history_extends_the_sampled_prompt(renderer):
     second = first + [back, {"role": "tool", "tool_call_id": back["tool_calls"][0]["id"], "content": "a.txt"}]
     p2 = build_chat_prompt(renderer, second, tools, lambda m: store.lookup("r", m))
     assert p2.spliced_messages == p2.assistant_messages == 1
-    assert p2.tokens[:len(p1.tokens) + len(sampled)] == p1.tokens + sampled
+    assert p2.tokens[: len(p1.tokens) + len(sampled)] == p1.tokens + sampled
 
     # Without the capture map the history is re-tokenised and the prefix breaks.
     plain = build_chat_prompt(renderer, second, tools, lambda m: None)
-    assert plain.tokens[:len(p1.tokens) + len(sampled)] != p1.tokens + sampled
+    assert plain.tokens[: len(p1.tokens) + len(sampled)] != p1.tokens + sampled
     assert plain.spliced_messages == 0
 
 
@@ -75,15 +100,21 @@ def test_cut_sample_gets_closed_by_the_renderer(renderer):
     choice = sample_to_message(renderer, "", sampled, "length", [], parse_tools=False)
     assert choice.finish_reason == "length"
     store.record("r", _call(p1.tokens, sampled), [(choice.message, AssistantTokens(sampled, False))])
-    p2 = build_chat_prompt(renderer, msgs + [choice.message, {"role": "user", "content": "go on"}], None,
-                           lambda m: store.lookup("r", m))
+    p2 = build_chat_prompt(
+        renderer, msgs + [choice.message, {"role": "user", "content": "go on"}], None, lambda m: store.lookup("r", m)
+    )
     n = len(p1.tokens) + len(sampled)
     assert p2.tokens[:n] == p1.tokens + sampled and p2.tokens[n] == renderer.im_end
 
 
 def test_chains_pick_the_continued_sample_and_count_merges():
-    a = CapturedCall("a", "chat", [1, 2], [CapturedSample([3], [-1.0], "stop", "stop"),
-                                           CapturedSample([4], [-2.0], "stop", "stop")], 0)
+    a = CapturedCall(
+        "a",
+        "chat",
+        [1, 2],
+        [CapturedSample([3], [-1.0], "stop", "stop"), CapturedSample([4], [-2.0], "stop", "stop")],
+        0,
+    )
     b = _call([1, 2, 4, 9], [5], "b")  # continues a's second sample
     side = _call([7, 7], [8], "side")  # an unrelated conversation (e.g. a summariser)
     c = _call([1, 2, 4, 9, 5, 10], [6], "c")

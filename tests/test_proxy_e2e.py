@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+from test_proxy_helpers import AGENT_SYSTEM, AGENT_TOOLS, HELLO_COMMAND, tool_policy
 from tinker import types
 
-from test_proxy_helpers import AGENT_SYSTEM, AGENT_TOOLS, HELLO_COMMAND, tool_policy
 from tinkrl.agents.tools import run_tool
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
@@ -32,8 +32,9 @@ def openai_agent(session: AgentSession) -> None:
     client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0, timeout=300)
     messages = [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": session.instruction}]
     for _turn in range(3):
-        reply = client.chat.completions.create(model=session.model, messages=messages, tools=AGENT_TOOLS,
-                                               temperature=0, max_tokens=64)
+        reply = client.chat.completions.create(
+            model=session.model, messages=messages, tools=AGENT_TOOLS, temperature=0, max_tokens=64
+        )
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:

@@ -19,16 +19,23 @@ from tinkrl.local.models import TINY_MODEL
 from tinkrl.proxy.openai_api import build_chat_prompt
 from tinkrl.renderers import get_renderer
 
-RUN_TOOL = {"type": "function", "function": {"name": "run", "description": "run a command", "parameters": {
-    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+RUN_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "run",
+        "description": "run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
 LIST_FILES = [{"role": "user", "content": "list the files"}]
 LIST_FILES_CALL = '<tool_call>\n{"name": "run", "arguments": {"cmd": "ls"}}\n</tool_call>'
 
 AGENT_TOOLS = [t for t in TOOL_SCHEMAS if t["function"]["name"] in ("execute_bash", "submit")]
 AGENT_SYSTEM = "You are a terminal agent. Use the tools to solve the task, then call submit."
 HELLO_COMMAND = "echo 'Hello, world!' > /app/hello.txt"
-HELLO_CALL = "<tool_call>\n" + json.dumps({"name": "execute_bash", "arguments": {"command": HELLO_COMMAND}}) + \
-    "\n</tool_call>"
+HELLO_CALL = (
+    "<tool_call>\n" + json.dumps({"name": "execute_bash", "arguments": {"command": HELLO_COMMAND}}) + "\n</tool_call>"
+)
 
 _cache: dict[str, tuple] = {}
 
@@ -51,17 +58,22 @@ def tool_policy(service):
     tc = service.create_lora_training_client(base_model=TINY_MODEL, rank=8, seed=0)
     tok = tc.get_tokenizer()
     renderer = get_renderer(tok, TINY_MODEL)
-    examples = [(LIST_FILES, [RUN_TOOL], LIST_FILES_CALL),
-                (agent_messages(hello_instruction()), AGENT_TOOLS, HELLO_CALL)]
+    examples = [
+        (LIST_FILES, [RUN_TOOL], LIST_FILES_CALL),
+        (agent_messages(hello_instruction()), AGENT_TOOLS, HELLO_CALL),
+    ]
     data, checks = [], []
     for messages, tools, target_text in examples:
         prompt = build_chat_prompt(renderer, messages, tools, lambda m: None).tokens
         target = tok.encode(target_text, add_special_tokens=False) + [renderer.im_end]
         full = prompt + target
         weights = np.asarray([0.0] * (len(prompt) - 1) + [1.0] * len(target), dtype=np.float32)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                                loss_fn_inputs={"target_tokens": np.asarray(full[1:], dtype=np.int64),
-                                                "weights": weights}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(full[:-1]),
+                loss_fn_inputs={"target_tokens": np.asarray(full[1:], dtype=np.int64), "weights": weights},
+            )
+        )
         checks.append((prompt, target))
     sc = None
     for step in range(80):

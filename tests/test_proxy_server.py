@@ -7,8 +7,8 @@ import json
 import httpx
 import openai
 import pytest
-
 from test_proxy_helpers import LIST_FILES, RUN_TOOL, tool_policy
+
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
@@ -24,8 +24,15 @@ def env():
     with serve_in_thread(server) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
         http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
-        yield {"server": server, "url": url, "client": client, "http": http, "tc": tc, "policy": policy,
-               "service": service}
+        yield {
+            "server": server,
+            "url": url,
+            "client": client,
+            "http": http,
+            "tc": tc,
+            "policy": policy,
+            "service": service,
+        }
         http.close()
 
 
@@ -48,7 +55,7 @@ def test_plain_chat_and_models(env):
     long = chat(env, max_tokens=24, seed=1)
     text = long.choices[0].message.content
     cut = chat(env, max_tokens=24, seed=1, stop=[text[3:5]]).choices[0]
-    assert cut.finish_reason == "stop" and cut.message.content == text[:text.find(text[3:5])]
+    assert cut.finish_reason == "stop" and cut.message.content == text[: text.find(text[3:5])]
 
 
 def test_streaming_matches_the_same_seeded_request(env):
@@ -85,13 +92,14 @@ def test_logprobs_match_the_captured_tokens(env):
     captured = env["http"].delete("/v1/rollouts/lp").json()["calls"]
     assert len(captured) == 1
     sample = captured[0]["samples"][0]
-    assert [round(e.logprob, 4) for e in content] == [round(x, 4) for x in sample["logprobs"][:len(content)]]
+    assert [round(e.logprob, 4) for e in content] == [round(x, 4) for x in sample["logprobs"][: len(content)]]
 
 
 def test_tool_call_round_trip_merges_into_one_sequence(env):
     client = openai.OpenAI(base_url=env["url"] + "/rollouts/tools/v1", api_key=KEY, max_retries=0, timeout=300)
-    first = client.chat.completions.create(model=TINY_MODEL, messages=LIST_FILES, tools=[RUN_TOOL], temperature=0,
-                                           max_tokens=64)
+    first = client.chat.completions.create(
+        model=TINY_MODEL, messages=LIST_FILES, tools=[RUN_TOOL], temperature=0, max_tokens=64
+    )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     call = choice.message.tool_calls[0]
@@ -104,14 +112,17 @@ def test_tool_call_round_trip_merges_into_one_sequence(env):
 
     got = env["http"].delete("/v1/rollouts/tools").json()
     c1, c2 = got["calls"]
-    assert c2["prompt_tokens"][:len(c1["prompt_tokens"]) + len(c1["samples"][0]["tokens"])] == \
-        c1["prompt_tokens"] + c1["samples"][0]["tokens"]
+    assert (
+        c2["prompt_tokens"][: len(c1["prompt_tokens"]) + len(c1["samples"][0]["tokens"])]
+        == c1["prompt_tokens"] + c1["samples"][0]["tokens"]
+    )
     assert got["merge"]["merge_rate"] == 1.0 and got["merge"]["datums"] == 1 and got["merge"]["splice_rate"] == 1.0
 
     # The same call streamed: the tool call arrives as a delta.
     calls = {}
-    for chunk in client.chat.completions.create(model=TINY_MODEL, messages=LIST_FILES, tools=[RUN_TOOL],
-                                                temperature=0, max_tokens=64, stream=True):
+    for chunk in client.chat.completions.create(
+        model=TINY_MODEL, messages=LIST_FILES, tools=[RUN_TOOL], temperature=0, max_tokens=64, stream=True
+    ):
         for ch in chunk.choices:
             for d in ch.delta.tool_calls or []:
                 calls.setdefault(d.index, [d.function.name, ""])[1] += d.function.arguments or ""
@@ -121,16 +132,22 @@ def test_tool_call_round_trip_merges_into_one_sequence(env):
 def test_tool_choice_none_and_forced(env):
     r = chat(env, messages=LIST_FILES, tools=[RUN_TOOL], tool_choice="none", temperature=0, max_tokens=64)
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
-    chat(env, messages=[{"role": "user", "content": "hello"}], tools=[RUN_TOOL], max_tokens=8, seed=0,
-         tool_choice={"type": "function", "function": {"name": "run"}}, metadata={"rollout_id": "forced"})
+    chat(
+        env,
+        messages=[{"role": "user", "content": "hello"}],
+        tools=[RUN_TOOL],
+        max_tokens=8,
+        seed=0,
+        tool_choice={"type": "function", "function": {"name": "run"}},
+        metadata={"rollout_id": "forced"},
+    )
     prompt = env["http"].delete("/v1/rollouts/forced").json()["calls"][0]["prompt_tokens"]
     forced = env["server"].tokenizer.encode('<tool_call>\n{"name": "run", "arguments": ', add_special_tokens=False)
-    assert prompt[-len(forced):] == forced
+    assert prompt[-len(forced) :] == forced
 
 
 def test_completions_endpoint(env):
-    r = env["client"].completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, logprobs=2,
-                                         seed=0)
+    r = env["client"].completions.create(model=TINY_MODEL, prompt="Once upon a time", max_tokens=5, logprobs=2, seed=0)
     c = r.choices[0]
     assert isinstance(c.text, str) and c.finish_reason in ("stop", "length")
     assert len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) == r.usage.completion_tokens
@@ -211,12 +228,14 @@ def test_tinker_backend_serves_the_same_api():
         server = ProxyServer(sampler, model_name=TINY_MODEL, service_client=service)
         with serve_in_thread(server) as url:
             client = openai.OpenAI(base_url=url + "/rollouts/sdk/v1", api_key="EMPTY", max_retries=0, timeout=300)
-            r = client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}],
-                                               max_tokens=5, logprobs=True, seed=2)
+            r = client.chat.completions.create(
+                model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, seed=2
+            )
             calls = server.capture.pop("sdk")
     assert len(calls) == 1 and len(calls[0].samples[0].tokens) == r.usage.completion_tokens
-    assert [round(e.logprob, 4) for e in r.choices[0].logprobs.content] == \
-        [round(x, 4) for x in calls[0].samples[0].logprobs[:len(r.choices[0].logprobs.content)]]
+    assert [round(e.logprob, 4) for e in r.choices[0].logprobs.content] == [
+        round(x, 4) for x in calls[0].samples[0].logprobs[: len(r.choices[0].logprobs.content)]
+    ]
 
 
 def test_64_concurrent_requests_all_succeed_and_capture_apart(env):
@@ -225,9 +244,18 @@ def test_64_concurrent_requests_all_succeed_and_capture_apart(env):
     async def run():
         client = openai.AsyncOpenAI(base_url=env["url"] + "/v1", api_key=KEY, max_retries=0, timeout=600)
         try:
-            return await asyncio.gather(*(client.chat.completions.create(
-                model=TINY_MODEL, messages=[{"role": "user", "content": f"request {i}"}], max_tokens=4, seed=i,
-                extra_headers={"X-Rollout-Id": f"load-{i % 8}"}) for i in range(64)))
+            return await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=TINY_MODEL,
+                        messages=[{"role": "user", "content": f"request {i}"}],
+                        max_tokens=4,
+                        seed=i,
+                        extra_headers={"X-Rollout-Id": f"load-{i % 8}"},
+                    )
+                    for i in range(64)
+                )
+            )
         finally:
             await client.close()
 

@@ -30,11 +30,19 @@ def tool_renderer(request, tok):
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there!"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 2+2?"}],
-    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a joke.\nPlease, a short one."}],
-    [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "12*12"},
-     {"role": "assistant", "content": "144"}, {"role": "user", "content": "  and 13*13?  "},
-     {"role": "assistant", "content": "169\n\nDone."}, {"role": "user", "content": "Thanks 🙂"}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke.\nPlease, a short one."},
+    ],
+    [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "12*12"},
+        {"role": "assistant", "content": "144"},
+        {"role": "user", "content": "  and 13*13?  "},
+        {"role": "assistant", "content": "169\n\nDone."},
+        {"role": "user", "content": "Thanks 🙂"},
+    ],
 ]
 
 
@@ -71,7 +79,7 @@ def test_extension_property_across_turns(tool_renderer, tok, ended_cleanly):
         messages = messages + [assistant, {"role": "tool", "content": result}]
         rerendered = r.build_generation_prompt(messages, tools).to_ints()
         assert tok.decode(nxt) == tok.decode(rerendered)
-        assert nxt[:len(prompt)] == prompt and "<tool_response>\n" + result in tok.decode(cont)
+        assert nxt[: len(prompt)] == prompt and "<tool_response>\n" + result in tok.decode(cont)
         prompt = nxt
     # the parsed action gives back the call
     parsed = r.parse_response(action)
@@ -86,8 +94,9 @@ def test_multiple_tool_results_share_one_user_turn(renderer, tok):
     assert "<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>" in text
 
 
-@pytest.mark.parametrize("args", [{"path": "src/main.py", "pattern": "def f(x):"},
-                                  {"command": "echo 'hi' && ls -la | head -3"}, {}])
+@pytest.mark.parametrize(
+    "args", [{"path": "src/main.py", "pattern": "def f(x):"}, {"command": "echo 'hi' && ls -la | head -3"}, {}]
+)
 def test_tool_call_round_trip(tool_renderer, tok, args):
     r = tool_renderer
     calls = [tool_call("search", args), tool_call("execute_bash", {"command": "pwd"})]
@@ -104,8 +113,10 @@ def test_tool_call_round_trip(tool_renderer, tok, args):
 def test_hermes_round_trip_keeps_json_types(tok):
     r = get_renderer(tok, DEFAULT_MODEL, tool_format="hermes")
     args = {"n": 3, "flags": ["-a", "-l"], "opts": {"deep": True}, "none": None}
-    tokens = tok.encode(r.message_text({"role": "assistant", "content": "",
-                                        "tool_calls": [tool_call("f", args)]})[1], add_special_tokens=False)
+    tokens = tok.encode(
+        r.message_text({"role": "assistant", "content": "", "tool_calls": [tool_call("f", args)]})[1],
+        add_special_tokens=False,
+    )
     parsed = r.parse_response(tokens)
     assert not parsed.ended_cleanly  # no <|im_end|>: cut by max_tokens
     assert json.loads(parsed.message["tool_calls"][0]["function"]["arguments"]) == args

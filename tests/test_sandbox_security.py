@@ -213,15 +213,21 @@ def test_every_sandbox_process_runs_as_its_own_uid_inside_its_cgroups(provider):
             if provider.cgroups.mode != "none":
                 cgroups = Path(f"/proc/{pid}/cgroup").read_text()
                 for ctrl in ("pids", "memory"):
-                    line = next(ln for ln in cgroups.splitlines() if ctrl in ln.split(":")[1].split(",") or
-                                (provider.cgroups.mode == "v2" and ln.startswith("0::")))
+                    line = next(
+                        ln
+                        for ln in cgroups.splitlines()
+                        if ctrl in ln.split(":")[1].split(",")
+                        or (provider.cgroups.mode == "v2" and ln.startswith("0::"))
+                    )
                     assert line.endswith(f"/{s.cgroup}")
 
 
 def test_planted_links_to_the_supervisors_pipes_are_refused(sb):
     # write_file/read_file run in pid 1: a link to its own stdin/stdout must not touch the host protocol
-    sb.exec("mkdir -p /tests && ln -s /proc/1/fd/1 /tests/out.py && ln -s /proc/1/fd/0 /tests/in.txt && "
-            "ln -s /dev/stdout /tests/std.py && mkfifo /tests/fifo")
+    sb.exec(
+        "mkdir -p /tests && ln -s /proc/1/fd/1 /tests/out.py && ln -s /proc/1/fd/0 /tests/in.txt && "
+        "ln -s /dev/stdout /tests/std.py && mkfifo /tests/fifo"
+    )
     for path in ("/tests/out.py", "/tests/std.py", "/tests/fifo"):  # denied (pid 1 is non-dumpable) or refused
         with pytest.raises(OSError):
             sb.write_file(path, "\x00\x00\x00\x01\x00\x00\x00\x02ok")

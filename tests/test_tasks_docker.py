@@ -28,13 +28,21 @@ from tinkrl.tasks import grade, load_task, run_gate, start_sandbox  # noqa: E402
 
 IMAGE = "localhost/tinkrl-test-task:1"
 # busybox has no bash; task scripts and the grader call bash with bash-only options
-BASH_SHIM = '#!/bin/sh\nwhile [ "$#" -gt 0 ]; do case "$1" in --noprofile|--norc) shift;; *) break;; esac; done\n' \
-            'exec /bin/sh "$@"\n'
-IMAGE_FILES = {"bin/bash": (BASH_SHIM, 0o755), "app/data.txt": ("from image\n", 0o644),
-               "app/setup.cfg": ("[orig]\n", 0o644),
-               "opt/tool/bin/imagetool": ("#!/bin/sh\necho image-tool\n", 0o755),
-               "app/hidden/t.sh": ('if [ "$(cat /app/data.txt)" = "from image" ] && [ ! -e /app/new_test.txt ]; '
-                                   'then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n', 0o644)}
+BASH_SHIM = (
+    '#!/bin/sh\nwhile [ "$#" -gt 0 ]; do case "$1" in --noprofile|--norc) shift;; *) break;; esac; done\n'
+    'exec /bin/sh "$@"\n'
+)
+IMAGE_FILES = {
+    "bin/bash": (BASH_SHIM, 0o755),
+    "app/data.txt": ("from image\n", 0o644),
+    "app/setup.cfg": ("[orig]\n", 0o644),
+    "opt/tool/bin/imagetool": ("#!/bin/sh\necho image-tool\n", 0o755),
+    "app/hidden/t.sh": (
+        'if [ "$(cat /app/data.txt)" = "from image" ] && [ ! -e /app/new_test.txt ]; '
+        "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+        0o644,
+    ),
+}
 TEST_SH = """#!/bin/bash
 if [ "$(cat /app/data.txt)" = fixed ] && [ "$(imagetool)" = image-tool ] && [ "$(cat /app/setup.cfg)" = "[orig]" ] \\
    && [ ! -e /app/conftest.py ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
@@ -78,8 +86,10 @@ def task_dir(tmp_path):
     (d / "solution").mkdir()
     (d / "solution" / "solve.sh").write_text("#!/bin/bash\necho fixed > /app/data.txt\n")
     (d / "instruction.md").write_text("Write `fixed` into /app/data.txt.\n")
-    (d / "task.toml").write_text(f'[task]\nname = "image-task"\n[verifier]\ntimeout_sec = 30\n'
-                                 f'[environment]\nworkdir = "/app"\ndocker_image = "{IMAGE}"\n')
+    (d / "task.toml").write_text(
+        f'[task]\nname = "image-task"\n[verifier]\ntimeout_sec = 30\n'
+        f'[environment]\nworkdir = "/app"\ndocker_image = "{IMAGE}"\n'
+    )
     return d
 
 
@@ -109,9 +119,19 @@ def test_restore_paths_and_hidden_tests_come_from_the_image(provider, tmp_path):
     # as an R2E/SWE-bench row from an image: hidden tests kept in the image are taken out
     # before the agent starts and copied to /tests at grading; restore paths go back to
     # what the image held (removed if it had none)
-    task = Task(id="img-row", source=tmp_path, format="r2e", instruction="x", workdir="/app", grader="reward_file",
-                image=IMAGE, image_tests="/app/hidden", restore_paths=["/app/data.txt", "/app/new_test.txt"],
-                test_command="bash /tests/hidden/t.sh", verifier_timeout_s=30)
+    task = Task(
+        id="img-row",
+        source=tmp_path,
+        format="r2e",
+        instruction="x",
+        workdir="/app",
+        grader="reward_file",
+        image=IMAGE,
+        image_tests="/app/hidden",
+        restore_paths=["/app/data.txt", "/app/new_test.txt"],
+        test_command="bash /tests/hidden/t.sh",
+        verifier_timeout_s=30,
+    )
     with start_sandbox(task, provider) as sb:
         assert sb.exec("test -e /app/hidden").exit_code == 1  # the agent cannot read them
         sb.exec("echo changed > data.txt && echo planted > new_test.txt")

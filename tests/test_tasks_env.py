@@ -54,8 +54,11 @@ def make_env(renderer, provider, task="hello-file", capture_patch=False, **cfg):
 
     config = TasksEnvConfig(**cfg)
     task = load_task(TASKS / task) if isinstance(task, str) else task
-    return TaskEnv(TaskSession(task, config, provider, capture_patch), renderer_for(renderer, config.tool_format),
-                   config.max_tokens_per_turn)
+    return TaskEnv(
+        TaskSession(task, config, provider, capture_patch),
+        renderer_for(renderer, config.tool_format),
+        config.max_tokens_per_turn,
+    )
 
 
 def run(coro):
@@ -70,12 +73,14 @@ def test_scripted_solution_then_submit_scores_1_and_observations_extend_the_prom
             assert stop == [renderer.im_end]
             prompt = renderer.tokenizer.decode(ob.to_ints())
             assert "Create a file called /app/hello.txt" in prompt and '"name": "execute_bash"' in prompt
-            a1 = action(renderer, "I will create it.\n" + call("execute_bash", {"command": HELLO + "; cat /app/hello.txt"}))
+            a1 = action(
+                renderer, "I will create it.\n" + call("execute_bash", {"command": HELLO + "; cat /app/hello.txt"})
+            )
             r1 = await env.step(a1)
             assert not r1.episode_done and r1.reward == 0.0
             nxt = r1.next_observation.to_ints()
-            assert nxt[:len(ob.to_ints()) + len(a1)] == ob.to_ints() + a1  # prompt + action, token for token
-            tail = renderer.tokenizer.decode(nxt[len(ob.to_ints()) + len(a1):])
+            assert nxt[: len(ob.to_ints()) + len(a1)] == ob.to_ints() + a1  # prompt + action, token for token
+            tail = renderer.tokenizer.decode(nxt[len(ob.to_ints()) + len(a1) :])
             assert "<tool_response>\nHello, world!\n[exit code: 0]\n</tool_response>" in tail
             assert tail.endswith("<|im_start|>assistant\n")
             a2 = action(renderer, call("submit", {}))
@@ -101,7 +106,7 @@ def test_malformed_tool_call_is_an_error_observation_and_the_episode_goes_on(ren
             bad = action(renderer, '<tool_call>\n{"name": "execute_bash", "arguments": {"command": "ls"\n</tool_call>')
             r1 = await env.step(bad)
             assert not r1.episode_done
-            tail = renderer.tokenizer.decode(r1.next_observation.to_ints()[len(ob.to_ints()) + len(bad):])
+            tail = renderer.tokenizer.decode(r1.next_observation.to_ints()[len(ob.to_ints()) + len(bad) :])
             assert "Error: tool call is not valid JSON" in tail
             r2 = await env.step(action(renderer, "Let me think about it."))  # no call at all
             assert not r2.episode_done
@@ -142,15 +147,15 @@ def test_command_timeout_is_an_observation_and_a_cut_action_is_closed(renderer, 
             a1 = action(renderer, call("execute_bash", {"command": "echo started; sleep 20", "timeout": 300}))
             r1 = await env.step(a1)
             assert not r1.episode_done
-            tail = renderer.tokenizer.decode(r1.next_observation.to_ints()[len(ob.to_ints()) + len(a1):])
+            tail = renderer.tokenizer.decode(r1.next_observation.to_ints()[len(ob.to_ints()) + len(a1) :])
             assert "started" in tail and "timed out after 1s" in tail
             # An action cut by max_tokens (no <|im_end|>): the observation closes the turn first.
             prev = r1.next_observation.to_ints()
             cut = action(renderer, "I am going to write a very long expla", clean=False)
             r2 = await env.step(cut, stop_reason="length")
             nxt = r2.next_observation.to_ints()
-            assert nxt[:len(prev) + len(cut)] == prev + cut and nxt[len(prev) + len(cut)] == renderer.im_end
-            assert "cut off at the token limit" in renderer.tokenizer.decode(nxt[len(prev) + len(cut):])
+            assert nxt[: len(prev) + len(cut)] == prev + cut and nxt[len(prev) + len(cut)] == renderer.im_end
+            assert "cut off at the token limit" in renderer.tokenizer.decode(nxt[len(prev) + len(cut) :])
             r3 = await env.step(action(renderer, call("execute_bash", {"command": HELLO}) + call("submit", {})))
             return r3
         finally:
@@ -205,8 +210,10 @@ def test_xml_tool_format(renderer, provider):
         try:
             ob, _ = await env.initial_observation()
             assert "<function=NAME>" in renderer.tokenizer.decode(ob.to_ints())
-            text = (f"<function=execute_bash>\n<parameter=command>{HELLO}</parameter>\n</function>\n"
-                    "<function=submit>\n</function>")
+            text = (
+                f"<function=execute_bash>\n<parameter=command>{HELLO}</parameter>\n</function>\n"
+                "<function=submit>\n</function>"
+            )
             return await env.step(action(renderer, text))
         finally:
             await env.close()
@@ -252,16 +259,19 @@ def test_sandbox_death_and_a_broken_workspace_are_infra_failures(renderer, provi
 
 def test_repo_task_records_the_workspace_diff(renderer, provider):
     task = next(t for t in iter_tasks([TASKS / "swebench_rows.jsonl"]) if t.id == "calc__calc-1")
-    fix = ("python3 - <<'EOF'\nimport re\np = 'calc/ops.py'\ns = open(p).read()\n"
-           "s = s.replace('    return a / b', '    if b == 0:\\n        raise ValueError(\"division by zero\")\\n"
-           "    return a / b')\nopen(p, 'w').write(s)\nEOF")
+    fix = (
+        "python3 - <<'EOF'\nimport re\np = 'calc/ops.py'\ns = open(p).read()\n"
+        "s = s.replace('    return a / b', '    if b == 0:\\n        raise ValueError(\"division by zero\")\\n"
+        "    return a / b')\nopen(p, 'w').write(s)\nEOF"
+    )
 
     async def episode():
         env = make_env(renderer, provider, task=task, capture_patch=True)
         try:
             await env.initial_observation()
-            return await env.step(action(renderer, call("execute_bash", {"command": fix}) + call("submit", {}))), \
-                env.session.patch
+            return await env.step(
+                action(renderer, call("execute_bash", {"command": fix}) + call("submit", {}))
+            ), env.session.patch
         finally:
             await env.close()
 
@@ -275,18 +285,28 @@ def _ctx(renderer, tmp_path, **kw):
     from tinkrl.config import EnvEntry
     from tinkrl.envs import EnvContext
 
-    args = dict(key="tasks", entry=EnvEntry(), renderer=renderer, model_name="tinkrl/tiny-llama", group_size=2,
-                groups_per_batch=3, max_tokens=64, run_dir=tmp_path, seed=7)
+    args = dict(
+        key="tasks",
+        entry=EnvEntry(),
+        renderer=renderer,
+        model_name="tinkrl/tiny-llama",
+        group_size=2,
+        groups_per_batch=3,
+        max_tokens=64,
+        run_dir=tmp_path,
+        seed=7,
+    )
     args.update(kw)
     return EnvContext(**args)
 
 
 def test_dataset_cycles_through_tasks_deterministically_in_groups(renderer, tmp_path, provider):
-    from tinkrl.envs import make_env_config
     from tinkrl.config import EnvEntry
+    from tinkrl.envs import make_env_config
 
-    cfg = make_env_config("tasks", EnvEntry(env={"path": str(TASKS), "gate": False, "epochs": 2,
-                                                 "test_task_ids": ["calc__*"]}))
+    cfg = make_env_config(
+        "tasks", EnvEntry(env={"path": str(TASKS), "gate": False, "epochs": 2, "test_task_ids": ["calc__*"]})
+    )
     ctx = _ctx(renderer, tmp_path, sandbox_provider=provider.get)
     ds = cfg.build(ctx)
     n_train = len(cfg.load_tasks()) - 2

@@ -1,19 +1,26 @@
 """Graders on passing and failing outputs, including faked PASSED lines."""
 
-from tinkrl.tasks.grading import (grade_pytest, grade_r2e, grade_reward_file, grade_swebench,
-                                  parse_pytest_summary)
+from tinkrl.tasks.grading import grade_pytest, grade_r2e, grade_reward_file, grade_swebench, parse_pytest_summary
 
 
 def summary(*lines, before="", after="===== 1 passed in 0.1s ====="):
-    return "\n".join([before, "=========================== short test summary info ============================",
-                      *lines, after, ""])
+    return "\n".join(
+        [before, "=========================== short test summary info ============================", *lines, after, ""]
+    )
 
 
 def test_pytest_summary_parsed_and_reasons_stripped():
-    out = summary("PASSED tests/t.py::test_a", "FAILED tests/t.py::test_b - assert 1 == 2",
-                  "SKIPPED [1] tests/t.py:9: no reason", "ERROR tests/t.py::test_c")
-    assert parse_pytest_summary(out) == {"tests/t.py::test_a": "PASSED", "tests/t.py::test_b": "FAILED",
-                                         "tests/t.py::test_c": "ERROR"}
+    out = summary(
+        "PASSED tests/t.py::test_a",
+        "FAILED tests/t.py::test_b - assert 1 == 2",
+        "SKIPPED [1] tests/t.py:9: no reason",
+        "ERROR tests/t.py::test_c",
+    )
+    assert parse_pytest_summary(out) == {
+        "tests/t.py::test_a": "PASSED",
+        "tests/t.py::test_b": "FAILED",
+        "tests/t.py::test_c": "ERROR",
+    }
 
 
 def test_fake_passed_lines_outside_the_summary_do_not_count():

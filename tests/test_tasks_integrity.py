@@ -11,14 +11,14 @@ from tinkrl.tasks import apply_solution, grade, iter_tasks, load_task, start_san
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 
-FORCE_PASS_CONFTEST = '''
+FORCE_PASS_CONFTEST = """
 import pytest
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     outcome.get_result().outcome = "passed"
-'''
-FAKE_PYTEST = '''
+"""
+FAKE_PYTEST = """
 import sys
 print("=" * 20 + " short test summary info " + "=" * 20)
 for t in ("tests/test_ops.py::test_divide_by_zero", "tests/test_ops.py::test_add",
@@ -26,7 +26,7 @@ for t in ("tests/test_ops.py::test_divide_by_zero", "tests/test_ops.py::test_add
     print("PASSED " + t)
 print("=" * 20 + " 4 passed " + "=" * 20)
 sys.exit(0)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,16 @@ def test_agent_processes_tests_and_path_cannot_fake_a_reward_file(provider):
 def test_fake_passed_lines_printed_by_code_under_test(provider):
     (task,) = iter_tasks([TASKS / "r2e_rows.json"])
     with start_sandbox(task, provider) as sb:
-        fake = "\n".join(f"print('PASSED r2e_tests/test_slug.py::{t}')" for t in
-                         ("test_simple", "test_punctuation_collapses", "test_cut_has_no_trailing_dash",
-                          "test_already_slug", "TestUnicode::test_accents_dropped"))
+        fake = "\n".join(
+            f"print('PASSED r2e_tests/test_slug.py::{t}')"
+            for t in (
+                "test_simple",
+                "test_punctuation_collapses",
+                "test_cut_has_no_trailing_dash",
+                "test_already_slug",
+                "TestUnicode::test_accents_dropped",
+            )
+        )
         sb.exec(f"cat >> textkit/__init__.py <<'EOF'\n{fake}\nEOF")
         result = grade(task, sb)
         assert result.reward == 0.0 and "differ" in result.detail

@@ -96,8 +96,10 @@ def test_bad_rows_are_reported_and_the_rest_still_load(tmp_path):
     good = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
     good["workspace"] = str(TASKS / "_repos" / "calc")
     neither = {k: v for k, v in good.items() if k != "workspace"}
-    rows.write_text("\n".join([json.dumps(neither), "{not json", json.dumps(good),
-                               json.dumps({**good, "FAIL_TO_PASS": "[]"})]) + "\n")
+    rows.write_text(
+        "\n".join([json.dumps(neither), "{not json", json.dumps(good), json.dumps({**good, "FAIL_TO_PASS": "[]"})])
+        + "\n"
+    )
     items = list(iter_tasks([rows]))
     assert [type(i).__name__ for i in items] == ["TaskLoadError", "TaskLoadError", "Task", "TaskLoadError"]
     assert items[0].field == "workspace" and "docker_image" in str(items[0]) and "rows.jsonl:1" in str(items[0])
@@ -108,10 +110,12 @@ def test_bad_rows_are_reported_and_the_rest_still_load(tmp_path):
 def test_rows_with_only_an_image_load_and_carry_it(tmp_path):
     swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
     r2e = json.loads((TASKS / "r2e_rows.json").read_text())[0]
-    image_only = [{k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "swebench/sweb.eval.x:1"},
-                  {k: v for k, v in r2e.items() if k not in ("workspace", "tests", "docker_image")} | {"image_name": "r2e/y:2"},
-                  {**swe, "workspace": str(TASKS / "_repos" / "calc"), "image": "swebench/z:3"},
-                  {k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": ["not", "a", "name"]}]
+    image_only = [
+        {k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "swebench/sweb.eval.x:1"},
+        {k: v for k, v in r2e.items() if k not in ("workspace", "tests", "docker_image")} | {"image_name": "r2e/y:2"},
+        {**swe, "workspace": str(TASKS / "_repos" / "calc"), "image": "swebench/z:3"},
+        {k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": ["not", "a", "name"]},
+    ]
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps(r) for r in image_only) + "\n")
     swe_img, r2e_img, both, bad = list(iter_tasks([rows]))
@@ -149,8 +153,11 @@ def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
 
     swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "sweb/x:1"}) + "\n"
-                    + json.dumps({**swe, "workspace": str(TASKS / "_repos" / "calc"), "docker_image": "sweb/x:1"}))
+    rows.write_text(
+        json.dumps({k: v for k, v in swe.items() if k != "workspace"} | {"docker_image": "sweb/x:1"})
+        + "\n"
+        + json.dumps({**swe, "workspace": str(TASKS / "_repos" / "calc"), "docker_image": "sweb/x:1"})
+    )
     image_only, both = list(iter_tasks([rows]))
     provider = get_provider("bwrap")
     try:

@@ -95,17 +95,23 @@ def test_official_sdk_full_flow_matches_the_engine_in_process(engine):
             tc.optim_step(adam).result()
             local_tc.optim_step(adam).result()
             probe = _inputs_for("cross_entropy")
-            _assert_same_output(tc.forward(probe, "cross_entropy").result(), local_tc.forward(probe, "cross_entropy").result())
+            _assert_same_output(
+                tc.forward(probe, "cross_entropy").result(), local_tc.forward(probe, "cross_entropy").result()
+            )
 
             # save_state, then a new client from it with the optimizer: one more step agrees
             state_path = tc.save_state("step1").result().path
             assert state_path.startswith("tinker://")
             resumed = sc.create_training_client_from_state_with_optimizer(state_path).result()
-            _assert_same_output(resumed.forward(probe, "cross_entropy").result(), tc.forward(probe, "cross_entropy").result())
+            _assert_same_output(
+                resumed.forward(probe, "cross_entropy").result(), tc.forward(probe, "cross_entropy").result()
+            )
             for client in (resumed, tc):
                 client.forward_backward(probe, "cross_entropy")
                 client.optim_step(adam)
-            _assert_same_output(resumed.forward(probe, "cross_entropy").result(), tc.forward(probe, "cross_entropy").result())
+            _assert_same_output(
+                resumed.forward(probe, "cross_entropy").result(), tc.forward(probe, "cross_entropy").result()
+            )
 
             # sampler weights: a path another client can sample from, and compute_logprobs
             sampler_path = tc.save_weights_for_sampler("sampler1").result().path
@@ -144,7 +150,9 @@ def test_unsupported_calls_fail_with_a_clear_error(engine):
             tc = sc.create_lora_training_client(TINY_MODEL, rank=4, seed=0).result()
             sampler = tc.save_weights_and_get_sampling_client().result()
             with pytest.raises(Exception, match="prompt_alt_tokens_k"):
-                sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1), prompt_alt_tokens_k=2).result()
+                sampler.sample(
+                    types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1), prompt_alt_tokens_k=2
+                ).result()
         import httpx
 
         r = httpx.post(f"{url}/api/v1/no_such_call", headers={"X-API-Key": KEY}, json={})
@@ -156,7 +164,9 @@ def test_unsupported_calls_fail_with_a_clear_error(engine):
 def test_api_key_is_enforced_when_given(engine):
     with serve_in_thread(engine, api_key="tml-secret") as url:
         with pytest.raises(tinker.AuthenticationError):
-            tinker.ServiceClient(base_url=url, api_key="tml-other").create_lora_training_client(TINY_MODEL, rank=4).result()
+            tinker.ServiceClient(base_url=url, api_key="tml-other").create_lora_training_client(
+                TINY_MODEL, rank=4
+            ).result()
         with tinker.ServiceClient(base_url=url, api_key="tml-secret") as sc:
             assert sc.create_lora_training_client(TINY_MODEL, rank=4).result().get_info().lora_rank == 4
 
@@ -205,9 +215,24 @@ def test_the_cli_entry_point_serves_the_sdk(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--port", str(port), "--model", TINY_MODEL,
-         "--api-key", "tml-cli", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tinkrl.cli",
+            "serve",
+            "tinker",
+            "--port",
+            str(port),
+            "--model",
+            TINY_MODEL,
+            "--api-key",
+            "tml-cli",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -221,15 +246,21 @@ def test_the_cli_entry_point_serves_the_sdk(tmp_path):
             pytest.fail("server did not come up")
         with tinker.ServiceClient(base_url=url, api_key="tml-cli") as sc:
             sampler = sc.create_sampling_client(base_model=TINY_MODEL).result()
-            out = sampler.sample(types.ModelInput.from_ints([1, 5, 9]), 2, types.SamplingParams(max_tokens=3, stop=[])).result()
+            out = sampler.sample(
+                types.ModelInput.from_ints([1, 5, 9]), 2, types.SamplingParams(max_tokens=3, stop=[])
+            ).result()
             assert [len(s.tokens) for s in out.sequences] == [3, 3]
             caps = tinker.RestClient(base_url=url, api_key="tml-cli").get_server_capabilities().result()
             assert TINY_MODEL in [m.model_name for m in caps.supported_models]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    bad = subprocess.run([sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--api-key", "secret"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--api-key", "secret"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "tml-" in bad.stderr
 
 
@@ -239,7 +270,10 @@ def test_concurrent_sample_requests_from_several_clients_are_all_served(engine):
     import asyncio
 
     with serve_in_thread(engine) as url:
-        with tinker.ServiceClient(base_url=url, api_key=KEY) as sc_a, tinker.ServiceClient(base_url=url, api_key=KEY) as sc_b:
+        with (
+            tinker.ServiceClient(base_url=url, api_key=KEY) as sc_a,
+            tinker.ServiceClient(base_url=url, api_key=KEY) as sc_b,
+        ):
             samplers = [sc.create_sampling_client(base_model=TINY_MODEL).result() for sc in (sc_a, sc_b)]
             params = types.SamplingParams(max_tokens=5, temperature=1.0, stop=[])
 

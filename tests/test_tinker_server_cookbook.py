@@ -19,14 +19,18 @@ VENV = Path(os.environ.get("COOKBOOK_VENV", Path.home() / ".cache/tinkrl/cookboo
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (VENV / "bin/python").exists(), reason=f"no cookbook venv at {VENV}: run bench/cookbook_rl.sh once")
+@pytest.mark.skipif(
+    not (VENV / "bin/python").exists(), reason=f"no cookbook venv at {VENV}: run bench/cookbook_rl.sh once"
+)
 def test_cookbook_math_rl_recipe_trains_against_the_server(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log_path = tmp_path / "cookbook"
     env = dict(os.environ, COOKBOOK_VENV=str(VENV), PORT=str(port), STEPS="2", LOG_PATH=str(log_path))
-    done = subprocess.run(["bash", "bench/cookbook_rl.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        ["bash", "bench/cookbook_rl.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     assert [s["progress/batch"] for s in steps] == [0, 1]

@@ -22,12 +22,24 @@ from tinkrl.tinker_server.cli import serve_in_thread
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 RUN = {
-    "model_name": TINY_MODEL, "env": "arithmetic", "max_steps": 2, "batch_size": 4, "group_size": 2,
-    "max_tokens": 6, "lora_rank": 4, "learning_rate": 5e-3, "temperature": 1.0, "seed": 3,
-    "eval_every": 0, "eval_problems": 0, "save_every": 0, "max_concurrent_rollouts": 1,
+    "model_name": TINY_MODEL,
+    "env": "arithmetic",
+    "max_steps": 2,
+    "batch_size": 4,
+    "group_size": 2,
+    "max_tokens": 6,
+    "lora_rank": 4,
+    "learning_rate": 5e-3,
+    "temperature": 1.0,
+    "seed": 3,
+    "eval_every": 0,
+    "eval_problems": 0,
+    "save_every": 0,
+    "max_concurrent_rollouts": 1,
     # The tiny random model never answers, so the format penalty is its whole reward; with
     # `direct` advantages (A = reward) that still gives a non-zero loss and real updates.
-    "env.format_coef": 0.5, "adv_estimator": "direct",
+    "env.format_coef": 0.5,
+    "adv_estimator": "direct",
 }
 
 

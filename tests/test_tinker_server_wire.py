@@ -80,9 +80,7 @@ def test_sample_response_decodes_with_the_sdk_and_keeps_missing_prompt_logprobs_
         tokens_np=np.array([4, 5], np.int32),
         logprobs_np=np.array([-0.25, -0.75], np.float32),
     )
-    sent = types.SampleResponse(
-        sequences=[seq, seq], prompt_logprobs_np=np.array([np.nan, -1.5, -2.0], np.float32)
-    )
+    sent = types.SampleResponse(sequences=[seq, seq], prompt_logprobs_np=np.array([np.nan, -1.5, -2.0], np.float32))
     got = deserialize_sample_response(wire.encode_sample_response(sent))
     assert [s.tokens for s in got.sequences] == [[4, 5], [4, 5]]
     assert got.sequences[0].logprobs == [-0.25, -0.75]

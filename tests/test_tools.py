@@ -43,15 +43,20 @@ def test_execute_bash_timeout_is_an_observation(sb):
 
 def test_file_editor_create_view_replace_insert_undo(sb):
     path = "/app/pkg/mod.py"
-    assert "created" in run_tool(sb, "file_editor", {"command": "create", "path": path,
-                                                      "file_text": "def f():\n    return 1\n"})[0]
+    assert (
+        "created"
+        in run_tool(sb, "file_editor", {"command": "create", "path": path, "file_text": "def f():\n    return 1\n"})[0]
+    )
     assert "already exists" in run_tool(sb, "file_editor", {"command": "create", "path": path, "file_text": ""})[0]
     view = run_tool(sb, "file_editor", {"command": "view", "path": path})[0]
     assert "     1\tdef f():\n     2\t    return 1" in view
-    assert "     2\t    return 1" in run_tool(sb, "file_editor", {"command": "view", "path": path,
-                                                                "view_range": [2, -1]})[0]
-    obs = run_tool(sb, "file_editor", {"command": "str_replace", "path": path, "old_str": "return 1",
-                                        "new_str": "return 2"})[0]
+    assert (
+        "     2\t    return 1"
+        in run_tool(sb, "file_editor", {"command": "view", "path": path, "view_range": [2, -1]})[0]
+    )
+    obs = run_tool(
+        sb, "file_editor", {"command": "str_replace", "path": path, "old_str": "return 1", "new_str": "return 2"}
+    )[0]
     assert "return 2" in obs and sb.read_file(path) == b"def f():\n    return 2\n"
     run_tool(sb, "file_editor", {"command": "insert", "path": path, "insert_line": 0, "new_str": "import os"})
     assert sb.read_file(path).startswith(b"import os\ndef f")
@@ -90,10 +95,17 @@ def test_search(sb):
 
 
 def test_malformed_calls_become_error_observations(sb):
-    cases = [("execute_bash", "{not json"), ("execute_bash", "[1, 2]"), ("execute_bash", {}),
-             ("execute_bash", {"command": ["ls"]}), ("execute_bash", {"command": "ls", "timeout": "soon"}),
-             ("file_editor", {"path": "/app"}), ("search", {"path": "/app"}), ("rm_rf", {"path": "/"}),
-             ("file_editor", {"command": "view", "path": "/app/dup.txt", "view_range": "1-2"})]
+    cases = [
+        ("execute_bash", "{not json"),
+        ("execute_bash", "[1, 2]"),
+        ("execute_bash", {}),
+        ("execute_bash", {"command": ["ls"]}),
+        ("execute_bash", {"command": "ls", "timeout": "soon"}),
+        ("file_editor", {"path": "/app"}),
+        ("search", {"path": "/app"}),
+        ("rm_rf", {"path": "/"}),
+        ("file_editor", {"command": "view", "path": "/app/dup.txt", "view_range": "1-2"}),
+    ]
     for name, args in cases:
         obs, done = run_tool(sb, name, args)
         assert obs.startswith("Error:") and not done, (name, args, obs)

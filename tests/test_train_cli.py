@@ -15,12 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from engine_helpers import TINY, real_models_dir
 from tinker import types
 
-from engine_helpers import TINY, real_models_dir
-
-ARGS = ["env=arithmetic", f"model_name={TINY}", "batch_size=8", "group_size=4", "max_tokens=8",
-        "eval_problems=4", "save_every=1"]
+ARGS = [
+    "env=arithmetic",
+    f"model_name={TINY}",
+    "batch_size=8",
+    "group_size=4",
+    "max_tokens=8",
+    "eval_problems=4",
+    "save_every=1",
+]
 
 
 @pytest.fixture
@@ -54,8 +60,15 @@ def test_train_smoke(home, tmp_path, monkeypatch):
     metrics = rows(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1]
     for m in metrics:
-        for key in ("env/all/reward/total", "env/arithmetic/reward/total", "optim/kl_sample_train_v1",
-                    "optim/entropy", "optim/grad_norm", "eval/arithmetic/greedy_reward", "time/step"):
+        for key in (
+            "env/all/reward/total",
+            "env/arithmetic/reward/total",
+            "optim/kl_sample_train_v1",
+            "optim/entropy",
+            "optim/grad_norm",
+            "eval/arithmetic/greedy_reward",
+            "time/step",
+        ):
             assert key in m, key
         assert m["env/all/total_episodes"] == 8
     # the sampler and the trainer agree on step 0 (same weights): their KL estimate is ~0
@@ -80,8 +93,9 @@ def test_train_smoke(home, tmp_path, monkeypatch):
     from tinkrl.local import ServiceClient
 
     sc = ServiceClient().create_sampling_client(model_path=ckpts[-1]["sampler_path"])
-    resp = sc.sample(types.ModelInput.from_ints(r["tokens"][:10]), 1,
-                     types.SamplingParams(max_tokens=4, seed=0)).result()
+    resp = sc.sample(
+        types.ModelInput.from_ints(r["tokens"][:10]), 1, types.SamplingParams(max_tokens=4, seed=0)
+    ).result()
     assert len(resp.sequences[0].tokens) == 4 and np.all(np.asarray(resp.sequences[0].logprobs) <= 0)
 
 

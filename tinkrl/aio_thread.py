@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from aiohttp import web
 
 
 @contextmanager
-def serve_app_in_thread(app: web.Application, host: str = "127.0.0.1", port: int = 0, *,
-                        name: str = "aiohttp-server", backlog: int = 1024) -> Iterator[str]:
+def serve_app_in_thread(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, *, name: str = "aiohttp-server", backlog: int = 1024
+) -> Iterator[str]:
     """Yield `http://host:port` (port 0 picks a free one); bind errors are raised to the caller."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()

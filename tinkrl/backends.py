@@ -70,8 +70,7 @@ def check_service(base_url: str, api_key: str, timeout_s: float = PREFLIGHT_TIME
         )
     if response.status_code >= 400:
         raise BackendUnavailable(
-            f"the Tinker service at {base_url} answered HTTP {response.status_code} to {url}: "
-            f"{_short(response.text)}"
+            f"the Tinker service at {base_url} answered HTTP {response.status_code} to {url}: {_short(response.text)}"
         )
 
 
@@ -93,9 +92,7 @@ def make_service_client(
         return ServiceClient(**local_options)
     if backend == "tinker":
         if local_options:
-            raise ConfigError(
-                f"options {sorted(local_options)} apply to backend=local only, not backend=tinker"
-            )
+            raise ConfigError(f"options {sorted(local_options)} apply to backend=local only, not backend=tinker")
         url = resolve_base_url(base_url)
         key = resolve_api_key(api_key)
         check_service(url, key)

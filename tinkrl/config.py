@@ -83,8 +83,16 @@ class OpenRewardConfig(Strict):
     run_name: str | None = None  # default: the run's name
 
 
-ADV_ESTIMATORS = ("grpo", "grpo_std", "direct", "rloo", "entropic", "entropic_adaptive",
-                  "centered", "centered_normalized")
+ADV_ESTIMATORS = (
+    "grpo",
+    "grpo_std",
+    "direct",
+    "rloo",
+    "entropic",
+    "entropic_adaptive",
+    "centered",
+    "centered_normalized",
+)
 LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "cross_entropy")
 
 
@@ -132,7 +140,7 @@ class TrainConfig(Strict):
     openreward: OpenRewardConfig = Field(default_factory=OpenRewardConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
+    def _check(self) -> TrainConfig:
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
         if not self.environments:
@@ -140,8 +148,10 @@ class TrainConfig(Strict):
         for key, entry in self.environments.items():
             n = entry.num_rollouts or self.group_size
             if entry.max_failing_rollouts and n - entry.max_failing_rollouts < 2:
-                raise ValueError(f"environments.{key}: num_rollouts - max_failing_rollouts must be >= 2 "
-                                 f"(got {n} - {entry.max_failing_rollouts})")
+                raise ValueError(
+                    f"environments.{key}: num_rollouts - max_failing_rollouts must be >= 2 "
+                    f"(got {n} - {entry.max_failing_rollouts})"
+                )
         return self
 
     @property
@@ -164,9 +174,13 @@ class TrainConfig(Strict):
 # Loading: YAML + overrides -> TrainConfig, with one-line errors.
 
 # Seed spellings accepted beside tinkrl's own names.
-_FLAT_ALIASES = {"wandb_project_name": "wandb.project", "wandb_run_name": "wandb.run_name",
-                 "wandb_project": "wandb.project", "num_batches": "max_steps",
-                 "groups_per_batch": None}
+_FLAT_ALIASES = {
+    "wandb_project_name": "wandb.project",
+    "wandb_run_name": "wandb.run_name",
+    "wandb_project": "wandb.project",
+    "num_batches": "max_steps",
+    "groups_per_batch": None,
+}
 
 
 def parse_value(text: str) -> Any:
@@ -282,8 +296,9 @@ def _format_error(e: ValidationError) -> str:
     return f"{loc}: {msg}" + (f" (got {err.get('input')!r})" if "input" in err and err["type"] != "value_error" else "")
 
 
-def load_config(config_path: str | None = None, overrides: list[str] | None = None,
-                defaults: dict | None = None) -> TrainConfig:
+def load_config(
+    config_path: str | None = None, overrides: list[str] | None = None, defaults: dict | None = None
+) -> TrainConfig:
     raw = dict(defaults or {})
     if config_path:
         raw.update(load_yaml(config_path))

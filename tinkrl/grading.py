@@ -30,10 +30,11 @@ import multiprocessing
 import os
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def extract_boxed(text: str) -> str | None:
                     elif text[j] == "}":
                         depth -= 1
                         if depth == 0:
-                            content = text[after + 1:j]
+                            content = text[after + 1 : j]
                             if best is None or start > best[0]:
                                 best = (start, content)
                             break
@@ -174,6 +175,7 @@ def _strip_thousands(t: str) -> str:
 # math-verify in a process pool
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Grade:
     correct: bool
@@ -235,8 +237,9 @@ class GraderPool:
         self.restarts = 0
         self.timeouts = 0
         # Threads that wait on the processes (so async callers never block their loop).
-        self._waiters = cf.ThreadPoolExecutor(max_workers=max(4, 4 * self.max_workers),
-                                              thread_name_prefix="tinkrl-grade")
+        self._waiters = cf.ThreadPoolExecutor(
+            max_workers=max(4, 4 * self.max_workers), thread_name_prefix="tinkrl-grade"
+        )
 
     def _get_pool(self) -> tuple[cf.ProcessPoolExecutor, int]:
         with self._lock:
@@ -301,8 +304,9 @@ class GraderPool:
 
     async def math_verify_async(self, given: str, gold: str) -> Grade:
         try:
-            finished, result = await self.run_async(_math_verify_worker, given, gold,
-                                                    max(1, int(round(self.timeout_s))))
+            finished, result = await self.run_async(
+                _math_verify_worker, given, gold, max(1, int(round(self.timeout_s)))
+            )
         except BrokenProcessPool as e:
             return Grade(False, "error", detail=str(e))
         return _to_grade(finished, result, self.timeout_s)
@@ -334,8 +338,9 @@ def pool_for(timeout_s: float = 10.0) -> GraderPool:
     """The process-wide grader pool for a timeout (workers: $TINKRL_GRADER_WORKERS, default 2; lazy)."""
     with _pools_lock:
         if timeout_s not in _pools:
-            _pools[timeout_s] = GraderPool(max_workers=int(os.environ.get("TINKRL_GRADER_WORKERS", "2")),
-                                           timeout_s=timeout_s)
+            _pools[timeout_s] = GraderPool(
+                max_workers=int(os.environ.get("TINKRL_GRADER_WORKERS", "2")), timeout_s=timeout_s
+            )
         return _pools[timeout_s]
 
 

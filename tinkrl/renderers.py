@@ -36,7 +36,7 @@ _HERMES_TOOLS_INTRO = (
 )
 _HERMES_TOOLS_OUTRO = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
     "\n</tool_call>"
 )
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -83,15 +83,21 @@ class ChatMLRenderer:
 
     def _tool_system_text(self, tools: list[dict]) -> str:
         if self.tool_format == "xml":
-            lines = ["You have access to the following functions. To call one, reply with:",
-                     "<function=NAME>\n<parameter=PARAM>VALUE</parameter>\n</function>", ""]
+            lines = [
+                "You have access to the following functions. To call one, reply with:",
+                "<function=NAME>\n<parameter=PARAM>VALUE</parameter>\n</function>",
+                "",
+            ]
             for t in tools:
                 fn = t.get("function", t)
-                lines.append(f"---- BEGIN FUNCTION: {fn['name']} ----\n{fn.get('description', '')}\n"
-                             f"Parameters: {json.dumps(fn.get('parameters', {}))}\n---- END FUNCTION ----")
+                lines.append(
+                    f"---- BEGIN FUNCTION: {fn['name']} ----\n{fn.get('description', '')}\n"
+                    f"Parameters: {json.dumps(fn.get('parameters', {}))}\n---- END FUNCTION ----"
+                )
             return "\n".join(lines)
-        return _HERMES_TOOLS_INTRO + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + \
-            _HERMES_TOOLS_OUTRO
+        return (
+            _HERMES_TOOLS_INTRO + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _HERMES_TOOLS_OUTRO
+        )
 
     def _render_tool_calls(self, calls: list[dict]) -> str:
         parts = []
@@ -104,12 +110,17 @@ class ChatMLRenderer:
                 args_obj = args
             if self.tool_format == "xml":
                 params = args_obj if isinstance(args_obj, dict) else {"input": args_obj}
-                body = "".join(f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v)}</parameter>\n"
-                               for k, v in params.items())
+                body = "".join(
+                    f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v)}</parameter>\n"
+                    for k, v in params.items()
+                )
                 parts.append(f"<function={fn['name']}>\n{body}</function>")
             else:
-                parts.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args_obj},
-                                                          ensure_ascii=False) + "\n</tool_call>")
+                parts.append(
+                    "<tool_call>\n"
+                    + json.dumps({"name": fn["name"], "arguments": args_obj}, ensure_ascii=False)
+                    + "\n</tool_call>"
+                )
         return "\n".join(parts)
 
     def message_text(self, msg: Message) -> tuple[str, str]:

@@ -36,9 +36,13 @@ def s3_client(endpoint_url: str | None = None):
     except ModuleNotFoundError:
         raise SystemExit("tinkrl.storage needs boto3: pip install 'tinkrl[cluster]'") from None
     endpoint = endpoint_url or os.environ.get("TINKRL_S3_ENDPOINT_URL") or None
-    return boto3.client("s3", endpoint_url=endpoint,
-                        config=Config(retries={"max_attempts": 5, "mode": "standard"},
-                                      s3={"addressing_style": "path"} if endpoint else {}))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=Config(
+            retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"} if endpoint else {}
+        ),
+    )
 
 
 def _md5(path: Path) -> str:
@@ -98,7 +102,7 @@ def pull(s3_uri: str, dest: Path, endpoint_url: str | None = None) -> list[str]:
     dest = Path(dest)
     got = []
     for key, (size, etag) in sorted(_remote_index(client, bucket, prefix).items()):
-        rel = key[len(prefix):].lstrip("/") if prefix else key
+        rel = key[len(prefix) :].lstrip("/") if prefix else key
         parts = [p for p in rel.split("/") if p not in ("", ".")]
         if not parts or ".." in parts:
             continue
@@ -129,7 +133,9 @@ def cli_main(argv: list[str] | None = None) -> int:
     pl.add_argument("s3_uri")
     pl.add_argument("local", type=Path)
     for sp in (ps, pl):
-        sp.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (default $TINKRL_S3_ENDPOINT_URL, else AWS)")
+        sp.add_argument(
+            "--endpoint-url", default=None, help="S3-compatible endpoint (default $TINKRL_S3_ENDPOINT_URL, else AWS)"
+        )
     args = p.parse_args(argv)
     try:
         if args.action == "pull":

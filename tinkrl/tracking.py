@@ -50,9 +50,15 @@ class RunLogger:
         if wandb_cfg.enabled:
             import wandb  # optional dependency: pip install tinkrl[wandb]
 
-            self.wandb = wandb.init(entity=wandb_cfg.entity, project=wandb_cfg.project or "tinkrl",
-                                    name=wandb_cfg.run_name or run_name, config=config_dump,
-                                    id=run_name, resume="allow", dir=str(run_dir))
+            self.wandb = wandb.init(
+                entity=wandb_cfg.entity,
+                project=wandb_cfg.project or "tinkrl",
+                name=wandb_cfg.run_name or run_name,
+                config=config_dump,
+                id=run_name,
+                resume="allow",
+                dir=str(run_dir),
+            )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         append_jsonl(self.metrics_path, {"step": step, **metrics})

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import shlex
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tinkrl.sandbox.base import Sandbox, SandboxError
 
@@ -26,36 +27,60 @@ MAX_SEARCH_FILES = 100
 
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 TOOL_SCHEMAS: list[dict] = [
-    _fn("execute_bash",
+    _fn(
+        "execute_bash",
         "Run a bash command in the sandbox. The working directory and exported variables carry over to the next "
         "call; background processes keep running. Long-running commands are killed at the timeout.",
-        {"command": {"type": "string", "description": "the bash command to run"},
-         "timeout": {"type": "number", "description": f"seconds before the command is killed (default "
-                     f"{DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g})"}},
-        ["command"]),
-    _fn("file_editor",
+        {
+            "command": {"type": "string", "description": "the bash command to run"},
+            "timeout": {
+                "type": "number",
+                "description": f"seconds before the command is killed (default "
+                f"{DEFAULT_TIMEOUT_S:g}, at most {MAX_TIMEOUT_S:g})",
+            },
+        },
+        ["command"],
+    ),
+    _fn(
+        "file_editor",
         "View, create and edit files. `view` shows a file with line numbers (or lists a directory), `create` "
         "writes a new file, `str_replace` replaces exactly one occurrence of old_str with new_str, `insert` adds "
         "new_str after line insert_line (0 = at the top), `undo_edit` reverts the last edit of a file.",
-        {"command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
-         "path": {"type": "string", "description": "absolute path of the file or directory"},
-         "file_text": {"type": "string", "description": "content for `create`"},
-         "old_str": {"type": "string", "description": "text to replace (`str_replace`), must occur exactly once"},
-         "new_str": {"type": "string", "description": "replacement (`str_replace`) or text to insert (`insert`)"},
-         "insert_line": {"type": "integer", "description": "line after which to insert (`insert`)"},
-         "view_range": {"type": "array", "items": {"type": "integer"},
-                        "description": "[start, end] lines to view, 1-based; end -1 means to the end"}},
-        ["command", "path"]),
-    _fn("search",
+        {
+            "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
+            "path": {"type": "string", "description": "absolute path of the file or directory"},
+            "file_text": {"type": "string", "description": "content for `create`"},
+            "old_str": {"type": "string", "description": "text to replace (`str_replace`), must occur exactly once"},
+            "new_str": {"type": "string", "description": "replacement (`str_replace`) or text to insert (`insert`)"},
+            "insert_line": {"type": "integer", "description": "line after which to insert (`insert`)"},
+            "view_range": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "[start, end] lines to view, 1-based; end -1 means to the end",
+            },
+        },
+        ["command", "path"],
+    ),
+    _fn(
+        "search",
         "Search for a literal string in a file or, recursively, in a directory (hidden files skipped).",
-        {"search_term": {"type": "string", "description": "the text to look for"},
-         "path": {"type": "string", "description": "file or directory to search (default: the working directory)"}},
-        ["search_term"]),
+        {
+            "search_term": {"type": "string", "description": "the text to look for"},
+            "path": {"type": "string", "description": "file or directory to search (default: the working directory)"},
+        },
+        ["search_term"],
+    ),
     _fn("submit", "Finish the task: call this when you are done. Nothing after it is run.", {}, []),
 ]
 TOOL_NAMES = [s["function"]["name"] for s in TOOL_SCHEMAS]
@@ -100,13 +125,16 @@ def execute_bash(sandbox: Sandbox, args: dict) -> str:
     r = sandbox.exec(command, timeout=timeout)
     out = r.output
     if r.timed_out:
-        return _clip(f"{out}\n[the command timed out after {timeout:g}s and was killed; the sandbox is still usable]"
-                     .lstrip("\n"))
+        return _clip(
+            f"{out}\n[the command timed out after {timeout:g}s and was killed; the sandbox is still usable]".lstrip(
+                "\n"
+            )
+        )
     return _clip(f"{out}{'' if not out or out.endswith(chr(10)) else chr(10)}[exit code: {r.exit_code}]")
 
 
 # -- file_editor -----------------------------------------------------------------------------
-_HISTORY: "weakref.WeakKeyDictionary[Sandbox, dict[str, list[bytes | None]]]" = weakref.WeakKeyDictionary()
+_HISTORY: weakref.WeakKeyDictionary[Sandbox, dict[str, list[bytes | None]]] = weakref.WeakKeyDictionary()
 
 
 def _abs_path(args: dict) -> str:
@@ -148,7 +176,7 @@ def _snippet(text: str, center_line: int, n_new: int = 1) -> str:
     lines = text.split("\n")
     lo = max(center_line - SNIPPET_LINES, 1)
     hi = min(center_line + n_new - 1 + SNIPPET_LINES, len(lines))
-    return _numbered("\n".join(lines[lo - 1:hi]), lo)
+    return _numbered("\n".join(lines[lo - 1 : hi]), lo)
 
 
 def _is_dir(sandbox: Sandbox, path: str) -> bool:
@@ -161,24 +189,30 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
     path = _abs_path(args)
     if command == "view":
         if _is_dir(sandbox, path):
-            r = sandbox.exec(f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort | head -300",
-                             timeout=30, workdir="/")
+            r = sandbox.exec(
+                f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort | head -300", timeout=30, workdir="/"
+            )
             return _clip(f"Files and directories up to 2 levels deep in {path}, hidden items excluded:\n{r.output}")
         text = _read_text(sandbox, path)
         text = text[:-1] if text.endswith("\n") else text  # like cat -n: no phantom last line
         view_range = args.get("view_range")
         if view_range is None:
             return _clip(f"Here's the result of running `cat -n` on {path}:\n{_numbered(text)}\n")
-        if (not isinstance(view_range, list) or len(view_range) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)):
+        if (
+            not isinstance(view_range, list)
+            or len(view_range) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in view_range)
+        ):
             raise ToolError("argument 'view_range' must be a list of two integers [start, end]")
         lines = text.split("\n")
         start, end = view_range
         end = len(lines) if end == -1 else end
         if not 1 <= start <= len(lines) or end < start or end > len(lines):
             raise ToolError(f"view_range {view_range} is out of bounds: the file has {len(lines)} lines")
-        return _clip(f"Here's the result of running `cat -n` on {path} (lines {start}-{end}):\n"
-                     f"{_numbered(chr(10).join(lines[start - 1:end]), start)}\n")
+        return _clip(
+            f"Here's the result of running `cat -n` on {path} (lines {start}-{end}):\n"
+            f"{_numbered(chr(10).join(lines[start - 1 : end]), start)}\n"
+        )
     if command == "create":
         file_text = _arg(args, "file_text", str)
         try:
@@ -200,13 +234,17 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
             raise ToolError(f"old_str was not found verbatim in {path}; no change made")
         if count > 1:
             lines = [i + 1 for i, line in enumerate(text.split("\n")) if old_str.split("\n")[0] in line]
-            raise ToolError(f"old_str occurs {count} times in {path} (lines {lines[:10]}); include more context "
-                            "so it is unique; no change made")
+            raise ToolError(
+                f"old_str occurs {count} times in {path} (lines {lines[:10]}); include more context "
+                "so it is unique; no change made"
+            )
         new_text = text.replace(old_str, new_str)
         _write(sandbox, path, new_text, text.encode())
-        line = text[:text.index(old_str)].count("\n") + 1
-        return (f"The file {path} has been edited. A snippet of the result:\n"
-                f"{_snippet(new_text, line, new_str.count(chr(10)) + 1)}\nReview it; edit again if needed.")
+        line = text[: text.index(old_str)].count("\n") + 1
+        return (
+            f"The file {path} has been edited. A snippet of the result:\n"
+            f"{_snippet(new_text, line, new_str.count(chr(10)) + 1)}\nReview it; edit again if needed."
+        )
     if command == "insert":
         new_str = _arg(args, "new_str", str)
         insert_line = _arg(args, "insert_line", int)
@@ -217,8 +255,10 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
         new_lines = new_str.split("\n")
         new_text = "\n".join(lines[:insert_line] + new_lines + lines[insert_line:])
         _write(sandbox, path, new_text, text.encode())
-        return (f"The file {path} has been edited. A snippet of the result:\n"
-                f"{_snippet(new_text, insert_line + 1, len(new_lines))}\nReview it; edit again if needed.")
+        return (
+            f"The file {path} has been edited. A snippet of the result:\n"
+            f"{_snippet(new_text, insert_line + 1, len(new_lines))}\nReview it; edit again if needed."
+        )
     if command == "undo_edit":
         history = _HISTORY.get(sandbox, {}).get(path)
         if not history:
@@ -242,8 +282,10 @@ def search(sandbox: Sandbox, args: dict) -> str:
         raise ToolError("argument 'search_term' is empty")
     path = _arg(args, "path", str, required=False, default=".")
     q, qp = shlex.quote(term), shlex.quote(path)
-    script = (f"if [ -d {qp} ]; then echo __DIR__; grep -rIcF --exclude-dir='.[!.]*' -- {q} {qp} | grep -v ':0$'; "
-              f"elif [ -f {qp} ]; then echo __FILE__; grep -nF -- {q} {qp}; else echo __NOPATH__; fi")
+    script = (
+        f"if [ -d {qp} ]; then echo __DIR__; grep -rIcF --exclude-dir='.[!.]*' -- {q} {qp} | grep -v ':0$'; "
+        f"elif [ -f {qp} ]; then echo __FILE__; grep -nF -- {q} {qp}; else echo __NOPATH__; fi"
+    )
     r = sandbox.exec(script, timeout=60)
     if r.timed_out:
         return f"The search in {path} timed out; narrow it to a smaller directory."
@@ -268,7 +310,10 @@ def submit(sandbox: Sandbox, args: dict) -> str:
 
 
 TOOLS: dict[str, Callable[[Sandbox, dict], str]] = {
-    "execute_bash": execute_bash, "file_editor": file_editor, "search": search, "submit": submit,
+    "execute_bash": execute_bash,
+    "file_editor": file_editor,
+    "search": search,
+    "submit": submit,
 }
 
 

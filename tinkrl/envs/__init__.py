@@ -9,9 +9,10 @@ Classes are imported lazily so `tinkrl train --help` and config errors stay inst
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -43,7 +44,7 @@ class EnvContext:
     """What an environment needs from the run to build its datasets."""
 
     key: str  # the environments-map key (metrics go under env/<key>/...)
-    entry: "EnvEntry"
+    entry: EnvEntry
     renderer: Any  # tinkrl.renderers.ChatMLRenderer
     model_name: str
     group_size: int
@@ -57,13 +58,13 @@ class EnvContext:
 
 @dataclass
 class EnvDatasets:
-    train: "RLDataset"
-    test: "RLDataset | None" = None
+    train: RLDataset
+    test: RLDataset | None = None
     # Called after each training step with the step's trajectory groups; returns extra metrics.
     on_step: Callable[[int, list], dict[str, float]] | None = None
 
 
-def resolve_type(key: str, entry: "EnvEntry") -> tuple[str, dict[str, Any]]:
+def resolve_type(key: str, entry: EnvEntry) -> tuple[str, dict[str, Any]]:
     """(registered type, preset fields) for a map entry."""
     name = ALIASES.get(entry.type or key, entry.type or key)
     if name in PRESETS:
@@ -73,8 +74,10 @@ def resolve_type(key: str, entry: "EnvEntry") -> tuple[str, dict[str, Any]]:
     if entry.type is None and ("/" in key or entry.base_url or entry.name):
         return "openreward", {}
     known = sorted(set(ENV_TYPES) | set(PRESETS) | set(ALIASES))
-    raise ConfigError(f"environments.{key}: unknown environment {name!r}; known: {', '.join(known)} "
-                      f"(remote ORS environments are named Owner/Env or given base_url)")
+    raise ConfigError(
+        f"environments.{key}: unknown environment {name!r}; known: {', '.join(known)} "
+        f"(remote ORS environments are named Owner/Env or given base_url)"
+    )
 
 
 def env_config_class(type_name: str):
@@ -85,7 +88,7 @@ def env_config_class(type_name: str):
         raise ConfigError(f"environment type {type_name!r} is not available: {e}") from None
 
 
-def make_env_config(key: str, entry: "EnvEntry"):
+def make_env_config(key: str, entry: EnvEntry):
     type_name, preset = resolve_type(key, entry)
     cls = env_config_class(type_name)
     fields = {**preset, **entry.env}
@@ -103,6 +106,6 @@ def make_env_config(key: str, entry: "EnvEntry"):
         raise ConfigError(f"environments.{key}.env.{loc}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def validate_env_entries(config: "TrainConfig") -> None:
+def validate_env_entries(config: TrainConfig) -> None:
     for key, entry in config.environments.items():
         make_env_config(key, entry)

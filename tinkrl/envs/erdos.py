@@ -24,10 +24,11 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import tinker
@@ -41,8 +42,9 @@ from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, St
 from tinkrl.sandbox.base import SandboxProvider
 
 RECORD_C5 = 0.380876  # TTT-Discover (2026); AlphaEvolve 0.380924, Haugland 0.380927
-DEFAULT_CLOSING_TEXT = ("\n\n... I am out of thinking budget and must give my final answer now.\n"
-                        "Final code:\n```python\n")
+DEFAULT_CLOSING_TEXT = (
+    "\n\n... I am out of thinking budget and must give my final answer now.\nFinal code:\n```python\n"
+)
 _MIN_PHASE2_TOKENS = 16
 # TTT-Discover trains this env with the entropic advantage (rl/advantages.py), β = 2.
 DEFAULT_ADV_ESTIMATOR = "entropic"
@@ -95,17 +97,25 @@ class ErdosEnvConfig(BaseModel):
         """The registry's entry point (tinkrl.envs.EnvContext -> EnvDatasets)."""
         from tinkrl.envs import EnvDatasets
 
-        dataset = build_erdos_dataset(self, renderer=ctx.renderer, group_size=ctx.group_size,
-                                      groups_per_batch=ctx.groups_per_batch, run_dir=Path(ctx.run_dir),
-                                      seed=ctx.seed, sandbox_provider=ctx.sandbox_provider())
+        dataset = build_erdos_dataset(
+            self,
+            renderer=ctx.renderer,
+            group_size=ctx.group_size,
+            groups_per_batch=ctx.groups_per_batch,
+            run_dir=Path(ctx.run_dir),
+            seed=ctx.seed,
+            sandbox_provider=ctx.sandbox_provider(),
+        )
         return EnvDatasets(train=dataset, on_step=lambda step, groups: dataset.batch_metrics(step))
 
 
 ErdosConfig = ErdosEnvConfig  # the name users type: env=ErdosConfig
 
 
-SYSTEM_PROMPT = ("You are an expert mathematician and Python programmer. You improve constructions "
-                 "for open problems by writing programs that search for them.")
+SYSTEM_PROMPT = (
+    "You are an expert mathematician and Python programmer. You improve constructions "
+    "for open problems by writing programs that search for them."
+)
 
 
 def build_messages(cfg: ErdosEnvConfig, parent: Entry) -> list[dict[str, str]]:
@@ -134,7 +144,7 @@ def build_messages(cfg: ErdosEnvConfig, parent: Entry) -> list[dict[str, str]]:
         "    return h",
         "```",
         "",
-        f"Current construction: C5 = {parent.c5:.6f}."
+        f"Current construction: C5 = {parent.c5:.6f}.",
     ]
     if parent.code:
         code = parent.code
@@ -145,7 +155,7 @@ def build_messages(cfg: ErdosEnvConfig, parent: Entry) -> list[dict[str, str]]:
         else:
             lines.append("It was produced by this program:")
         lines += ["```python", code.rstrip(), "```"]
-        tail = parent.stdout_tail[-cfg.stdout_tail_chars:] if cfg.stdout_tail_chars else ""
+        tail = parent.stdout_tail[-cfg.stdout_tail_chars :] if cfg.stdout_tail_chars else ""
         if tail.strip():
             lines += ["Its output ended with:", "```", tail.rstrip(), "```"]
     else:
@@ -167,20 +177,26 @@ class EpisodeResult:
 class ErdosSearch:
     """What all envs of a run share: the buffer, the program runner, results and the best so far."""
 
-    def __init__(self, cfg: ErdosEnvConfig, renderer: Any, runner: ProgramRunner, run_dir: Path,
-                 seed: int = 0):
+    def __init__(self, cfg: ErdosEnvConfig, renderer: Any, runner: ProgramRunner, run_dir: Path, seed: int = 0):
         self.cfg = cfg
         self.renderer = renderer
         self.runner = runner
         self.run_dir = Path(run_dir)
         self.seed = seed
-        self.buffer = ReuseBuffer(cfg.buffer_size, cfg.epsilon, sampler=cfg.sampler, puct_c=cfg.puct_c,
-                                  children_per_parent=cfg.children_per_parent,
-                                  path=self.run_dir / "erdos_buffer.json")
+        self.buffer = ReuseBuffer(
+            cfg.buffer_size,
+            cfg.epsilon,
+            sampler=cfg.sampler,
+            puct_c=cfg.puct_c,
+            children_per_parent=cfg.children_per_parent,
+            path=self.run_dir / "erdos_buffer.json",
+        )
         self.resumed = self.buffer.load()
         if self.buffer.entries and len(self.buffer.best().h) != cfg.n_points:
-            raise ConfigError(f"{self.buffer.path} holds constructions of {len(self.buffer.best().h)} points, "
-                             f"but env.n_points={cfg.n_points}; use a new run directory")
+            raise ConfigError(
+                f"{self.buffer.path} holds constructions of {len(self.buffer.best().h)} points, "
+                f"but env.n_points={cfg.n_points}; use a new run directory"
+            )
         if not self.resumed:
             rng = np.random.default_rng([seed, 0x5EED])
             for _ in range(cfg.initial_states):
@@ -217,8 +233,9 @@ class ErdosSearch:
         for r in take:
             by_group[(r.group_key, r.parent_id, r.step)].append(r)
         for (_, parent_id, step), results in by_group.items():
-            children = [(r.outcome.h, r.outcome.c5, r.code or "", r.outcome.stdout_tail)
-                        for r in results if r.outcome.valid]
+            children = [
+                (r.outcome.h, r.outcome.c5, r.code or "", r.outcome.stdout_tail) for r in results if r.outcome.valid
+            ]
             self.buffer.add_children(parent_id, children, step)
         self._write_best_if_improved()
 
@@ -242,9 +259,14 @@ class ErdosSearch:
             "c5": best.c5,
             # The exact value of C₅ for these float values, rounded up at 20 decimals.
             "c5_exact_upper": None if exact is None else _decimal_upper(exact, 20),
-            "n_points": len(h), "integral": float(h.sum()) * 2 / len(h),
-            "step": best.step, "id": best.id, "parent_id": best.parent_id,
-            "code": best.code, "stdout_tail": best.stdout_tail, "h": best.h,
+            "n_points": len(h),
+            "integral": float(h.sum()) * 2 / len(h),
+            "step": best.step,
+            "id": best.id,
+            "parent_id": best.parent_id,
+            "code": best.code,
+            "stdout_tail": best.stdout_tail,
+            "h": best.h,
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / "best.json.tmp"
@@ -281,6 +303,7 @@ def _decimal_upper(value: Fraction, digits: int) -> str:
 
 def plot_construction(h: np.ndarray, c5_value: float, step: int, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -349,8 +372,9 @@ class ErdosEnv(Env):
                 self._response += forced
                 next_ob = tinker.ModelInput.from_ints(tokens)
                 self._ob, self._ob_len = next_ob, len(tokens)
-                return StepResult(reward=0.0, episode_done=False, next_observation=next_ob,
-                                  next_stop_condition=self._stop, metrics={})
+                return StepResult(
+                    reward=0.0, episode_done=False, next_observation=next_ob, next_stop_condition=self._stop, metrics={}
+                )
         return await self._finish()
 
     async def _finish(self) -> StepResult:
@@ -360,19 +384,26 @@ class ErdosEnv(Env):
             outcome = invalid(NO_CODE, "no ```python block in the response")
         else:
             outcome = await self.search.run_program(code, self.parent.h, self.seed)
-        self.search.record(EpisodeResult(self.step_index, self.group_key, self.parent.id, outcome,
-                                         code, self._forced))
+        self.search.record(EpisodeResult(self.step_index, self.group_key, self.parent.id, outcome, code, self._forced))
         metrics: Metrics = {"erdos/valid": float(outcome.valid), "erdos/forced": float(self._forced)}
         if outcome.valid:
             metrics["erdos/c5"] = float(outcome.c5)  # type: ignore[arg-type]
             metrics["erdos/improved"] = float(outcome.c5 < self.parent.c5)  # type: ignore[operator]
-        logs = {"erdos/result": "valid" if outcome.valid else f"invalid: {outcome.reason}",
-                "erdos/detail": outcome.detail[-500:], "erdos/parent": self.parent.id}
+        logs = {
+            "erdos/result": "valid" if outcome.valid else f"invalid: {outcome.reason}",
+            "erdos/detail": outcome.detail[-500:],
+            "erdos/parent": self.parent.id,
+        }
         if outcome.valid:
             logs["erdos/c5"] = f"{outcome.c5:.8f}"
-        return StepResult(reward=outcome.reward, episode_done=True,
-                          next_observation=tinker.ModelInput.empty(), next_stop_condition=self._stop,
-                          metrics=metrics, logs=logs)
+        return StepResult(
+            reward=outcome.reward,
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self._stop,
+            metrics=metrics,
+            logs=logs,
+        )
 
 
 class ErdosGroupBuilder(EnvGroupBuilder):
@@ -385,8 +416,10 @@ class ErdosGroupBuilder(EnvGroupBuilder):
 
     async def make_envs(self) -> Sequence[Env]:
         base = self.search.seed * 1_000_003 + self.step * 10_007 + self.index * 101
-        return [ErdosEnv(self.search, self.parent, self.step, self.key, seed=(base + i) % 2**31)
-                for i in range(self.group_size)]
+        return [
+            ErdosEnv(self.search, self.parent, self.step, self.key, seed=(base + i) % 2**31)
+            for i in range(self.group_size)
+        ]
 
     async def compute_group_rewards(self, trajectories_G, envs_G) -> list[tuple[float, Metrics]]:
         self.search.flush(self.key)
@@ -418,10 +451,24 @@ class ErdosDataset(RLDataset):
         return self.search.batch_metrics(index)
 
 
-def build_erdos_dataset(cfg: ErdosEnvConfig, *, renderer: Any, group_size: int, groups_per_batch: int,
-                        run_dir: Path, seed: int, sandbox_provider: SandboxProvider) -> ErdosDataset:
+def build_erdos_dataset(
+    cfg: ErdosEnvConfig,
+    *,
+    renderer: Any,
+    group_size: int,
+    groups_per_batch: int,
+    run_dir: Path,
+    seed: int,
+    sandbox_provider: SandboxProvider,
+) -> ErdosDataset:
     """The trainer's entry point: a resumable discovery run stored under run_dir."""
-    runner = ProgramRunner(sandbox_provider, cfg.n_points, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,
-                           integral_tol=cfg.integral_tol, stdout_tail_chars=cfg.stdout_tail_chars)
+    runner = ProgramRunner(
+        sandbox_provider,
+        cfg.n_points,
+        timeout_s=cfg.timeout_s,
+        memory_mb=cfg.memory_mb,
+        integral_tol=cfg.integral_tol,
+        stdout_tail_chars=cfg.stdout_tail_chars,
+    )
     search = ErdosSearch(cfg, renderer, runner, Path(run_dir), seed=seed)
     return ErdosDataset(search, group_size, groups_per_batch)

@@ -59,8 +59,15 @@ def _construction_key(h: list[float] | np.ndarray) -> bytes:
 class ReuseBuffer:
     """Best constructions so far; picks the starting entries of each batch."""
 
-    def __init__(self, capacity: int, epsilon: float = 0.125, sampler: Sampler = "greedy",
-                 puct_c: float = 1.0, children_per_parent: int = 2, path: Path | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        epsilon: float = 0.125,
+        sampler: Sampler = "greedy",
+        puct_c: float = 1.0,
+        children_per_parent: int = 2,
+        path: Path | None = None,
+    ):
         if capacity < 1:
             raise ValueError("buffer capacity must be at least 1")
         self.capacity = capacity
@@ -149,8 +156,9 @@ class ReuseBuffer:
         return picks
 
     # -- updates ------------------------------------------------------------------------
-    def add_children(self, parent_id: str, children: list[tuple[np.ndarray, float, str, str]],
-                     step: int) -> list[Entry]:
+    def add_children(
+        self, parent_id: str, children: list[tuple[np.ndarray, float, str, str]], step: int
+    ) -> list[Entry]:
         """Record one expansion of `parent_id` and keep its best children.
 
         `children` are the group's valid results: (h, c5, code, stdout_tail). Returns the
@@ -177,9 +185,17 @@ class ReuseBuffer:
             if key in existing:
                 continue
             existing.add(key)
-            entry = Entry(id=self.new_id(step), h=[float(v) for v in h], c5=float(c5), code=code,
-                          stdout_tail=stdout_tail, step=step, parent_id=parent_id,
-                          parent_c5=parent.c5 if parent else None, ancestors=ancestors)
+            entry = Entry(
+                id=self.new_id(step),
+                h=[float(v) for v in h],
+                c5=float(c5),
+                code=code,
+                stdout_tail=stdout_tail,
+                step=step,
+                parent_id=parent_id,
+                parent_c5=parent.c5 if parent else None,
+                ancestors=ancestors,
+            )
             self.entries.append(entry)
             added.append(entry)
         self._evict()
@@ -194,10 +210,15 @@ class ReuseBuffer:
     # -- persistence --------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
-            "capacity": self.capacity, "epsilon": self.epsilon, "sampler": self.sampler,
-            "puct_c": self.puct_c, "children_per_parent": self.children_per_parent,
-            "total_expansions": self.total_expansions, "next_id": self._next_id,
-            "visits": self._visits, "entries": [asdict(e) for e in self.entries],
+            "capacity": self.capacity,
+            "epsilon": self.epsilon,
+            "sampler": self.sampler,
+            "puct_c": self.puct_c,
+            "children_per_parent": self.children_per_parent,
+            "total_expansions": self.total_expansions,
+            "next_id": self._next_id,
+            "visits": self._visits,
+            "entries": [asdict(e) for e in self.entries],
         }
 
     def save(self) -> None:

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 # Why a construction is rejected (reward 0). Execution problems live in erdos_runner.
-WRONG_SHAPE = "wrong_shape"        # not a flat sequence of numbers
-WRONG_LENGTH = "wrong_length"      # not n_points values
-NOT_FINITE = "not_finite"          # NaN or ±inf
-OUT_OF_RANGE = "out_of_range"      # a value outside [0, 1] (before or after normalising the integral)
+WRONG_SHAPE = "wrong_shape"  # not a flat sequence of numbers
+WRONG_LENGTH = "wrong_length"  # not n_points values
+NOT_FINITE = "not_finite"  # NaN or ±inf
+OUT_OF_RANGE = "out_of_range"  # a value outside [0, 1] (before or after normalising the integral)
 WRONG_INTEGRAL = "wrong_integral"  # ∫h differs from 1 by more than the tolerance
 
 # Values this far outside [0, 1] after normalising the integral are float noise and are clipped.
@@ -110,13 +110,16 @@ def validate(values: Any, n_points: int, integral_tol: float = 1e-6) -> Validate
         return Validated(None, OUT_OF_RANGE, f"values must lie in [0, 1]; min {lo:.6g}, max {hi:.6g}")
     integral = float(h.sum()) * 2.0 / n_points
     if not abs(integral - 1.0) <= integral_tol:
-        return Validated(None, WRONG_INTEGRAL,
-                         f"integral of h is {integral:.9g}, must be 1 (tolerance {integral_tol:g}); "
-                         f"sum(h) must be {n_points / 2:g}")
+        return Validated(
+            None,
+            WRONG_INTEGRAL,
+            f"integral of h is {integral:.9g}, must be 1 (tolerance {integral_tol:g}); sum(h) must be {n_points / 2:g}",
+        )
     h = h / integral
     if float(h.max()) > 1.0 + _RANGE_SLACK:
-        return Validated(None, OUT_OF_RANGE,
-                         f"after normalising the integral to 1 the max is {float(h.max()):.12g} > 1")
+        return Validated(
+            None, OUT_OF_RANGE, f"after normalising the integral to 1 the max is {float(h.max()):.12g} > 1"
+        )
     return Validated(np.clip(h, 0.0, 1.0))
 
 

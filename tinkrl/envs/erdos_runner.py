@@ -25,19 +25,19 @@ from tinkrl.envs import erdos_math as em
 from tinkrl.sandbox.base import SandboxProvider, SandboxSpec
 
 # Reasons of execution failures (validation reasons are in erdos_math).
-NO_CODE = "no_code"                  # the response has no ```python block
+NO_CODE = "no_code"  # the response has no ```python block
 NO_RUN_FUNCTION = "no_run_function"  # the program defines no callable run()
-RUNTIME_ERROR = "runtime_error"      # the program raised
-TIMEOUT = "timeout"                  # wall or CPU time limit
-MEMORY_LIMIT = "memory_limit"        # MemoryError, or killed by the memory limit
-NO_OUTPUT = "no_output"              # run() returned None or nothing was written
-BAD_OUTPUT = "bad_output"            # not convertible to an array of floats
-CRASHED = "crashed"                  # the interpreter died for another reason
+RUNTIME_ERROR = "runtime_error"  # the program raised
+TIMEOUT = "timeout"  # wall or CPU time limit
+MEMORY_LIMIT = "memory_limit"  # MemoryError, or killed by the memory limit
+NO_OUTPUT = "no_output"  # run() returned None or nothing was written
+BAD_OUTPUT = "bad_output"  # not convertible to an array of floats
+CRASHED = "crashed"  # the interpreter died for another reason
 
 WORKDIR = "/app"
 _PYTHON = "/usr/bin/python3"  # Debian's python3 with numpy/scipy (scripts/install-system.sh)
 
-_DRIVER = r'''
+_DRIVER = r"""
 import inspect, json, resource, sys, traceback
 
 def report(status, detail=""):
@@ -85,7 +85,7 @@ except BaseException as exc:
     sys.exit(0)
 np.save("/app/out/h.npy", values, allow_pickle=False)
 report("ok")
-'''
+"""
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -120,8 +120,9 @@ def invalid(reason: str, detail: str = "", stdout_tail: str = "", duration_s: fl
     return RunOutcome(None, None, reason, detail, stdout_tail, duration_s)
 
 
-def score_values(values, n_points: int, integral_tol: float, stdout_tail: str = "",
-                 duration_s: float = 0.0) -> RunOutcome:
+def score_values(
+    values, n_points: int, integral_tol: float, stdout_tail: str = "", duration_s: float = 0.0
+) -> RunOutcome:
     checked = em.validate(values, n_points, integral_tol)
     if not checked.valid:
         return invalid(checked.reason or "invalid", checked.detail, stdout_tail, duration_s)
@@ -143,21 +144,39 @@ class ProgramRunner:
     def run(self, code: str, initial_h: np.ndarray, seed: int = 0) -> RunOutcome:
         """Run one program (blocking). Sandbox infrastructure errors propagate as SandboxError."""
         budget = max(1.0, self.timeout_s - 2.0)
-        spec = SandboxSpec(workdir=WORKDIR, memory_mb=self.memory_mb + 256, pids=64, network=False,
-                           env={"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+        spec = SandboxSpec(
+            workdir=WORKDIR,
+            memory_mb=self.memory_mb + 256,
+            pids=64,
+            network=False,
+            env={
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
+        )
         sandbox = self.provider.create(spec)
         try:
             sandbox.write_file(f"{WORKDIR}/solution.py", code)
             sandbox.write_file(f"{WORKDIR}/driver.py", _DRIVER)
-            sandbox.write_file(f"{WORKDIR}/input.json", json.dumps({
-                "n_points": self.n_points, "seed": seed, "budget_s": budget,
-                "initial_h": [float(v) for v in initial_h]}))
+            sandbox.write_file(
+                f"{WORKDIR}/input.json",
+                json.dumps(
+                    {
+                        "n_points": self.n_points,
+                        "seed": seed,
+                        "budget_s": budget,
+                        "initial_h": [float(v) for v in initial_h],
+                    }
+                ),
+            )
             sandbox.exec(f"mkdir -p {WORKDIR}/out", timeout=30)
             cpu_s = int(self.timeout_s) + 1
-            result = sandbox.exec(f"{_PYTHON} {WORKDIR}/driver.py {self.memory_mb} {cpu_s}",
-                                  timeout=self.timeout_s, workdir=WORKDIR)
-            tail = result.stdout[-self.stdout_tail_chars:] if self.stdout_tail_chars else ""
+            result = sandbox.exec(
+                f"{_PYTHON} {WORKDIR}/driver.py {self.memory_mb} {cpu_s}", timeout=self.timeout_s, workdir=WORKDIR
+            )
+            tail = result.stdout[-self.stdout_tail_chars :] if self.stdout_tail_chars else ""
             took = result.duration_s
             if result.timed_out:
                 return invalid(TIMEOUT, f"the program ran longer than {self.timeout_s:g} s", tail, took)
@@ -194,8 +213,9 @@ class ProgramRunner:
             except FileNotFoundError:
                 return invalid(NO_OUTPUT, "run() produced no array", tail, took)
             if len(raw) > 8 * self.n_points + 4096:
-                return invalid(BAD_OUTPUT, f"output is {len(raw)} bytes, far more than {self.n_points} floats",
-                               tail, took)
+                return invalid(
+                    BAD_OUTPUT, f"output is {len(raw)} bytes, far more than {self.n_points} floats", tail, took
+                )
             try:
                 values = np.load(io.BytesIO(raw), allow_pickle=False)
             except (ValueError, OSError, EOFError) as exc:

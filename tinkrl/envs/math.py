@@ -48,10 +48,11 @@ import hashlib
 import os
 import random
 import re
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import tinker
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -122,15 +123,21 @@ class MathEnvConfig(BaseModel):
             raise ValueError("does not apply to the synthetic arithmetic dataset")
         return v
 
-    def build(self, ctx: "EnvContext") -> "EnvDatasets":
+    def build(self, ctx: EnvContext) -> EnvDatasets:
         from tinkrl.envs import EnvDatasets
 
         instruction = self.instruction
         if instruction is None and self.dataset != "arithmetic":
             instruction = GSM8K_INSTRUCTION if self.dataset == "gsm8k" else BOXED_INSTRUCTION
-        spec = EpisodeSpec(renderer=ctx.renderer, instruction=instruction or "", system_prompt=self.system_prompt,
-                           style="number" if self.dataset == "arithmetic" else "boxed",
-                           format_coef=self.format_coef, grade_timeout_s=self.grade_timeout_s, tag=ctx.key)
+        spec = EpisodeSpec(
+            renderer=ctx.renderer,
+            instruction=instruction or "",
+            system_prompt=self.system_prompt,
+            style="number" if self.dataset == "arithmetic" else "boxed",
+            format_coef=self.format_coef,
+            grade_timeout_s=self.grade_timeout_s,
+            tag=ctx.key,
+        )
         if self.dataset == "arithmetic":
             gen = ArithmeticProblems(self.min_value, self.max_value, list(self.operations), self.test_fraction)
             gen.sample(_rng("probe"), test=False)  # an empty train split fails now, not at step 0
@@ -143,11 +150,17 @@ class MathEnvConfig(BaseModel):
                 raise ConfigError(f"environments.{ctx.key}.env: {e}") from None
             split = ctx.entry.splits.get("train") if ctx.entry is not None else None
             if split is not None and split.num_samples is not None:
-                train_problems = train_problems[:split.num_samples]
+                train_problems = train_problems[: split.num_samples]
             if not train_problems:
                 raise ConfigError(f"environments.{ctx.key}: the {self.dataset} train split is empty")
-            train = ProblemListDataset(train_problems, spec, ctx.group_size, ctx.groups_per_batch, ctx.seed,
-                                       shuffle=split.shuffle if split is not None else True)
+            train = ProblemListDataset(
+                train_problems,
+                spec,
+                ctx.group_size,
+                ctx.groups_per_batch,
+                ctx.seed,
+                shuffle=split.shuffle if split is not None else True,
+            )
         test = TestDataset(test_problems, spec) if test_problems else None
         return EnvDatasets(train=train, test=test)
 
@@ -155,6 +168,7 @@ class MathEnvConfig(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # Problems and episodes
 # ------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -192,8 +206,9 @@ class MathEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         parsed = self.spec.renderer.parse_response(list(action))
-        reply = await grade_reply(parsed.message.get("content") or "", self.problem.answer, self.spec.style,
-                                  self.spec.grade_timeout_s)
+        reply = await grade_reply(
+            parsed.message.get("content") or "", self.problem.answer, self.spec.style, self.spec.grade_timeout_s
+        )
         fmt = bool(parsed.ended_cleanly and reply.well_formed)
         reward = float(reply.correct) + self.spec.format_coef * (float(fmt) - 1.0)
         metrics: Metrics = {"correct": float(reply.correct), "format": float(fmt)}
@@ -202,8 +217,14 @@ class MathEnv(Env):
         logs = {"answer": (reply.given or "")[:200], "reference": self.problem.answer[:200], "grade": reply.method}
         if self.problem.id:
             logs["problem_id"] = self.problem.id
-        return StepResult(reward=reward, episode_done=True, next_observation=tinker.ModelInput.empty(),
-                          next_stop_condition=self.spec.renderer.stop_sequences(), metrics=metrics, logs=logs)
+        return StepResult(
+            reward=reward,
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self.spec.renderer.stop_sequences(),
+            metrics=metrics,
+            logs=logs,
+        )
 
 
 @dataclass(frozen=True)
@@ -215,8 +236,9 @@ class ReplyGrade:
     timed_out: bool = False
 
 
-async def grade_reply(text: str, reference: str, style: Literal["number", "boxed"],
-                      timeout_s: float = 10.0) -> ReplyGrade:
+async def grade_reply(
+    text: str, reference: str, style: Literal["number", "boxed"], timeout_s: float = 10.0
+) -> ReplyGrade:
     """Grade a reply's text the way MathEnv does (also used by servers that expose these problems)."""
     body = grading.strip_think(text)
     if style == "number":
@@ -246,6 +268,7 @@ class MathGroupBuilder(EnvGroupBuilder):
 # ------------------------------------------------------------------------------------------------
 # Arithmetic
 # ------------------------------------------------------------------------------------------------
+
 
 def _rng(*parts: int | str) -> random.Random:
     digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
@@ -283,8 +306,10 @@ class ArithmeticProblems:
             a, op, b, ans = self._draw(rng)
             if self.is_test(a, op, b) == test:
                 return self.problem(a, op, b, ans)
-        raise ConfigError(f"arithmetic: no {'test' if test else 'train'} problems in [{self.lo}, {self.hi}] "
-                          f"with operations {self.ops}; widen the range or change test_fraction")
+        raise ConfigError(
+            f"arithmetic: no {'test' if test else 'train'} problems in [{self.lo}, {self.hi}] "
+            f"with operations {self.ops}; widen the range or change test_fraction"
+        )
 
     def test_problems(self, n: int) -> list[Problem]:
         """n distinct held-out problems (fewer if the space has fewer); fixed for a given config."""
@@ -307,8 +332,10 @@ class ArithmeticDataset(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         rng = _rng("arithmetic-train", self.seed, index)
-        return [MathGroupBuilder(self.gen.sample(rng, test=False), self.spec, self.group_size)
-                for _ in range(self.groups_per_batch)]
+        return [
+            MathGroupBuilder(self.gen.sample(rng, test=False), self.spec, self.group_size)
+            for _ in range(self.groups_per_batch)
+        ]
 
     def __len__(self) -> int:
         return ARITHMETIC_LEN
@@ -317,8 +344,15 @@ class ArithmeticDataset(RLDataset):
 class ProblemListDataset(RLDataset):
     """Batches over a fixed problem list, in epochs (reshuffled per epoch when `shuffle`)."""
 
-    def __init__(self, problems: list[Problem], spec: EpisodeSpec, group_size: int, groups_per_batch: int,
-                 seed: int, shuffle: bool = True):
+    def __init__(
+        self,
+        problems: list[Problem],
+        spec: EpisodeSpec,
+        group_size: int,
+        groups_per_batch: int,
+        seed: int,
+        shuffle: bool = True,
+    ):
         self.problems, self.spec = problems, spec
         self.group_size, self.groups_per_batch, self.seed, self.shuffle = group_size, groups_per_batch, seed, shuffle
         self._orders: dict[int, list[int]] = {}
@@ -363,6 +397,7 @@ class TestDataset(RLDataset):
 # HF datasets (local only)
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class HFSource:
     hf_id: str
@@ -373,9 +408,19 @@ class HFSource:
 SOURCES: dict[str, HFSource] = {
     "gsm8k": HFSource("openai/gsm8k", ("main",), ("train", "test")),
     "math500": HFSource("HuggingFaceH4/MATH-500", (None,), ("test",)),
-    "hendrycks": HFSource("EleutherAI/hendrycks_math", ("algebra", "counting_and_probability", "geometry",
-                                                         "intermediate_algebra", "number_theory", "prealgebra",
-                                                         "precalculus"), ("train", "test")),
+    "hendrycks": HFSource(
+        "EleutherAI/hendrycks_math",
+        (
+            "algebra",
+            "counting_and_probability",
+            "geometry",
+            "intermediate_algebra",
+            "number_theory",
+            "prealgebra",
+            "precalculus",
+        ),
+        ("train", "test"),
+    ),
     "polaris": HFSource("POLARIS-Project/Polaris-Dataset-53K", (None,), ("train",)),
 }
 _DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -410,8 +455,13 @@ def _split_of(path: Path, root: Path) -> str | None:
     for part in reversed(path.relative_to(root).parts):
         low = part.lower()
         for split in ("train", "test", "validation"):
-            if low == split or low.startswith(split + ".") or low.startswith(split + "-") or \
-                    low.startswith(split + "_") or re.search(rf"[-_.]{split}[-_.]", low):
+            if (
+                low == split
+                or low.startswith(split + ".")
+                or low.startswith(split + "-")
+                or low.startswith(split + "_")
+                or re.search(rf"[-_.]{split}[-_.]", low)
+            ):
                 return split
     return None
 
@@ -446,8 +496,14 @@ def read_local(path: str | Path, config: str | None = None) -> dict[str | None, 
         if isinstance(obj, datasets.DatasetDict):
             return {name: d.to_list() for name, d in obj.items()}
         return {None: obj.to_list()}
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _DATA_SUFFIXES
-                   and not f.name.startswith(".") and f.name not in ("dataset_info.json", "dataset_dict.json"))
+    files = sorted(
+        f
+        for f in p.rglob("*")
+        if f.is_file()
+        and f.suffix.lower() in _DATA_SUFFIXES
+        and not f.name.startswith(".")
+        and f.name not in ("dataset_info.json", "dataset_dict.json")
+    )
     if config:  # HF repo layout with one folder per config (gsm8k: main/, socratic/)
         in_config = [f for f in files if config in f.relative_to(p).parts[:-1]]
         files = in_config or files
@@ -478,7 +534,8 @@ def read_hf_cache(name: str) -> dict[str | None, list[dict]]:
             f"{name}: dataset {src.hf_id} is not available locally (looked in the HF caches "
             f"{hub_constants.HF_HUB_CACHE} and {datasets.config.HF_DATASETS_CACHE}; tinkrl never downloads "
             f"datasets): download it once (`hf download --repo-type dataset {src.hf_id}`) or set env.data_path "
-            f"to a local copy [{type(e).__name__}]") from None
+            f"to a local copy [{type(e).__name__}]"
+        ) from None
     return out
 
 
@@ -540,13 +597,18 @@ def load_problems(cfg: MathEnvConfig, eval_problems: int) -> tuple[list[Problem]
     if name == "hendrycks":
         pool = rows_to_problems(name, [r for rows in splits.values() for r in rows], where)
         m500_splits = _read("math500", cfg.test_data_path)
-        m500 = rows_to_problems("math500", [r for rows in m500_splits.values() for r in rows],
-                                cfg.test_data_path or SOURCES["math500"].hf_id)
+        m500 = rows_to_problems(
+            "math500",
+            [r for rows in m500_splits.values() for r in rows],
+            cfg.test_data_path or SOURCES["math500"].hf_id,
+        )
         excluded = {_norm_problem(p.question) for p in m500}
         train = [p for p in pool if _norm_problem(p.question) not in excluded]
         return train, m500[:eval_problems]
     if name == "gsm8k" and "train" in splits and "test" in splits:
-        return (rows_to_problems(name, splits["train"], where, "train"),
-                rows_to_problems(name, splits["test"], where, "test")[:eval_problems])
+        return (
+            rows_to_problems(name, splits["train"], where, "train"),
+            rows_to_problems(name, splits["test"], where, "test")[:eval_problems],
+        )
     pool = rows_to_problems(name, [r for rows in splits.values() for r in rows], where)
     return _hold_out(pool, eval_problems)

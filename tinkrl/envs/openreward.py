@@ -36,8 +36,9 @@ import os
 import random
 import threading
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 import tinker
@@ -75,8 +76,9 @@ class OpenRewardEnvConfig(BaseModel):
     """Prompt + all turns must fit in this many tokens (None: no limit beyond max_turns)."""
     system_prompt: str | None = None
     """Text put before the tool list in the system turn (default: the model family's)."""
-    no_tool_call_message: str = ("No tool call found. Call one of the tools with "
-                                 "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.")
+    no_tool_call_message: str = (
+        'No tool call found. Call one of the tools with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+    )
     """Sent back when a turn has no tool call (environments without a terminal tool)."""
     secrets: dict[str, str | None] = Field(default_factory=dict)
     """Secrets for the environment's sessions; null takes the value of the same-named env var."""
@@ -87,12 +89,13 @@ class OpenRewardEnvConfig(BaseModel):
     api_key_env: str = "OPENREWARD_API_KEY"
     """Environment variable holding the OpenReward API key (hosted environments only)."""
 
-    def build(self, ctx: "EnvContext") -> "EnvDatasets":
+    def build(self, ctx: EnvContext) -> EnvDatasets:
         return build_datasets(self, ctx)
 
 
 # ---------------------------------------------------------------------------------------------
 # Client: one remote environment, usable from any event loop.
+
 
 def _is_hosted(base_url: str | None) -> bool:
     if base_url is None:
@@ -192,8 +195,9 @@ def open_session_count() -> int:
 class ORSSession:
     """One episode's session: opened with retries, closed exactly once whatever happens."""
 
-    def __init__(self, client: ORSClient, split: str, index: int, secrets: dict[str, str],
-                 retries: int, timeout_s: float):
+    def __init__(
+        self, client: ORSClient, split: str, index: int, secrets: dict[str, str], retries: int, timeout_s: float
+    ):
         self.client, self.split, self.index = client, split, index
         self.secrets, self.retries, self.timeout_s = secrets, retries, timeout_s
         self._session: Any = None
@@ -212,7 +216,7 @@ class ORSSession:
                 await self._exit(session)
                 if not _retryable_open_error(e) or attempt == self.retries:
                     break
-                await asyncio.sleep(min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random()))
+                await asyncio.sleep(min(8.0, 0.5 * 2**attempt) * (0.5 + random.random()))
                 continue
             self._session = session
             with _OPEN_LOCK:
@@ -276,8 +280,10 @@ def _retryable_open_error(e: BaseException) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The episode.
 
-def reduce_rewards(rewards: Sequence[float], finished: bool,
-                   reduction: Literal["sum", "mean", "max", "min"], nonterminal_reward: float) -> float:
+
+def reduce_rewards(
+    rewards: Sequence[float], finished: bool, reduction: Literal["sum", "mean", "max", "min"], nonterminal_reward: float
+) -> float:
     """The episode reward: tool-call rewards (+ nonterminal_reward if never finished), reduced."""
     values = list(rewards) + ([] if finished else [nonterminal_reward])
     if not values:
@@ -295,10 +301,13 @@ def chat_tool(spec: Any) -> dict:
     """An ORS ToolSpec as a Chat Completions tool (what the renderer shows the model)."""
     from openreward.api.environments.client import sanitize_tool_schema
 
-    params = sanitize_tool_schema(spec.input_schema, "openai") if spec.input_schema else \
-        {"type": "object", "properties": {}}
-    return {"type": "function", "function": {"name": spec.name, "description": spec.description or "",
-                                             "parameters": params}}
+    params = (
+        sanitize_tool_schema(spec.input_schema, "openai") if spec.input_schema else {"type": "object", "properties": {}}
+    )
+    return {
+        "type": "function",
+        "function": {"name": spec.name, "description": spec.description or "", "parameters": params},
+    }
 
 
 def blocks_text(blocks: Sequence[Any]) -> str:
@@ -327,8 +336,9 @@ class OpenRewardEnv(Env):
 
     def __init__(self, spec: RemoteEnvSpec, split: str, index: int):
         self.spec, self.split, self.index = spec, split, index
-        self.session = ORSSession(spec.client, split, index, spec.secrets, spec.cfg.session_retries,
-                                  spec.cfg.call_timeout_s)
+        self.session = ORSSession(
+            spec.client, split, index, spec.secrets, spec.cfg.session_retries, spec.cfg.call_timeout_s
+        )
         self.tokens: list[int] = []
         self.messages: list[dict] = []
         self.tools: list[dict] = []
@@ -399,8 +409,10 @@ class OpenRewardEnv(Env):
             new_messages.append({"role": "tool", "content": f"Error: {err}"})
         if not calls and not parsed.tool_call_errors and not self.finished:
             if self.terminal is not None:  # the plain answer goes to the environment's terminal tool
-                text, _ = await self._run_tool(self.terminal.name, {} if self.terminal.arg is None
-                                               else {self.terminal.arg: parsed.message.get("content") or ""})
+                text, _ = await self._run_tool(
+                    self.terminal.name,
+                    {} if self.terminal.arg is None else {self.terminal.arg: parsed.message.get("content") or ""},
+                )
                 new_messages.append({"role": "tool", "content": text})
             else:
                 new_messages.append({"role": "user", "content": cfg.no_tool_call_message})
@@ -413,19 +425,35 @@ class OpenRewardEnv(Env):
                 done = True  # no room left for a meaningful next action
             else:
                 self.tokens = next_tokens
-                return StepResult(0.0, False, tinker.ModelInput.from_ints(next_tokens),
-                                  renderer.stop_sequences())
+                return StepResult(0.0, False, tinker.ModelInput.from_ints(next_tokens), renderer.stop_sequences())
         await self.session.close()
-        reward = reduce_rewards(self.rewards, self.finished, self.spec.reward_reduction,
-                                self.spec.nonterminal_reward)
-        metrics: Metrics = {"finished": float(self.finished), "turns": float(self.turns),
-                            "tool_calls": float(self.tool_calls), "tool_errors": float(self.tool_errors),
-                            "num_rewards": float(len(self.rewards))}
-        record = {"env": self.spec.key, "name": self.spec.client.name, "variant": self.spec.client.variant,
-                  "split": self.split, "index": self.index, "messages": self.messages,
-                  "rewards": self.rewards, "reward": reward, "finished": self.finished}
-        return StepResult(reward, True, tinker.ModelInput.empty(), renderer.stop_sequences(),
-                          metrics=metrics, logs={LOG_KEY: json.dumps(record, ensure_ascii=False)})
+        reward = reduce_rewards(self.rewards, self.finished, self.spec.reward_reduction, self.spec.nonterminal_reward)
+        metrics: Metrics = {
+            "finished": float(self.finished),
+            "turns": float(self.turns),
+            "tool_calls": float(self.tool_calls),
+            "tool_errors": float(self.tool_errors),
+            "num_rewards": float(len(self.rewards)),
+        }
+        record = {
+            "env": self.spec.key,
+            "name": self.spec.client.name,
+            "variant": self.spec.client.variant,
+            "split": self.split,
+            "index": self.index,
+            "messages": self.messages,
+            "rewards": self.rewards,
+            "reward": reward,
+            "finished": self.finished,
+        }
+        return StepResult(
+            reward,
+            True,
+            tinker.ModelInput.empty(),
+            renderer.stop_sequences(),
+            metrics=metrics,
+            logs={LOG_KEY: json.dumps(record, ensure_ascii=False)},
+        )
 
     async def close(self) -> None:
         await self.session.close()
@@ -434,8 +462,15 @@ class OpenRewardEnv(Env):
 class OpenRewardGroupBuilder(EnvGroupBuilder):
     """`group_size` sessions on one task of a remote environment."""
 
-    def __init__(self, spec: RemoteEnvSpec, split: str, index: int, group_size: int,
-                 temperature: float | None, max_failing_rollouts: int):
+    def __init__(
+        self,
+        spec: RemoteEnvSpec,
+        split: str,
+        index: int,
+        group_size: int,
+        temperature: float | None,
+        max_failing_rollouts: int,
+    ):
         self.spec, self.split, self.index, self.group_size = spec, split, index, group_size
         self.temperature = temperature
         self.max_failing_rollouts = max_failing_rollouts
@@ -450,9 +485,18 @@ class OpenRewardGroupBuilder(EnvGroupBuilder):
 class OpenRewardDataset(RLDataset):
     """Batches of groups over a list of (split, task index); later epochs reshuffle when asked to."""
 
-    def __init__(self, spec: RemoteEnvSpec, items: list[tuple[str, int]], group_size: int,
-                 groups_per_batch: int, shuffle: bool, seed: int, temperature: float | None,
-                 max_failing_rollouts: int, wrap: bool = True):
+    def __init__(
+        self,
+        spec: RemoteEnvSpec,
+        items: list[tuple[str, int]],
+        group_size: int,
+        groups_per_batch: int,
+        shuffle: bool,
+        seed: int,
+        temperature: float | None,
+        max_failing_rollouts: int,
+        wrap: bool = True,
+    ):
         if not items:
             raise ConfigError(f"environments.{spec.key}: the selected splits have no tasks")
         self.spec, self.items, self.group_size = spec, items, group_size
@@ -475,8 +519,10 @@ class OpenRewardDataset(RLDataset):
             picks = [self.items[i] for i in range(start, min(n, start + self.groups_per_batch))]
         else:
             picks = [self._epoch(p // n)[p % n] for p in range(start, start + self.groups_per_batch)]
-        return [OpenRewardGroupBuilder(self.spec, split, idx, self.group_size, self.temperature,
-                                       self.max_failing_rollouts) for split, idx in picks]
+        return [
+            OpenRewardGroupBuilder(self.spec, split, idx, self.group_size, self.temperature, self.max_failing_rollouts)
+            for split, idx in picks
+        ]
 
     def __len__(self) -> int:
         return max(1, -(-len(self.items) // self.groups_per_batch))
@@ -484,6 +530,7 @@ class OpenRewardDataset(RLDataset):
 
 # ---------------------------------------------------------------------------------------------
 # Building the datasets of one `environments:` entry.
+
 
 def _run_sync(coro_factory):
     """Run a coroutine to completion on a fresh loop in a worker thread (safe inside a running loop)."""
@@ -502,11 +549,15 @@ def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnv
     variant = cfg.variant
     if base_url is None:
         if "/" not in name:
-            raise ConfigError(f"environments.{key}: hosted OpenReward environments are named Owner/Env; "
-                              f"give base_url for a self-hosted server")
+            raise ConfigError(
+                f"environments.{key}: hosted OpenReward environments are named Owner/Env; "
+                f"give base_url for a self-hosted server"
+            )
         if not api_key:
-            raise ConfigError(f"environments.{key}: {cfg.api_key_env} is not set (needed for hosted "
-                              f"OpenReward environments; a self-hosted server takes base_url)")
+            raise ConfigError(
+                f"environments.{key}: {cfg.api_key_env} is not set (needed for hosted "
+                f"OpenReward environments; a self-hosted server takes base_url)"
+            )
     else:
         try:
             served = _list_self_hosted(base_url)
@@ -517,15 +568,19 @@ def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnv
             if wanted in served:
                 variant = wanted
             elif len(served) != 1:
-                raise ConfigError(f"environments.{key}: the server at {base_url} serves "
-                                  f"{', '.join(served)}; pick one with env.variant or name")
+                raise ConfigError(
+                    f"environments.{key}: the server at {base_url} serves "
+                    f"{', '.join(served)}; pick one with env.variant or name"
+                )
         elif variant.lower() not in served:
-            raise ConfigError(f"environments.{key}.env.variant: {variant!r} is not served at {base_url} "
-                              f"(it serves {', '.join(served)})")
+            raise ConfigError(
+                f"environments.{key}.env.variant: {variant!r} is not served at {base_url} "
+                f"(it serves {', '.join(served)})"
+            )
     return ORSClient(name, base_url, variant, api_key)
 
 
-def build_datasets(cfg: OpenRewardEnvConfig, ctx: "EnvContext") -> "EnvDatasets":
+def build_datasets(cfg: OpenRewardEnvConfig, ctx: EnvContext) -> EnvDatasets:
     from tinkrl.envs import EnvDatasets
 
     entry = ctx.entry
@@ -545,18 +600,20 @@ def build_datasets(cfg: OpenRewardEnvConfig, ctx: "EnvContext") -> "EnvDatasets"
             counts = {s: await env.num_tasks(s) for s in entry.splits if s in splits}
             return splits, counts
         except Exception as e:
-            raise ConfigError(f"environments.{ctx.key}: listing {name} at {client.where} failed: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            raise ConfigError(
+                f"environments.{ctx.key}: listing {name} at {client.where} failed: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from None
         finally:
             await api.aclose()
 
     splits, counts = _run_sync(survey)
     missing = [s for s in entry.splits if s not in splits]
     if missing:
-        raise ConfigError(f"environments.{ctx.key}.splits: {', '.join(missing)} not offered by {name} "
-                          f"(it has {', '.join(splits)})")
-    spec = RemoteEnvSpec(ctx.key, client, ctx.renderer, cfg, entry.reward_reduction,
-                         entry.nonterminal_reward, secrets)
+        raise ConfigError(
+            f"environments.{ctx.key}.splits: {', '.join(missing)} not offered by {name} (it has {', '.join(splits)})"
+        )
+    spec = RemoteEnvSpec(ctx.key, client, ctx.renderer, cfg, entry.reward_reduction, entry.nonterminal_reward, secrets)
 
     def pick(split: str, limit: int | None) -> list[tuple[str, int]]:
         sc = entry.splits[split]
@@ -571,23 +628,36 @@ def build_datasets(cfg: OpenRewardEnvConfig, ctx: "EnvContext") -> "EnvDatasets"
     if not train_items:
         raise ConfigError(f"environments.{ctx.key}.splits: no training split (only {eval_split!r})")
     shuffle = any(entry.splits[s].shuffle for s in entry.splits if s != eval_split)
-    train = OpenRewardDataset(spec, train_items, ctx.group_size, ctx.groups_per_batch, shuffle, ctx.seed,
-                              entry.temperature, entry.max_failing_rollouts)
+    train = OpenRewardDataset(
+        spec,
+        train_items,
+        ctx.group_size,
+        ctx.groups_per_batch,
+        shuffle,
+        ctx.seed,
+        entry.temperature,
+        entry.max_failing_rollouts,
+    )
     test = None
     if eval_split is not None:  # one batch of every eval task, one rollout each (the trainer's eval)
         items = pick(eval_split, ctx.eval_problems)
-        test = OpenRewardDataset(spec, items, 1, max(1, len(items)), False, ctx.seed, entry.temperature, 0,
-                                 wrap=False)
+        test = OpenRewardDataset(spec, items, 1, max(1, len(items)), False, ctx.seed, entry.temperature, 0, wrap=False)
     return EnvDatasets(train=train, test=test)
 
 
 # ---------------------------------------------------------------------------------------------
 # Upload of finished trajectories to OpenReward's rollout API.
 
+
 def _upload_events(messages: list[dict]) -> list[Any]:
     """OpenAI-style transcript -> the SDK's upload message types (every tool call kept)."""
-    from openreward.api.rollouts.serializers.base import (AssistantMessage, SystemMessage, ToolCall, ToolResult,
-                                                          UserMessage)
+    from openreward.api.rollouts.serializers.base import (
+        AssistantMessage,
+        SystemMessage,
+        ToolCall,
+        ToolResult,
+        UserMessage,
+    )
 
     out: list[Any] = []
     for m in messages:
@@ -616,8 +686,16 @@ class RolloutUploader:
     wait; failures are logged and counted, never raised. `close()` waits for what is queued.
     """
 
-    def __init__(self, run_name: str, model_name: str, api_key: str | None = None, *,
-                 lora_rank: int | None = None, batch_size: int | None = None, lr: float | None = None):
+    def __init__(
+        self,
+        run_name: str,
+        model_name: str,
+        api_key: str | None = None,
+        *,
+        lora_rank: int | None = None,
+        batch_size: int | None = None,
+        lr: float | None = None,
+    ):
         from openreward import OpenReward
         from openreward.models import RunInfo
 
@@ -625,8 +703,17 @@ class RolloutUploader:
         if not key:
             raise ConfigError("openreward.upload: OPENREWARD_API_KEY is not set")
         self.run_name = run_name
-        info = RunInfo(model_name=model_name, run_type="train", training_stage="rl", peft_type="lora",
-                       peft_rank=lora_rank, batch_size=batch_size, lr=lr, rl_algorithm="grpo", framework="tinkrl")
+        info = RunInfo(
+            model_name=model_name,
+            run_type="train",
+            training_stage="rl",
+            peft_type="lora",
+            peft_rank=lora_rank,
+            batch_size=batch_size,
+            lr=lr,
+            rl_algorithm="grpo",
+            framework="tinkrl",
+        )
         self.client = OpenReward(api_key=key, run_info=info)
         self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="openreward-upload")
         self.futures: list[concurrent.futures.Future] = []
@@ -648,11 +735,21 @@ class RolloutUploader:
         try:
             name = record["name"]
             rollout = self.client.rollout.create(
-                self.run_name, rollout_name=f"{record['env']}-{record['split']}-{record['index']}-step{step}-r{i}",
-                environment=name if "/" in name else None, variant=record.get("variant"), split=record["split"],
-                metadata={"step": step, "env": record["env"], "task_index": record["index"], "rollout": i,
-                          "reward": record["reward"], "tool_rewards": record["rewards"],
-                          "finished": record["finished"]})
+                self.run_name,
+                rollout_name=f"{record['env']}-{record['split']}-{record['index']}-step{step}-r{i}",
+                environment=name if "/" in name else None,
+                variant=record.get("variant"),
+                split=record["split"],
+                metadata={
+                    "step": step,
+                    "env": record["env"],
+                    "task_index": record["index"],
+                    "rollout": i,
+                    "reward": record["reward"],
+                    "tool_rewards": record["rewards"],
+                    "finished": record["finished"],
+                },
+            )
             events = _upload_events(record["messages"])
             for j, ev in enumerate(events):
                 last = j == len(events) - 1
@@ -679,8 +776,9 @@ class RolloutUploader:
 _UPLOADER: RolloutUploader | None = None
 
 
-def upload_rollouts(keyed_groups: Sequence[tuple[str, Any]], *, step: int, run_name: str, model_name: str,
-                    **run_info: Any) -> Metrics:
+def upload_rollouts(
+    keyed_groups: Sequence[tuple[str, Any]], *, step: int, run_name: str, model_name: str, **run_info: Any
+) -> Metrics:
     """The trainer's per-step hook (`openreward.upload: true`): queue the step's ORS trajectories.
 
     `keyed_groups` is the step's [(env key, TrajectoryGroup)]; `run_info` may carry lora_rank,

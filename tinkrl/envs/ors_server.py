@@ -47,13 +47,23 @@ class AnswerParams(BaseModel):
 def _context(key: str, entry: Any, seed: int, eval_problems: int, groups_per_batch: int = 64):
     from tinkrl.envs import EnvContext
 
-    return EnvContext(key=key, entry=entry, renderer=None, model_name="", group_size=1,
-                      groups_per_batch=groups_per_batch, max_tokens=0, run_dir=Path("."), seed=seed,
-                      eval_problems=eval_problems)
+    return EnvContext(
+        key=key,
+        entry=entry,
+        renderer=None,
+        model_name="",
+        group_size=1,
+        groups_per_batch=groups_per_batch,
+        max_tokens=0,
+        run_dir=Path("."),
+        seed=seed,
+        eval_problems=eval_problems,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # math
+
 
 def math_problems(cfg: Any, key: str, train_size: int, eval_problems: int, seed: int):
     """(train, test) problem lists exactly as the math env builds them, and its episode spec."""
@@ -95,7 +105,7 @@ def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, se
     by_id = {f"{s}-{i}": p for s, probs in splits.items() for i, p in enumerate(probs)}
 
     class MathORSEnvironment(Environment):
-        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006 - the SDK's signature
             super().__init__(task_spec, secrets)
             problem = by_id.get(str(task_spec.get("id")))
             if problem is None:
@@ -125,9 +135,12 @@ def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, se
         async def answer(self, params: AnswerParams) -> ToolOutput:
             """Submit the final answer (a number or expression). Ends the episode."""
             correct = await grade_answer(params.answer, self.problem.answer, spec.style, spec.grade_timeout_s)
-            return ToolOutput(blocks=[TextBlock(text="Correct." if correct else "Incorrect.")],
-                              reward=1.0 if correct else 0.0, finished=True,
-                              metadata={"correct": correct})
+            return ToolOutput(
+                blocks=[TextBlock(text="Correct." if correct else "Incorrect.")],
+                reward=1.0 if correct else 0.0,
+                finished=True,
+                metadata={"correct": correct},
+            )
 
     MathORSEnvironment.__name__ = MathORSEnvironment.__qualname__ = f"{key}_ors"
     return MathORSEnvironment
@@ -135,6 +148,7 @@ def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, se
 
 # ---------------------------------------------------------------------------------------------
 # assembling the server
+
 
 def parse_env_args(items: list[str]) -> dict[str, dict[str, Any]]:
     """`arithmetic arithmetic.max_value=999 tasks tasks.path=tasks` -> {name: {field: value}}."""
@@ -153,8 +167,9 @@ def parse_env_args(items: list[str]) -> dict[str, dict[str, Any]]:
     return envs
 
 
-def build_environments(envs: dict[str, dict[str, Any]], train_size: int = 1000, eval_problems: int = 100,
-                       seed: int = 0) -> list[type]:
+def build_environments(
+    envs: dict[str, dict[str, Any]], train_size: int = 1000, eval_problems: int = 100, seed: int = 0
+) -> list[type]:
     from tinkrl.config import EnvEntry
     from tinkrl.envs import make_env_config, resolve_type
 
@@ -170,8 +185,9 @@ def build_environments(envs: dict[str, dict[str, Any]], train_size: int = 1000, 
 
             classes.append(tasks_environment(key, cfg))
         else:
-            raise ConfigError(f"{key}: serving {type_name!r} environments over ORS is not supported "
-                              f"(math presets and tasks are)")
+            raise ConfigError(
+                f"{key}: serving {type_name!r} environments over ORS is not supported (math presets and tasks are)"
+            )
     return classes
 
 
@@ -180,13 +196,15 @@ def make_app(classes: list[type]):
 
 
 def cli_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tinkrl serve env",
-                                     description="Serve tinkrl environments over the Open Reward Standard.")
+    parser = argparse.ArgumentParser(
+        prog="tinkrl serve env", description="Serve tinkrl environments over the Open Reward Standard."
+    )
     parser.add_argument("envs", nargs="+", metavar="ENV", help="environment names, and ENV.field=value settings")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--train-size", type=int, default=1000,
-                        help="train problems served for arithmetic (an unbounded generator)")
+    parser.add_argument(
+        "--train-size", type=int, default=1000, help="train problems served for arithmetic (an unbounded generator)"
+    )
     parser.add_argument("--eval-problems", type=int, default=100, help="problems in the test split")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

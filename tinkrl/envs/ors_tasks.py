@@ -63,7 +63,7 @@ def tasks_environment(key: str, cfg: TasksEnvConfig, provider: LazyProvider | No
     by_id = {t.id: t for t in tasks}
 
     class TasksORSEnvironment(Environment):
-        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:
+        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006 - the SDK's signature
             super().__init__(task_spec, secrets)
             task = by_id.get(str(task_spec.get("id")))
             if task is None:
@@ -89,29 +89,44 @@ def tasks_environment(key: str, cfg: TasksEnvConfig, provider: LazyProvider | No
             await self.session.close()
 
         def get_messages(self):
-            return [Message(role=m["role"], blocks=[TextBlock(text=m["content"])])
-                    for m in self.session.first_messages()]
+            return [
+                Message(role=m["role"], blocks=[TextBlock(text=m["content"])]) for m in self.session.first_messages()
+            ]
 
         def get_prompt(self):
             return [TextBlock(text=self.session.task.instruction)]
 
         async def _run(self, name: str, arguments: dict) -> ToolOutput:
-            call = {"id": "call_" + uuid.uuid4().hex[:12], "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(arguments)}}
-            observations, done = await self.session.act({"role": "assistant", "content": "", "tool_calls": [call]},
-                                                        [call], [], False, 0)
+            call = {
+                "id": "call_" + uuid.uuid4().hex[:12],
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            observations, done = await self.session.act(
+                {"role": "assistant", "content": "", "tool_calls": [call]}, [call], [], False, 0
+            )
             text = "\n".join(str(m["content"]) for m in observations)
             if not done:
                 return ToolOutput(blocks=[TextBlock(text=text)], finished=False)
             reward = await self.session.finish()
             summary = f"{text}\n[episode ended ({self.session.end_reason}); reward {reward:g}]"
-            return ToolOutput(blocks=[TextBlock(text=summary)], reward=reward, finished=True,
-                              metadata={"end_reason": self.session.end_reason, "grade": self.session.grade_detail[:2000],
-                                        **self.session.metrics()})
+            return ToolOutput(
+                blocks=[TextBlock(text=summary)],
+                reward=reward,
+                finished=True,
+                metadata={
+                    "end_reason": self.session.end_reason,
+                    "grade": self.session.grade_detail[:2000],
+                    **self.session.metrics(),
+                },
+            )
 
     for schema in TOOL_SCHEMAS:
         fn = schema["function"]
-        setattr(TasksORSEnvironment, fn["name"], _make_tool(fn["name"], fn.get("description", ""),
-                                                            fn.get("parameters", {"type": "object"})))
+        setattr(
+            TasksORSEnvironment,
+            fn["name"],
+            _make_tool(fn["name"], fn.get("description", ""), fn.get("parameters", {"type": "object"})),
+        )
     TasksORSEnvironment.__name__ = TasksORSEnvironment.__qualname__ = f"{key}_ors"
     return TasksORSEnvironment

@@ -31,7 +31,8 @@ import math
 import shlex
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import tinker
@@ -54,11 +55,16 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent in a Linux sandbox (bash, python3 and git; no network). Your working "
     "directory is {workdir}. Solve the user's task by calling the tools: one or a few calls per turn, then "
     "read their results before you continue. When the task is done, call submit. You have at most "
-    "{max_turns} turns.")
-NO_TOOL_CALL = ("You did not call a tool. Call one of the tools ({tools}) in the format given in the system "
-                "prompt, or call submit when the task is done.")
-TRUNCATED = ("Your response was cut off at the token limit before it finished a tool call. Write shorter "
-             "responses and put the tool call first.")
+    "{max_turns} turns."
+)
+NO_TOOL_CALL = (
+    "You did not call a tool. Call one of the tools ({tools}) in the format given in the system "
+    "prompt, or call submit when the task is done."
+)
+TRUNCATED = (
+    "Your response was cut off at the token limit before it finished a tool call. Write shorter "
+    "responses and put the tool call first."
+)
 TIMEOUT_MARKER = "[the command timed out after"  # execute_bash's timeout observation
 MIN_ACTION_TOKENS = 16  # an observation that leaves less room than this overflows the context
 REPO_FORMATS = ("swebench", "r2e")  # tasks whose workspace diff is a SWE-bench `model_patch`
@@ -122,7 +128,7 @@ class TasksEnvConfig(BaseModel):
             raise ConfigError(f"env.path: task ids occur more than once: {', '.join(dupes)}")
         return tasks
 
-    def build(self, ctx: "EnvContext") -> "EnvDatasets":
+    def build(self, ctx: EnvContext) -> EnvDatasets:
         from tinkrl.envs import EnvDatasets
 
         tasks = self.load_tasks()
@@ -143,8 +149,7 @@ class TasksEnvConfig(BaseModel):
             return b
 
         n_batches = math.ceil(self.epochs * len(train) / ctx.groups_per_batch)
-        train_ds = TasksDataset(train, ctx.groups_per_batch, n_batches, ctx.seed,
-                                lambda t: builder(t, ctx.group_size))
+        train_ds = TasksDataset(train, ctx.groups_per_batch, n_batches, ctx.seed, lambda t: builder(t, ctx.group_size))
         test_ds = TasksDataset(test, len(test), 1, ctx.seed, lambda t: builder(t, 1), shuffle=False) if test else None
         return EnvDatasets(train=train_ds, test=test_ds)
 
@@ -156,8 +161,9 @@ def select_tasks(tasks: list[Task], patterns: list[str]) -> list[Task]:
     """Tasks whose id matches one of `patterns` (exact ids or shell globs); unmatched ones are an error."""
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(t.id, p) for t in tasks)]
     if unmatched:
-        raise ConfigError(f"task_ids: no task matches {', '.join(map(repr, unmatched))}; "
-                          f"known: {', '.join(t.id for t in tasks)}")
+        raise ConfigError(
+            f"task_ids: no task matches {', '.join(map(repr, unmatched))}; known: {', '.join(t.id for t in tasks)}"
+        )
     return [t for t in tasks if any(fnmatch.fnmatchcase(t.id, p) for p in patterns)]
 
 
@@ -254,11 +260,11 @@ class TaskSession:
         except SandboxError:
             raise
         except (TaskLoadError, OSError) as e:
-            raise InfraFailure(f"task {self.task.id}: the workspace could not be built: {e}", "task_build_error") \
-                from None
+            raise InfraFailure(
+                f"task {self.task.id}: the workspace could not be built: {e}", "task_build_error"
+            ) from None
         if self.capture_patch:
-            r = await asyncio.to_thread(self.sandbox.exec, "git rev-parse HEAD", timeout=30,
-                                      workdir=self.task.workdir)
+            r = await asyncio.to_thread(self.sandbox.exec, "git rev-parse HEAD", timeout=30, workdir=self.task.workdir)
             self._base_commit = r.stdout.strip() if r.exit_code == 0 else ""
         self._started = time.monotonic()
         self.messages = self.first_messages()
@@ -299,8 +305,9 @@ class TaskSession:
             self.command_timeouts += 1
         return clip(obs, self.cfg.max_observation_chars), done
 
-    async def act(self, assistant: Message, calls: list[dict], errors: list[str], truncated: bool,
-                  sampled_tokens: int) -> tuple[list[Message], bool]:
+    async def act(
+        self, assistant: Message, calls: list[dict], errors: list[str], truncated: bool, sampled_tokens: int
+    ) -> tuple[list[Message], bool]:
         """Run one assistant turn. `assistant` goes into the transcript as given; `calls` are its
         well-formed tool calls (OpenAI-style), `errors` one line per malformed one. Returns the
         observation messages (tool results, then notes as user turns) and whether the episode ended."""
@@ -315,8 +322,9 @@ class TaskSession:
         for call in calls:
             self.tool_calls += 1
             obs, submitted = await self._run_call(call)
-            observations.append({"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"],
-                                 "content": obs})
+            observations.append(
+                {"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"], "content": obs}
+            )
             if submitted:  # nothing after submit is run
                 break
         notes = [f"Error: {e}" for e in errors]
@@ -344,8 +352,10 @@ class TaskSession:
     async def _git_patch(self) -> str:
         assert self.sandbox is not None
         base = shlex.quote(self._base_commit or "HEAD")
-        script = ("idx=$(mktemp) && trap 'rm -f \"$idx\"' EXIT && { cp .git/index \"$idx\" 2>/dev/null || true; } && "
-                  f"GIT_INDEX_FILE=\"$idx\" git add -A && GIT_INDEX_FILE=\"$idx\" git diff --cached {base}")
+        script = (
+            'idx=$(mktemp) && trap \'rm -f "$idx"\' EXIT && { cp .git/index "$idx" 2>/dev/null || true; } && '
+            f'GIT_INDEX_FILE="$idx" git add -A && GIT_INDEX_FILE="$idx" git diff --cached {base}'
+        )
         r = await asyncio.to_thread(self.sandbox.exec, script, timeout=60, workdir=self.task.workdir)
         return r.stdout if r.exit_code == 0 else ""
 
@@ -371,12 +381,15 @@ class TaskSession:
         return self.reward
 
     def metrics(self) -> Metrics:
-        m: Metrics = {"tasks/turns": float(self.turns), "tasks/tool_calls": float(self.tool_calls),
-                      "tasks/malformed_calls": float(self.malformed_calls),
-                      "tasks/no_tool_call_turns": float(self.no_tool_calls),
-                      "tasks/truncated_turns": float(self.truncated_turns),
-                      "tasks/command_timeouts": float(self.command_timeouts),
-                      "tasks/sampled_tokens": float(self.sampled_tokens)}
+        m: Metrics = {
+            "tasks/turns": float(self.turns),
+            "tasks/tool_calls": float(self.tool_calls),
+            "tasks/malformed_calls": float(self.malformed_calls),
+            "tasks/no_tool_call_turns": float(self.no_tool_calls),
+            "tasks/truncated_turns": float(self.truncated_turns),
+            "tasks/command_timeouts": float(self.command_timeouts),
+            "tasks/sampled_tokens": float(self.sampled_tokens),
+        }
         if self.reward is not None:
             m["tasks/reward"] = self.reward
             m["tasks/resolved"] = float(self.reward >= 1.0)
@@ -414,8 +427,11 @@ class TaskEnv(Env):
         messages = await self.session.start()
         self.tokens = self.renderer.build_generation_prompt(messages, TOOL_SCHEMAS).to_ints()
         if len(self.tokens) + MIN_ACTION_TOKENS > self.max_context_tokens:
-            raise InfraFailure(f"task {self.session.task.id}: the first prompt ({len(self.tokens)} tokens) does not "
-                               f"fit max_context_tokens={self.max_context_tokens}", "context_too_small")
+            raise InfraFailure(
+                f"task {self.session.task.id}: the first prompt ({len(self.tokens)} tokens) does not "
+                f"fit max_context_tokens={self.max_context_tokens}",
+                "context_too_small",
+            )
         return tinker.ModelInput.from_ints(self.tokens), self._stop
 
     def max_tokens(self, default: int) -> int:
@@ -425,17 +441,16 @@ class TaskEnv(Env):
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         action = list(action)
         parsed = self.renderer.parse_response(action)
-        raw = self.renderer.tokenizer.decode(action[:-1] if parsed.ended_cleanly else action,
-                                             skip_special_tokens=False)
+        raw = self.renderer.tokenizer.decode(action[:-1] if parsed.ended_cleanly else action, skip_special_tokens=False)
         calls = parsed.message.get("tool_calls", [])
-        observations, done = await self.session.act({"role": "assistant", "content": raw}, calls,
-                                                    parsed.tool_call_errors, not parsed.ended_cleanly, len(action))
+        observations, done = await self.session.act(
+            {"role": "assistant", "content": raw}, calls, parsed.tool_call_errors, not parsed.ended_cleanly, len(action)
+        )
         if not done:
             nxt = self.tokens + action + self.renderer.continuation(observations, parsed.ended_cleanly)
             if len(nxt) + MIN_ACTION_TOKENS <= self.max_context_tokens:
                 self.tokens = nxt
-                return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop,
-                                  metrics={}, logs={})
+                return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop, metrics={}, logs={})
             self.session.overflow()
         reward = await self.session.finish()
         s = self.session
@@ -453,14 +468,28 @@ class TaskEnv(Env):
 class TaskGroupBuilder(EnvGroupBuilder):
     """`group_size` attempts at one task (a GRPO group), each in its own sandbox."""
 
-    def __init__(self, task: Task, cfg: TasksEnvConfig, renderer, provider: LazyProvider, group_size: int,
-                 tag: str = "tasks", capture_patch: bool = False):
+    def __init__(
+        self,
+        task: Task,
+        cfg: TasksEnvConfig,
+        renderer,
+        provider: LazyProvider,
+        group_size: int,
+        tag: str = "tasks",
+        capture_patch: bool = False,
+    ):
         self.task, self.cfg, self.renderer, self.provider = task, cfg, renderer, provider
         self.group_size, self.tag, self.capture_patch = group_size, tag, capture_patch
 
     async def make_envs(self) -> Sequence[Env]:
-        return [TaskEnv(TaskSession(self.task, self.cfg, self.provider, self.capture_patch), self.renderer,
-                        self.cfg.max_tokens_per_turn) for _ in range(self.group_size)]
+        return [
+            TaskEnv(
+                TaskSession(self.task, self.cfg, self.provider, self.capture_patch),
+                self.renderer,
+                self.cfg.max_tokens_per_turn,
+            )
+            for _ in range(self.group_size)
+        ]
 
     def logging_tags(self) -> list[str]:
         return [self.tag]
@@ -470,8 +499,15 @@ class TasksDataset(RLDataset):
     """Batches of `groups_per_batch` groups, cycling through the tasks in an order fixed by the seed
     (a fresh permutation each pass), so a resumed run sees the same batches."""
 
-    def __init__(self, tasks: list[Task], groups_per_batch: int, n_batches: int, seed: int,
-                 make_builder: Callable[[Task], EnvGroupBuilder], shuffle: bool = True):
+    def __init__(
+        self,
+        tasks: list[Task],
+        groups_per_batch: int,
+        n_batches: int,
+        seed: int,
+        make_builder: Callable[[Task], EnvGroupBuilder],
+        shuffle: bool = True,
+    ):
         self.tasks, self.groups_per_batch, self.n_batches = tasks, groups_per_batch, n_batches
         self.seed, self.make_builder, self.shuffle = seed, make_builder, shuffle
         self._orders: dict[int, np.ndarray] = {}
@@ -479,8 +515,9 @@ class TasksDataset(RLDataset):
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
             n = len(self.tasks)
-            self._orders[epoch] = (np.random.default_rng([self.seed, epoch, 0x7A5]).permutation(n)
-                                   if self.shuffle else np.arange(n))
+            self._orders[epoch] = (
+                np.random.default_rng([self.seed, epoch, 0x7A5]).permutation(n) if self.shuffle else np.arange(n)
+            )
         return self._orders[epoch]
 
     def task_at(self, position: int) -> Task:
@@ -493,4 +530,3 @@ class TasksDataset(RLDataset):
 
     def __len__(self) -> int:
         return self.n_batches
-

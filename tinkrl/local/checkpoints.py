@@ -26,10 +26,19 @@ def write_peft_adapter(out: Path, lora: dict[str, torch.Tensor], meta: dict) -> 
     from tinkrl.local.service import ATTN_MODULES, MLP_MODULES
 
     cfg = meta["lora"]
-    targets = (ATTN_MODULES if cfg["train_attn"] else []) + (MLP_MODULES if cfg["train_mlp"] else []) + \
-        (["lm_head"] if cfg["train_unembed"] else [])
-    LoraConfig(r=cfg["rank"], lora_alpha=meta["lora_alpha"], lora_dropout=0.0, target_modules=targets,
-               task_type="CAUSAL_LM", base_model_name_or_path=meta["base_model"]).save_pretrained(out)
+    targets = (
+        (ATTN_MODULES if cfg["train_attn"] else [])
+        + (MLP_MODULES if cfg["train_mlp"] else [])
+        + (["lm_head"] if cfg["train_unembed"] else [])
+    )
+    LoraConfig(
+        r=cfg["rank"],
+        lora_alpha=meta["lora_alpha"],
+        lora_dropout=0.0,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=meta["base_model"],
+    ).save_pretrained(out)
     save_file({_peft_key(k): v for k, v in lora.items()}, out / "adapter_model.safetensors")
 
 

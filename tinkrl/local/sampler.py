@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-import tinker
 from tinker import types
 
 from tinkrl.local.packing import MIN_SHARED, common_prefix_len
@@ -119,8 +118,9 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         sub = scaled[idx]
         sorted_logits, order = sub.sort(-1, descending=True)
         ranks = torch.arange(sub.shape[-1], device=logits.device)[None]
-        top_k = torch.tensor([rows[i].top_k if rows[i].top_k > 0 else sub.shape[-1] for i in needs_filter],
-                             device=logits.device)[:, None]
+        top_k = torch.tensor(
+            [rows[i].top_k if rows[i].top_k > 0 else sub.shape[-1] for i in needs_filter], device=logits.device
+        )[:, None]
         top_p = torch.tensor([rows[i].top_p for i in needs_filter], device=logits.device)[:, None]
         probs = sorted_logits.softmax(-1)
         mass_before = probs.cumsum(-1) - probs
@@ -130,8 +130,13 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         scaled = scaled.clone() if scaled is logits else scaled
         scaled[idx] = torch.full_like(sub, float("-inf")).scatter(-1, order, sorted_logits)
     shared = torch.rand(R).tolist()
-    u = torch.tensor([torch.rand(1, generator=r.generator).item() if r.generator is not None else shared[i]
-                      for i, r in enumerate(rows)], dtype=torch.float32)
+    u = torch.tensor(
+        [
+            torch.rand(1, generator=r.generator).item() if r.generator is not None else shared[i]
+            for i, r in enumerate(rows)
+        ],
+        dtype=torch.float32,
+    )
     sampled = _inverse_cdf(scaled.softmax(-1), u.to(logits.device))
     if not any(greedy):
         return sampled
@@ -162,7 +167,7 @@ class StaticDecoder:
         self.steps = 0
 
     @classmethod
-    def for_rows(cls, lm: CausalLM, cache: KVCache, attn: torch.Tensor, graph: bool) -> "StaticDecoder":
+    def for_rows(cls, lm: CausalLM, cache: KVCache, attn: torch.Tensor, graph: bool) -> StaticDecoder:
         """`attn`: [R, cache length], 1 at the rows' real prompt positions."""
         return cls(lm, cache, additive_mask(attn[:, None, None, :].bool()), graph)
 
@@ -186,14 +191,15 @@ class StaticDecoder:
         self.graph.replay()
         return self.logits
 
-    def select(self, rows: torch.Tensor) -> "StaticDecoder":
+    def select(self, rows: torch.Tensor) -> StaticDecoder:
         """A decoder for the given batch slots only (their cache and mask carried over)."""
         return StaticDecoder(self.lm, self.cache.select(rows), self.mask[rows], self.use_graph)
 
 
 @torch.no_grad()
-def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None,
-                 max_context: int, static: bool | None = None) -> None:
+def sample_batch(
+    lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None, max_context: int, static: bool | None = None
+) -> None:
     """Run every job to completion; each job's `result` is set to a SampleResponse.
 
     `static` decodes with a `StaticDecoder` (default: on CUDA, where it replays a CUDA graph).
@@ -220,9 +226,9 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
     attn = torch.zeros((U, P + max_new), dtype=torch.long)
     for u, prompt in enumerate(prompts):
         ids[u, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
-        ids[u, P - (lens[u] - shared):P] = torch.tensor(prompt[shared:], dtype=torch.long)
+        ids[u, P - (lens[u] - shared) : P] = torch.tensor(prompt[shared:], dtype=torch.long)
         attn[u, :shared] = 1
-        attn[u, P - (lens[u] - shared):P] = 1
+        attn[u, P - (lens[u] - shared) : P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
     cache = KVCache.allocate(lm.config, U, P + max_new, device)
@@ -257,9 +263,20 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         stop_ids, stop_strings = _stop_condition(j.params, eos_id)
         budget = min(j.params.max_tokens or 256, max_new)
         for s in range(j.num_samples):
-            rows.append(_Row(i, s, len(j.prompt), budget, stop_ids, stop_strings, float(j.params.temperature),
-                             int(j.params.top_k or -1), float(j.params.top_p if j.params.top_p is not None else 1.0),
-                             _generator(j.params.seed, s, device)))
+            rows.append(
+                _Row(
+                    i,
+                    s,
+                    len(j.prompt),
+                    budget,
+                    stop_ids,
+                    stop_strings,
+                    float(j.params.temperature),
+                    int(j.params.top_k or -1),
+                    float(j.params.top_p if j.params.top_p is not None else 1.0),
+                    _generator(j.params.seed, s, device),
+                )
+            )
     row_prompt = [job_prompt[r.job] for r in rows]
     logits = last_logits
     if row_prompt != list(range(U)):  # else one row per prompt, in order: nothing to copy
@@ -293,7 +310,11 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         keep = [b for b in live if slots[b] is not None]
         if not keep:
             break
-        nxt = drawn if all_live else torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, live_idx, drawn)
+        nxt = (
+            drawn
+            if all_live
+            else torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, live_idx, drawn)
+        )
         # Eager decoding drops finished rows at once; a static decoder's fixed batch only when half are gone.
         if len(keep) < len(slots) and (decoder is None or len(keep) <= len(slots) // 2):
             sel = torch.tensor(keep, device=device)
@@ -309,7 +330,7 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         else:
             attn[:, pos] = 1
             # One new token per row: it may see every real (non-padding) position so far.
-            mask = attn[:, None, None, :pos + 1].bool()
+            mask = attn[:, None, None, : pos + 1].bool()
             hidden = lm(nxt[:, None], next_pos[:, None], mask, cache, pos)
             logits = lm.logits(hidden[:, -1])
         next_pos = next_pos + 1
@@ -317,9 +338,16 @@ def sample_batch(lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | N
         r.stop_reason = r.stop_reason or "length"
 
     for i, j in enumerate(jobs):
-        seqs = [types.SampledSequence(stop_reason=r.stop_reason, sequence_id=f"s{id(r):x}",
-                                      tokens_np=np.asarray(r.tokens, dtype=np.int32),
-                                      logprobs_np=np.asarray(r.logprobs, dtype=np.float32))
-                for r in rows if r.job == i]
-        j.result = types.SampleResponse(sequences=seqs, prompt_logprobs_np=prompt_lp[i],
-                                        _topk_prompt_logprobs_list=topk[i])
+        seqs = [
+            types.SampledSequence(
+                stop_reason=r.stop_reason,
+                sequence_id=f"s{id(r):x}",
+                tokens_np=np.asarray(r.tokens, dtype=np.int32),
+                logprobs_np=np.asarray(r.logprobs, dtype=np.float32),
+            )
+            for r in rows
+            if r.job == i
+        ]
+        j.result = types.SampleResponse(
+            sequences=seqs, prompt_logprobs_np=prompt_lp[i], _topk_prompt_logprobs_list=topk[i]
+        )

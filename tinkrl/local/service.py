@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tinker import types
@@ -33,8 +34,15 @@ from torch import nn
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
-from tinkrl.local.models import (DEFAULT_MODEL, cpu_has_bf16_math, known_models, default_dtype, load_model, pick_device,
-                                 tinkrl_home)
+from tinkrl.local.models import (
+    DEFAULT_MODEL,
+    cpu_has_bf16_math,
+    default_dtype,
+    known_models,
+    load_model,
+    pick_device,
+    tinkrl_home,
+)
 from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers, lora_head_forward
@@ -79,7 +87,7 @@ class CheckpointNotFound(TinkrlError):
 def resolve_path(path: str) -> Path:
     """`tinker://<run>/<kind>/<name>` or an absolute directory -> the checkpoint directory."""
     if path.startswith("tinker://"):
-        rest = path[len("tinker://"):]
+        rest = path[len("tinker://") :]
         local = tinkrl_home() / "checkpoints" / rest
     else:
         local = Path(path).expanduser()
@@ -148,11 +156,11 @@ def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> N
 
 
 class Engine:
-    _engines: dict[tuple, "Engine"] = {}
+    _engines: dict[tuple, Engine] = {}
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls, model_name: str, device: str | None = None, dtype: torch.dtype | None = None) -> "Engine":
+    def get(cls, model_name: str, device: str | None = None, dtype: torch.dtype | None = None) -> Engine:
         dev = pick_device(device)
         dt = dtype or default_dtype(dev)
         key = (model_name, str(dev), dt)
@@ -163,8 +171,11 @@ class Engine:
 
     def __init__(self, model_name: str, device: torch.device, dtype: torch.dtype):
         if device.type == "cpu" and dtype != torch.float32 and not cpu_has_bf16_math():
-            warnings.warn("bfloat16 on a CPU without AMX: oneDNN keeps fp32 matrix products there, so this engine "
-                          "computes in fp32; float32 is as fast and merges LoRA adapters for sampling", stacklevel=3)
+            warnings.warn(
+                "bfloat16 on a CPU without AMX: oneDNN keeps fp32 matrix products there, so this engine "
+                "computes in fp32; float32 is as fast and merges LoRA adapters for sampling",
+                stacklevel=3,
+            )
         loaded = load_model(model_name, device, torch.float32)
         self.model_name, self.device, self.dtype = model_name, device, dtype
         self.tokenizer = loaded.tokenizer
@@ -253,26 +264,36 @@ class Engine:
     def new_tree(self) -> CausalLM:
         """A fresh module tree sharing the base weights (no copy)."""
         with torch.device("meta"):
-            tree = CausalLM(self.config, rotary=None, qkv_bias=self.base.model.layers[0].self_attn.q_proj.bias is not None,
-                            mlp_bias=self.base.model.layers[0].mlp.gate_proj.bias is not None)
+            tree = CausalLM(
+                self.config,
+                rotary=None,
+                qkv_bias=self.base.model.layers[0].self_attn.q_proj.bias is not None,
+                mlp_bias=self.base.model.layers[0].mlp.gate_proj.bias is not None,
+            )
         tree.load_state_dict(self.base.state_dict(), assign=True)
         tree.rotary = self.base.rotary
         tree.lm_head.compute_dtype = self.dtype
         tree.lm_head._fast_weight = self.base.lm_head._fast_weight
         return tree.requires_grad_(False)
 
-    def lora_tree(self, rank: int, seed: int | None, train_mlp: bool, train_attn: bool, train_unembed: bool) -> CausalLM:
+    def lora_tree(
+        self, rank: int, seed: int | None, train_mlp: bool, train_attn: bool, train_unembed: bool
+    ) -> CausalLM:
         from peft import LoraConfig, inject_adapter_in_model
 
-        targets = (ATTN_MODULES if train_attn else []) + (MLP_MODULES if train_mlp else []) + \
-            (["lm_head"] if train_unembed else [])
+        targets = (
+            (ATTN_MODULES if train_attn else [])
+            + (MLP_MODULES if train_mlp else [])
+            + (["lm_head"] if train_unembed else [])
+        )
         if not targets:
             raise TinkrlError("LoRA needs at least one of train_attn, train_mlp, train_unembed")
         tree = self.new_tree()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if seed is None else seed)
-            inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
-                                               target_modules=targets), tree)
+            inject_adapter_in_model(
+                LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets), tree
+            )
         for name, p in tree.named_parameters():
             if "lora_" in name:
                 p.data = p.data.float()  # adapters and their optimizer state stay fp32
@@ -290,8 +311,9 @@ class Engine:
         tree = self._sampler_trees.get(cfg_key)
         if tree is None:
             c = snap.config
-            tree = self._sampler_trees[cfg_key] = self.lora_tree(c["rank"], 0, c["train_mlp"], c["train_attn"],
-                                                                  c["train_unembed"])
+            tree = self._sampler_trees[cfg_key] = self.lora_tree(
+                c["rank"], 0, c["train_mlp"], c["train_attn"], c["train_unembed"]
+            )
         if self._loaded_in_tree.get(cfg_key) != snap.key:
             params = dict(tree.named_parameters())
             with torch.no_grad():
@@ -326,11 +348,17 @@ class Engine:
                 module = name.split(".lora_A.")[0]
                 b = snap.lora[name.replace(".lora_A.", ".lora_B.")]
                 if module not in self._merged_own:  # shares the base weight until first adapted
-                    modules[module].weight = nn.Parameter(torch.empty_like(base_modules[module].weight),
-                                                          requires_grad=False)
+                    modules[module].weight = nn.Parameter(
+                        torch.empty_like(base_modules[module].weight), requires_grad=False
+                    )
                     self._merged_own.add(module)
-                torch.addmm(base_modules[module].weight, b.to(self.device), a.to(self.device), alpha=scale,
-                            out=modules[module].weight)
+                torch.addmm(
+                    base_modules[module].weight,
+                    b.to(self.device),
+                    a.to(self.device),
+                    alpha=scale,
+                    out=modules[module].weight,
+                )
                 adapted.add(module)
             for module in self._merged_own - adapted:  # adapted by an earlier version's config only
                 modules[module].weight.copy_(base_modules[module].weight)
@@ -349,8 +377,9 @@ class ServiceClient:
     one-time compile; see transformer.compile_layers). Sampling always runs eager.
     """
 
-    def __init__(self, *, device: str | None = None, dtype: str | torch.dtype | None = None, compile: bool = False,
-                 **_ignored):
+    def __init__(
+        self, *, device: str | None = None, dtype: str | torch.dtype | None = None, compile: bool = False, **_ignored
+    ):
         self.device = device
         self.compile = compile
         names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -362,31 +391,48 @@ class ServiceClient:
         return Engine.get(model, self.device, self.dtype)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
-        return types.GetServerCapabilitiesResponse(supported_models=[
-            types.SupportedModel(model_name=m, max_context_length=None) for m in known_models()])
+        return types.GetServerCapabilitiesResponse(
+            supported_models=[types.SupportedModel(model_name=m, max_context_length=None) for m in known_models()]
+        )
 
-    def create_lora_training_client(self, base_model: str = DEFAULT_MODEL, rank: int = 32, seed: int | None = None,
-                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
-                                    user_metadata: dict | None = None, **_ignored) -> "TrainingClient":
+    def create_lora_training_client(
+        self,
+        base_model: str = DEFAULT_MODEL,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict | None = None,
+        **_ignored,
+    ) -> TrainingClient:
         return TrainingClient(self._engine(base_model), rank, seed, train_mlp, train_attn, train_unembed, self.compile)
 
-    def create_training_client_from_state(self, path: str, **_ignored) -> "TrainingClient":
+    def create_training_client_from_state(self, path: str, **_ignored) -> TrainingClient:
         return self._from_state(path, with_optimizer=False)
 
-    def create_training_client_from_state_with_optimizer(self, path: str, **_ignored) -> "TrainingClient":
+    def create_training_client_from_state_with_optimizer(self, path: str, **_ignored) -> TrainingClient:
         return self._from_state(path, with_optimizer=True)
 
-    def _from_state(self, path: str, with_optimizer: bool) -> "TrainingClient":
+    def _from_state(self, path: str, with_optimizer: bool) -> TrainingClient:
         ckpt = resolve_path(path)
         meta = json.loads((ckpt / "tinkrl_meta.json").read_text())
         lora = meta["lora"]
-        tc = TrainingClient(self._engine(meta["base_model"]), lora["rank"], lora.get("seed"), lora["train_mlp"],
-                            lora["train_attn"], lora["train_unembed"], self.compile)
+        tc = TrainingClient(
+            self._engine(meta["base_model"]),
+            lora["rank"],
+            lora.get("seed"),
+            lora["train_mlp"],
+            lora["train_attn"],
+            lora["train_unembed"],
+            self.compile,
+        )
         tc._load(ckpt, with_optimizer).result()
         return tc
 
-    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
-                               **_ignored) -> "SamplingClient":
+    def create_sampling_client(
+        self, model_path: str | None = None, base_model: str | None = None, **_ignored
+    ) -> SamplingClient:
         if model_path is None:
             return SamplingClient(self._engine(base_model or DEFAULT_MODEL), _Snapshot("base", None, None))
         ckpt = resolve_path(model_path)
@@ -401,10 +447,10 @@ class ServiceClient:
         return SamplingClient(engine, _Snapshot(f"path:{ckpt}:{uuid.uuid4().hex[:12]}", lora, config))
 
     # async variants (the SDK's older spelling)
-    async def create_lora_training_client_async(self, *args, **kwargs) -> "TrainingClient":
+    async def create_lora_training_client_async(self, *args, **kwargs) -> TrainingClient:
         return await asyncio.to_thread(self.create_lora_training_client, *args, **kwargs)
 
-    async def create_sampling_client_async(self, *args, **kwargs) -> "SamplingClient":
+    async def create_sampling_client_async(self, *args, **kwargs) -> SamplingClient:
         return await asyncio.to_thread(self.create_sampling_client, *args, **kwargs)
 
     def close(self) -> None:
@@ -426,24 +472,35 @@ class _ClientHandle:
     def __await__(self):
         async def _self():
             return self
+
         return _self().__await__()
 
 
 class TrainingClient(_ClientHandle):
     _counter = itertools.count()
 
-    def __init__(self, engine: Engine, rank: int, seed: int | None, train_mlp: bool, train_attn: bool,
-                 train_unembed: bool, compile: bool = False):
+    def __init__(
+        self,
+        engine: Engine,
+        rank: int,
+        seed: int | None,
+        train_mlp: bool,
+        train_attn: bool,
+        train_unembed: bool,
+        compile: bool = False,
+    ):
         self.engine = engine
         self.run_id = f"local-{uuid.uuid4().hex[:12]}"
-        self.lora_config = dict(rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn,
-                                train_unembed=train_unembed)
+        self.lora_config = dict(
+            rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn, train_unembed=train_unembed
+        )
         self.model = engine.submit(lambda: engine.lora_tree(rank, seed, train_mlp, train_attn, train_unembed)).result()
         if compile:
             compile_layers(self.model)
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        self.optimizer = torch.optim.AdamW(self.params.values(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
-                                           weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            self.params.values(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
         self.step = 0
         self._snapshot_seq = itertools.count()
 
@@ -452,11 +509,17 @@ class TrainingClient(_ClientHandle):
         return self.engine.tokenizer
 
     def get_info(self) -> types.GetInfoResponse:
-        return types.GetInfoResponse(model_id=self.run_id, model_name=self.engine.model_name, is_lora=True,
-                                     lora_rank=self.lora_config["rank"],
-                                     model_data=types.ModelData(arch=self.engine.config.model_type,
-                                                                model_name=self.engine.model_name,
-                                                                tokenizer_id=self.engine.model_name))
+        return types.GetInfoResponse(
+            model_id=self.run_id,
+            model_name=self.engine.model_name,
+            is_lora=True,
+            lora_rank=self.lora_config["rank"],
+            model_data=types.ModelData(
+                arch=self.engine.config.model_type,
+                model_name=self.engine.model_name,
+                tokenizer_id=self.engine.model_name,
+            ),
+        )
 
     def _snapshot(self) -> _Snapshot:
         lora = {n: p.detach().clone() for n, p in self.params.items()}
@@ -464,13 +527,15 @@ class TrainingClient(_ClientHandle):
         return _Snapshot(f"{self.run_id}:{next(self._snapshot_seq)}", lora, config)
 
     # -- forward / backward ---------------------------------------------------------------------
-    def forward(self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy",
-                loss_fn_config: dict | None = None) -> LocalFuture:
+    def forward(
+        self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None
+    ) -> LocalFuture:
         data = list(data)
         return self.engine.submit(lambda: self._forward_backward(data, loss_fn, loss_fn_config, backward=False))
 
-    def forward_backward(self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy",
-                         loss_fn_config: dict | None = None) -> LocalFuture:
+    def forward_backward(
+        self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None
+    ) -> LocalFuture:
         data = list(data)
         return self.engine.submit(lambda: self._forward_backward(data, loss_fn, loss_fn_config, backward=True))
 
@@ -487,8 +552,10 @@ class TrainingClient(_ClientHandle):
             tensors = {k: v.to_torch() for k, v in d.loss_fn_inputs.items()}
             for k, t in tensors.items():
                 if t.shape[0] != n:
-                    raise losses.LossInputError(f"datum {i}: loss_fn_inputs[{k!r}] has length {t.shape[0]} but "
-                                                f"model_input has {n} tokens (targets are inputs shifted by one)")
+                    raise losses.LossInputError(
+                        f"datum {i}: loss_fn_inputs[{k!r}] has length {t.shape[0]} but "
+                        f"model_input has {n} tokens (targets are inputs shifted by one)"
+                    )
             inputs.append(tensors)
         return inputs
 
@@ -537,8 +604,9 @@ class TrainingClient(_ClientHandle):
             lp = lp.index_put((active,), token_logprobs(logits, targets[active]))
         return lp
 
-    def _forward_backward(self, data: list[types.Datum], loss_fn: str, config: dict | None,
-                          backward: bool) -> types.ForwardBackwardOutput:
+    def _forward_backward(
+        self, data: list[types.Datum], loss_fn: str, config: dict | None, backward: bool
+    ) -> types.ForwardBackwardOutput:
         if not data:
             raise losses.LossInputError("forward_backward needs at least one datum")
         for i, d in enumerate(data):  # every datum, so a later one missing a key is a clear error too
@@ -568,8 +636,9 @@ class TrainingClient(_ClientHandle):
                 loss.backward()
             total += float(loss.detach())
         outputs = [{"logprobs": types.TensorData.from_torch(lp)} for lp in out_lp]
-        return types.ForwardBackwardOutput(loss_fn_output_type=loss_fn, loss_fn_outputs=outputs,
-                                           metrics={"loss:sum": total})
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics={"loss:sum": total}
+        )
 
     def _forward_backward_custom(self, data: list[types.Datum], loss_fn: Callable) -> types.ForwardBackwardOutput:
         inputs = self._inputs(data)
@@ -584,11 +653,15 @@ class TrainingClient(_ClientHandle):
         host = [lp.detach().cpu().requires_grad_() for lp in lps]
         loss, metrics = loss_fn(data, host)
         loss.backward()
-        torch.autograd.backward(lps, [h.grad.to(lp.device) if h.grad is not None else torch.zeros_like(lp)
-                                      for h, lp in zip(host, lps)])
+        torch.autograd.backward(
+            lps, [h.grad.to(lp.device) if h.grad is not None else torch.zeros_like(lp) for h, lp in zip(host, lps)]
+        )
         outputs = [{"logprobs": types.TensorData.from_torch(lp.detach())} for lp in host]
-        return types.ForwardBackwardOutput(loss_fn_output_type="custom", loss_fn_outputs=outputs,
-                                           metrics={"loss:sum": float(loss.detach()), **dict(metrics or {})})
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="custom",
+            loss_fn_outputs=outputs,
+            metrics={"loss:sum": float(loss.detach()), **dict(metrics or {})},
+        )
 
     # -- optimizer ------------------------------------------------------------------------------
     def optim_step(self, adam_params: types.AdamParams | None = None, **kwargs) -> LocalFuture:
@@ -604,8 +677,9 @@ class TrainingClient(_ClientHandle):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return types.OptimStepResponse(metrics={"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate,
-                                                "step:max": float(self.step)})
+        return types.OptimStepResponse(
+            metrics={"grad_norm:mean": norm, "learning_rate:mean": p.learning_rate, "step:max": float(self.step)}
+        )
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _write(self, kind: str, name: str, with_optimizer: bool) -> Path:
@@ -617,8 +691,14 @@ class TrainingClient(_ClientHandle):
         out.mkdir(parents=True, exist_ok=True)
         lora = {n: p.detach().contiguous().cpu() for n, p in self.params.items()}
         save_file(lora, out / "lora.safetensors")
-        meta = {"base_model": self.engine.model_name, "lora": self.lora_config, "step": self.step,
-                "kind": kind, "run_id": self.run_id, "lora_alpha": LORA_ALPHA}
+        meta = {
+            "base_model": self.engine.model_name,
+            "lora": self.lora_config,
+            "step": self.step,
+            "kind": kind,
+            "run_id": self.run_id,
+            "lora_alpha": LORA_ALPHA,
+        }
         if with_optimizer:
             torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         write_peft_adapter(out, lora, meta)
@@ -626,21 +706,27 @@ class TrainingClient(_ClientHandle):
         return out
 
     def save_state(self, name: str, **_ignored) -> LocalFuture:
-        return self.engine.submit(lambda: types.SaveWeightsResponse(
-            path=(self._write("weights", name, True), f"tinker://{self.run_id}/weights/{name}")[1]))
+        return self.engine.submit(
+            lambda: types.SaveWeightsResponse(
+                path=(self._write("weights", name, True), f"tinker://{self.run_id}/weights/{name}")[1]
+            )
+        )
 
     def save_weights_for_sampler(self, name: str, **_ignored) -> LocalFuture:
-        return self.engine.submit(lambda: types.SaveWeightsForSamplerResponse(
-            path=(self._write("sampler_weights", name, False), f"tinker://{self.run_id}/sampler_weights/{name}")[1]))
+        return self.engine.submit(
+            lambda: types.SaveWeightsForSamplerResponse(
+                path=(self._write("sampler_weights", name, False), f"tinker://{self.run_id}/sampler_weights/{name}")[1]
+            )
+        )
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None, **_ignored) -> "SamplingClient":
+    def save_weights_and_get_sampling_client(self, name: str | None = None, **_ignored) -> SamplingClient:
         """A sampling client pinned to the current weights (no checkpoint written unless `name`)."""
         snap = self.engine.submit(self._snapshot).result()
         if name:
             self.save_weights_for_sampler(name).result()
         return SamplingClient(self.engine, snap)
 
-    def create_sampling_client(self, model_path: str, **kwargs) -> "SamplingClient":
+    def create_sampling_client(self, model_path: str, **kwargs) -> SamplingClient:
         return ServiceClient(device=str(self.engine.device), dtype=self.engine.dtype).create_sampling_client(model_path)
 
     def _load(self, ckpt: Path, with_optimizer: bool) -> LocalFuture:
@@ -657,6 +743,7 @@ class TrainingClient(_ClientHandle):
                     raise CheckpointNotFound(f"{ckpt} holds no optimizer state (saved with save_weights_for_sampler?)")
                 self.optimizer.load_state_dict(torch.load(opt, map_location=self.engine.device))
             self.step = json.loads((ckpt / "tinkrl_meta.json").read_text()).get("step", 0)
+
         return self.engine.submit(load)
 
     # SDK 0.38's deprecated async spellings: `await (await tc.forward_backward_async(...))`
@@ -690,14 +777,23 @@ class SamplingClient(_ClientHandle):
     def get_base_model(self) -> str:
         return self.engine.model_name
 
-    def sample(self, prompt: types.ModelInput, num_samples: int = 1, sampling_params: types.SamplingParams | None = None,
-               include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, **options) -> LocalFuture:
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int = 1,
+        sampling_params: types.SamplingParams | None = None,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        **options,
+    ) -> LocalFuture:
         if num_samples < 1:
             raise ValueError("sample: num_samples must be >= 1")
         unsupported = sorted(k for k, v in options.items() if v not in (None, 0, False))
         if unsupported:
-            raise TinkrlError(f"sample options {unsupported} are not supported by the embedded engine "
-                              "(supported: num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)")
+            raise TinkrlError(
+                f"sample options {unsupported} are not supported by the embedded engine "
+                "(supported: num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)"
+            )
         tokens = prompt.to_ints()
         # Checked here, not in the batch: one bad request must not fail the requests merged with it.
         vocab = int(self.engine.config.vocab_size)
@@ -706,15 +802,21 @@ class SamplingClient(_ClientHandle):
         if min(tokens) < 0 or max(tokens) >= vocab:
             bad = next(t for t in tokens if t < 0 or t >= vocab)
             raise ValueError(f"sample: prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        job = SampleJob(tokens, num_samples, sampling_params or types.SamplingParams(),
-                        include_prompt_logprobs, topk_prompt_logprobs)
+        job = SampleJob(
+            tokens,
+            num_samples,
+            sampling_params or types.SamplingParams(),
+            include_prompt_logprobs,
+            topk_prompt_logprobs,
+        )
         return self.engine.submit_sample(self.snapshot, job)
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture:
         fut = self.sample(prompt, 1, types.SamplingParams(max_tokens=1, temperature=0.0), include_prompt_logprobs=True)
         out = LocalFuture()
-        fut.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception()
-                              else out.set_result(f.result().prompt_logprobs))
+        fut.add_done_callback(
+            lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(f.result().prompt_logprobs)
+        )
         return out
 
     async def sample_async(self, *a, **k):

@@ -121,11 +121,11 @@ class KVCache:
     v: torch.Tensor
 
     @classmethod
-    def allocate(cls, cfg, batch: int, max_len: int, device) -> "KVCache":
+    def allocate(cls, cfg, batch: int, max_len: int, device) -> KVCache:
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, _head_dim(cfg))
         return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
-    def select(self, rows: torch.Tensor) -> "KVCache":
+    def select(self, rows: torch.Tensor) -> KVCache:
         return KVCache(self.k[:, rows], self.v[:, rows])
 
 
@@ -187,10 +187,10 @@ class Attention(nn.Module):
             k = cache.k[self.layer_idx].index_copy_(2, cache_pos, k)
             v = cache.v[self.layer_idx].index_copy_(2, cache_pos, v)
         elif cache is not None:
-            cache.k[self.layer_idx, :, :, cache_pos:cache_pos + T] = k
-            cache.v[self.layer_idx, :, :, cache_pos:cache_pos + T] = v
-            k = cache.k[self.layer_idx, :, :, :cache_pos + T]
-            v = cache.v[self.layer_idx, :, :, :cache_pos + T]
+            cache.k[self.layer_idx, :, :, cache_pos : cache_pos + T] = k
+            cache.v[self.layer_idx, :, :, cache_pos : cache_pos + T] = v
+            k = cache.k[self.layer_idx, :, :, : cache_pos + T]
+            v = cache.v[self.layer_idx, :, :, : cache_pos + T]
         elif prefix_kv is not None:
             k = torch.cat([prefix_kv[0].expand(B, -1, -1, -1), k], dim=2)
             v = torch.cat([prefix_kv[1].expand(B, -1, -1, -1), v], dim=2)
@@ -245,15 +245,23 @@ class CausalLM(nn.Module):
     def __init__(self, cfg, rotary: nn.Module, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
         if cfg.model_type not in SUPPORTED_ARCHS:
-            raise ValueError(f"architecture {cfg.model_type!r} is not supported by the embedded engine "
-                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+            raise ValueError(
+                f"architecture {cfg.model_type!r} is not supported by the embedded engine "
+                f"(supported: {', '.join(SUPPORTED_ARCHS)})"
+            )
         self.config = cfg
         self.model = Backbone(cfg, qkv_bias, mlp_bias)
         self.lm_head = Head(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = rotary  # the HF model's own rotary embedding (handles every rope_type)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, cache_pos: int | torch.Tensor = 0) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        cache_pos: int | torch.Tensor = 0,
+    ) -> torch.Tensor:
         """`cache_pos` as an int: keys/values land at that offset and attention sees the cache up to
         them. As a 1-element tensor: they land at that index and attention sees the whole cache
         under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays."""
@@ -264,8 +272,9 @@ class CausalLM(nn.Module):
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
 
-    def forward_shared_prefix(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                              shared: int) -> torch.Tensor:
+    def forward_shared_prefix(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
+    ) -> torch.Tensor:
         """`forward` for rows that all begin with the same `shared` tokens: those run once.
 
         The prefix runs as one row; every layer hands its keys/values to the rest of all rows,
@@ -346,7 +355,7 @@ def build_causal_lm(hf_model: nn.Module, compute_dtype: torch.dtype, device) -> 
     state = hf_model.state_dict()
     qkv_bias = any(k.endswith("self_attn.q_proj.bias") for k in state)
     mlp_bias = any(k.endswith("mlp.gate_proj.bias") for k in state)
-    rotary = getattr(hf_model.model, "rotary_emb")
+    rotary = hf_model.model.rotary_emb
     with torch.device("meta"):
         lm = CausalLM(cfg, rotary=None, qkv_bias=qkv_bias, mlp_bias=mlp_bias)
     if "lm_head.weight" not in state or getattr(cfg, "tie_word_embeddings", False):

@@ -27,8 +27,9 @@ import inspect
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence, Union
+from typing import Any
 
 from tinkrl.errors import InfraFailure
 from tinkrl.proxy.capture import MergeStats, captured_to_trajectory
@@ -67,14 +68,27 @@ class CommandAgent:
         return arg
 
     async def __call__(self, session: AgentSession) -> None:
-        values = {"base_url": session.base_url, "api_key": session.api_key, "model": session.model,
-                  "rollout_id": session.rollout_id, "instruction": session.instruction}
+        values = {
+            "base_url": session.base_url,
+            "api_key": session.api_key,
+            "model": session.model,
+            "rollout_id": session.rollout_id,
+            "instruction": session.instruction,
+        }
         argv = [self._substitute(a, values) for a in self.argv]
-        env = {**os.environ, **self.env, "OPENAI_BASE_URL": session.base_url, "OPENAI_API_BASE": session.base_url,
-               "OPENAI_API_KEY": session.api_key, "OPENAI_MODEL": session.model,
-               "TINKRL_ROLLOUT_ID": session.rollout_id, "TINKRL_INSTRUCTION": session.instruction}
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=self.cwd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+        env = {
+            **os.environ,
+            **self.env,
+            "OPENAI_BASE_URL": session.base_url,
+            "OPENAI_API_BASE": session.base_url,
+            "OPENAI_API_KEY": session.api_key,
+            "OPENAI_MODEL": session.model,
+            "TINKRL_ROLLOUT_ID": session.rollout_id,
+            "TINKRL_INSTRUCTION": session.instruction,
+        }
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, cwd=self.cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         try:
             out, _ = await proc.communicate()
         except asyncio.CancelledError:  # the time limit: stop the process, then let the caller grade
@@ -90,7 +104,7 @@ class AgentError(Exception):
     """The agent program itself failed (not the policy, not the infrastructure)."""
 
 
-Agent = Union[CommandAgent, Callable[[AgentSession], Union[None, Awaitable[None]]]]
+Agent = CommandAgent | Callable[[AgentSession], None | Awaitable[None]]
 
 
 @dataclass
@@ -113,25 +127,34 @@ class ExternalAgentRunner:
 
     def session(self, rollout_id: str | None = None, **kwargs: Any) -> AgentSession:
         rid = rollout_id or uuid.uuid4().hex
-        return AgentSession(f"{self.base_url}/rollouts/{rid}/v1", self.api_key, self.server.served_model_name,
-                            rid, **kwargs)
+        return AgentSession(
+            f"{self.base_url}/rollouts/{rid}/v1", self.api_key, self.server.served_model_name, rid, **kwargs
+        )
 
     async def _run_agent(self, agent: Agent, session: AgentSession, timeout_s: float | None) -> bool:
         """Run the agent to completion or its time limit; True when it was stopped at the limit."""
-        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None)):
+        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(agent, "__call__", None)):  # noqa: B004 - an async __call__
             work = agent(session)
         else:
             work = asyncio.to_thread(agent, session)
         try:
             await asyncio.wait_for(work, timeout_s)
             return False
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # A thread cannot be stopped: calls it still makes land in a rollout nobody reads any more.
             return True
 
-    async def run(self, agent: Agent, grader: Callable[[], Union[float, Awaitable[float]]], *,
-                  timeout_s: float | None = None, rollout_id: str | None = None, instruction: str = "",
-                  sandbox: Any = None, context: dict[str, Any] | None = None) -> ExternalRollout:
+    async def run(
+        self,
+        agent: Agent,
+        grader: Callable[[], float | Awaitable[float]],
+        *,
+        timeout_s: float | None = None,
+        rollout_id: str | None = None,
+        instruction: str = "",
+        sandbox: Any = None,
+        context: dict[str, Any] | None = None,
+    ) -> ExternalRollout:
         """One rollout: run the agent, grade, and build its trajectory from the captured calls."""
         session = self.session(rollout_id, instruction=instruction, sandbox=sandbox, context=context or {})
         failure: tuple[str, str] | None = None
@@ -158,7 +181,9 @@ class ExternalAgentRunner:
             log.warning("rollout %s failed (%s): %s", session.rollout_id, *failure)
         return ExternalRollout(trajectory, stats, reward, session.rollout_id, timed_out, detail)
 
-    async def run_task(self, agent: Agent, task: Any, provider: Any, *, timeout_s: float | None = None) -> ExternalRollout:
+    async def run_task(
+        self, agent: Agent, task: Any, provider: Any, *, timeout_s: float | None = None
+    ) -> ExternalRollout:
         """One rollout on a tinkrl task: fresh sandbox, the agent acts on it, the task's grader scores it."""
         from tinkrl.tasks.grading import grade, start_sandbox
 
@@ -175,22 +200,33 @@ class ExternalAgentRunner:
             return result.reward
 
         try:
-            rollout = await self.run(agent, grader, timeout_s=timeout_s or task.agent_timeout_s,
-                                     instruction=task.instruction, sandbox=sandbox, context={"task": task})
+            rollout = await self.run(
+                agent,
+                grader,
+                timeout_s=timeout_s or task.agent_timeout_s,
+                instruction=task.instruction,
+                sandbox=sandbox,
+                context={"task": task},
+            )
         finally:
             await asyncio.to_thread(sandbox.close)
         rollout.grade_detail = details[0] if details else ""
         return rollout
 
-    async def run_task_group(self, agent: Agent, task: Any, provider: Any, group_size: int, *,
-                             timeout_s: float | None = None) -> tuple[TrajectoryGroup, MergeStats]:
+    async def run_task_group(
+        self, agent: Agent, task: Any, provider: Any, group_size: int, *, timeout_s: float | None = None
+    ) -> tuple[TrajectoryGroup, MergeStats]:
         """`group_size` concurrent rollouts of one task: a GRPO group, failures kept apart."""
-        rollouts = await asyncio.gather(*(self.run_task(agent, task, provider, timeout_s=timeout_s)
-                                          for _ in range(group_size)))
+        rollouts = await asyncio.gather(
+            *(self.run_task(agent, task, provider, timeout_s=timeout_s) for _ in range(group_size))
+        )
         kept = [r for r in rollouts if r.trajectory.failure_mode is None]
         stats = sum((r.stats for r in rollouts), MergeStats())
-        group = TrajectoryGroup(trajectories_G=[r.trajectory for r in kept], final_rewards_G=[0.0] * len(kept),
-                                metrics_G=[{**r.stats.to_metrics(), "timed_out": float(r.timed_out)} for r in kept],
-                                tags=[getattr(task, "id", "task")],
-                                failures=[r.trajectory for r in rollouts if r.trajectory.failure_mode is not None])
+        group = TrajectoryGroup(
+            trajectories_G=[r.trajectory for r in kept],
+            final_rewards_G=[0.0] * len(kept),
+            metrics_G=[{**r.stats.to_metrics(), "timed_out": float(r.timed_out)} for r in kept],
+            tags=[getattr(task, "id", "task")],
+            failures=[r.trajectory for r in rollouts if r.trajectory.failure_mode is not None],
+        )
         return group, stats

@@ -59,11 +59,22 @@ class CapturedCall:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.call_id, "endpoint": self.endpoint, "prompt_tokens": self.prompt_tokens,
-            "samples": [{"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason,
-                         "finish_reason": s.finish_reason} for s in self.samples],
-            "policy_version": self.policy_version, "created": self.created,
-            "assistant_messages": self.assistant_messages, "spliced_messages": self.spliced_messages,
+            "id": self.call_id,
+            "endpoint": self.endpoint,
+            "prompt_tokens": self.prompt_tokens,
+            "samples": [
+                {
+                    "tokens": s.tokens,
+                    "logprobs": s.logprobs,
+                    "stop_reason": s.stop_reason,
+                    "finish_reason": s.finish_reason,
+                }
+                for s in self.samples
+            ],
+            "policy_version": self.policy_version,
+            "created": self.created,
+            "assistant_messages": self.assistant_messages,
+            "spliced_messages": self.spliced_messages,
         }
 
 
@@ -93,14 +104,22 @@ class MergeStats:
         """Fraction of assistant history messages mapped back to their sampled tokens."""
         return self.spliced_messages / self.assistant_messages if self.assistant_messages else 1.0
 
-    def __add__(self, other: "MergeStats") -> "MergeStats":
-        return MergeStats(self.calls + other.calls, self.merged_calls + other.merged_calls,
-                          self.chains + other.chains, self.assistant_messages + other.assistant_messages,
-                          self.spliced_messages + other.spliced_messages)
+    def __add__(self, other: MergeStats) -> MergeStats:
+        return MergeStats(
+            self.calls + other.calls,
+            self.merged_calls + other.merged_calls,
+            self.chains + other.chains,
+            self.assistant_messages + other.assistant_messages,
+            self.spliced_messages + other.spliced_messages,
+        )
 
     def to_metrics(self, prefix: str = "proxy/") -> dict[str, float]:
-        return {f"{prefix}calls": float(self.calls), f"{prefix}merge_rate": self.merge_rate,
-                f"{prefix}datums": float(self.chains), f"{prefix}splice_rate": self.splice_rate}
+        return {
+            f"{prefix}calls": float(self.calls),
+            f"{prefix}merge_rate": self.merge_rate,
+            f"{prefix}datums": float(self.chains),
+            f"{prefix}splice_rate": self.splice_rate,
+        }
 
 
 # -- normalising assistant messages ------------------------------------------------------------
@@ -147,8 +166,9 @@ class CaptureStore:
         self._global: OrderedDict[str, AssistantTokens] = OrderedDict()
         self.dropped_rollouts = 0
 
-    def record(self, rollout_id: str | None, call: CapturedCall,
-               returned: list[tuple[dict[str, Any], AssistantTokens]]) -> None:
+    def record(
+        self, rollout_id: str | None, call: CapturedCall, returned: list[tuple[dict[str, Any], AssistantTokens]]
+    ) -> None:
         """Remember a call (under its rollout, if any) and the tokens behind each returned message."""
         with self._lock:
             for message, tokens in returned:
@@ -193,7 +213,7 @@ class CaptureStore:
 
 # -- calls -> trajectory ---------------------------------------------------------------------------
 def _extends(prompt: list[int], prefix: list[int]) -> bool:
-    return len(prompt) >= len(prefix) and prompt[:len(prefix)] == prefix
+    return len(prompt) >= len(prefix) and prompt[: len(prefix)] == prefix
 
 
 def chain_calls(calls: list[CapturedCall]) -> tuple[list[list[tuple[CapturedCall, int]]], MergeStats]:
@@ -234,10 +254,17 @@ def captured_to_trajectory(calls: list[CapturedCall], reward: float) -> tuple[Tr
     for chain in chains:
         for call, s in chain:
             sample = call.samples[s]
-            transitions.append(Transition(
-                ob=tinker.ModelInput.from_ints(call.prompt_tokens), ac_tokens=list(sample.tokens),
-                ac_logprobs=list(sample.logprobs), reward=0.0, episode_done=False,
-                stop_reason=sample.stop_reason, metrics={"policy_version": float(call.policy_version)}))
+            transitions.append(
+                Transition(
+                    ob=tinker.ModelInput.from_ints(call.prompt_tokens),
+                    ac_tokens=list(sample.tokens),
+                    ac_logprobs=list(sample.logprobs),
+                    reward=0.0,
+                    episode_done=False,
+                    stop_reason=sample.stop_reason,
+                    metrics={"policy_version": float(call.policy_version)},
+                )
+            )
     if transitions:
         transitions[-1].reward = reward
         transitions[-1].episode_done = True

@@ -20,17 +20,27 @@ from aiohttp import web
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tinkrl serve openai",
-                                description="Serve the policy over the OpenAI API (chat/completions, completions, "
-                                            "models), recording every sampled token per rollout.")
+    p = argparse.ArgumentParser(
+        prog="tinkrl serve openai",
+        description="Serve the policy over the OpenAI API (chat/completions, completions, "
+        "models), recording every sampled token per rollout.",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8001, help="port (default 8001)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="base model to serve (default: the engine's default model)")
-    src.add_argument("--checkpoint", default=None, metavar="PATH",
-                     help="sampler weights to serve: tinker://… path or a checkpoint directory")
-    p.add_argument("--backend", choices=["local", "tinker"], default="local",
-                   help="local: the embedded engine; tinker: the Tinker API at --base-url / TINKER_BASE_URL")
+    src.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help="sampler weights to serve: tinker://… path or a checkpoint directory",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["local", "tinker"],
+        default="local",
+        help="local: the embedded engine; tinker: the Tinker API at --base-url / TINKER_BASE_URL",
+    )
     p.add_argument("--base-url", default=None, help="Tinker service URL for --backend tinker")
     p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY); default: any")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the base model)")
@@ -67,16 +77,27 @@ def build_server(args: argparse.Namespace):
         model_name = args.model or DEFAULT_MODEL
         client = ready(service.create_sampling_client(base_model=model_name))
         label = model_name
-    return ProxyServer(client, model_name=model_name, served_model_name=args.served_model_name,
-                       api_key=args.api_key, max_context=args.max_context, tool_format=args.tool_format,
-                       service_client=service, label=label)
+    return ProxyServer(
+        client,
+        model_name=model_name,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_context=args.max_context,
+        tool_format=args.tool_format,
+        service_client=service,
+        label=label,
+    )
 
 
 def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.checkpoint and args.backend == "local" and not args.checkpoint.startswith("tinker://") \
-            and not Path(args.checkpoint).expanduser().exists():
+    if (
+        args.checkpoint
+        and args.backend == "local"
+        and not args.checkpoint.startswith("tinker://")
+        and not Path(args.checkpoint).expanduser().exists()
+    ):
         print(f"tinkrl serve openai: checkpoint {args.checkpoint!r} does not exist", file=sys.stderr)
         return 2
     try:
@@ -85,8 +106,11 @@ def cli_main(argv: list[str]) -> int:
         print(f"tinkrl serve openai: {e}", file=sys.stderr)
         return 2
     url = f"http://{args.host}:{args.port}"
-    print(f"tinkrl serve openai: {server.served_model_name} ({server.policy.label}) on {url}/v1\n"
-          f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={args.api_key or 'EMPTY'}\n"
-          f"  per-rollout capture: {url}/rollouts/<rollout_id>/v1", flush=True)
+    print(
+        f"tinkrl serve openai: {server.served_model_name} ({server.policy.label}) on {url}/v1\n"
+        f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={args.api_key or 'EMPTY'}\n"
+        f"  per-rollout capture: {url}/rollouts/<rollout_id>/v1",
+        flush=True,
+    )
     web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
     return 0

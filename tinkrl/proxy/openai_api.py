@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tinkrl.proxy.capture import AssistantTokens, message_text
 from tinkrl.renderers import ChatMLRenderer
@@ -32,12 +33,16 @@ _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, type_: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type_ or {400: "invalid_request_error", 401: "invalid_request_error",
-                              404: "invalid_request_error"}.get(status, "server_error")
+        self.type = type_ or {
+            400: "invalid_request_error",
+            401: "invalid_request_error",
+            404: "invalid_request_error",
+        }.get(status, "server_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -82,8 +87,7 @@ def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | Non
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(f"'{name}' must be an integer, got {json.dumps(value)}", name)
     if value < lo or (hi is not None and value > hi):
-        raise bad(f"'{name}' must be {'between %d and %d' % (lo, hi) if hi is not None else f'>= {lo}'}, "
-                  f"got {value}", name)
+        raise bad(f"'{name}' must be {f'between {lo} and {hi}' if hi is not None else f'>= {lo}'}, got {value}", name)
     return value
 
 
@@ -107,8 +111,10 @@ def _refuse_unsupported(body: dict) -> None:
         raise bad("'logit_bias' is not supported by this server", "logit_bias")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", None)):
-        raise bad("'response_format' other than {\"type\": \"text\"} is not supported (no constrained decoding)",
-                  "response_format")
+        raise bad(
+            '\'response_format\' other than {"type": "text"} is not supported (no constrained decoding)',
+            "response_format",
+        )
 
 
 def _common(body: dict, settings: SampleSettings) -> SampleSettings:
@@ -120,7 +126,7 @@ def _common(body: dict, settings: SampleSettings) -> SampleSettings:
         raise bad("'top_p' must be greater than 0", "top_p")
     top_k = _integer(body, "top_k", -1)  # vLLM's extension, sent through extra_body
     settings.top_k = -1 if top_k in (None, 0) else top_k
-    settings.seed = _integer(body, "seed", -(2 ** 63))
+    settings.seed = _integer(body, "seed", -(2**63))
     settings.stop = _stop(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
@@ -191,8 +197,9 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             for part in content:
                 if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise bad(f"{where}.content: only text parts are supported, got {json.dumps(kind)}",
-                              f"{where}.content")
+                    raise bad(
+                        f"{where}.content: only text parts are supported, got {json.dumps(kind)}", f"{where}.content"
+                    )
         elif content is not None and not isinstance(content, str):
             raise bad(f"{where}.content must be a string or a list of text parts", f"{where}.content")
         if content is None and not (role == "assistant" and m.get("tool_calls")):
@@ -206,10 +213,15 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         calls = msg.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list) or not all(
-                    isinstance(c, dict) and isinstance(c.get("function"), dict)
-                    and isinstance(c["function"].get("name"), str) for c in calls):
-                raise bad(f"{where}.tool_calls must be a list of {{\"type\": \"function\", \"function\": "
-                          "{\"name\", \"arguments\"}}", f"{where}.tool_calls")
+                isinstance(c, dict)
+                and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                for c in calls
+            ):
+                raise bad(
+                    f'{where}.tool_calls must be a list of {{"type": "function", "function": {{"name", "arguments"}}}}',
+                    f"{where}.tool_calls",
+                )
         msg["content"] = message_text(content) if content is not None else None
         out.append(msg)
     return out
@@ -220,16 +232,19 @@ def validate_tools(body: dict) -> tuple[list[dict] | None, Any]:
     if tools is None or tools == []:
         tools = None
     elif not isinstance(tools, list) or not all(
-            isinstance(t, dict) and t.get("type", "function") == "function" and isinstance(t.get("function"), dict)
-            and isinstance(t["function"].get("name"), str) for t in tools):
-        raise bad("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\", ...}}", "tools")
+        isinstance(t, dict)
+        and t.get("type", "function") == "function"
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in tools
+    ):
+        raise bad('\'tools\' must be a list of {"type": "function", "function": {"name", ...}}', "tools")
     choice = body.get("tool_choice")
     if choice is None:
         choice = "auto" if tools else "none"
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
-            raise bad(f"'tool_choice' must be 'auto', 'none', 'required' or a function, got {choice!r}",
-                      "tool_choice")
+            raise bad(f"'tool_choice' must be 'auto', 'none', 'required' or a function, got {choice!r}", "tool_choice")
         if choice == "required" and not tools:
             raise bad("'tool_choice' is 'required' but no 'tools' were given", "tool_choice")
     elif isinstance(choice, dict):
@@ -238,19 +253,21 @@ def validate_tools(body: dict) -> tuple[list[dict] | None, Any]:
             raise bad(f"'tool_choice' names function {name!r}, which is not in 'tools'", "tool_choice")
         choice = {"name": name}
     else:
-        raise bad("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\"}}",
-                  "tool_choice")
+        raise bad('\'tool_choice\' must be a string or {"type": "function", "function": {"name"}}', "tool_choice")
     return tools, choice
 
 
 def forced_prefix(renderer: ChatMLRenderer, tool_choice: Any) -> str:
     """Text the assistant turn is forced to start with so a tool call is made."""
     if tool_choice == "required":
-        return "<function=" if renderer.tool_format == "xml" else "<tool_call>\n{\"name\": \""
+        return "<function=" if renderer.tool_format == "xml" else '<tool_call>\n{"name": "'
     if isinstance(tool_choice, dict):
         name = tool_choice["name"]
-        return f"<function={name}>\n" if renderer.tool_format == "xml" else \
-            "<tool_call>\n{\"name\": " + json.dumps(name) + ", \"arguments\": "
+        return (
+            f"<function={name}>\n"
+            if renderer.tool_format == "xml"
+            else '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+        )
     return ""
 
 
@@ -262,8 +279,13 @@ class ChatPrompt:
     spliced_messages: int
 
 
-def build_chat_prompt(renderer: ChatMLRenderer, messages: list[dict], tools: list[dict] | None,
-                      lookup: Callable[[dict], AssistantTokens | None], forced_text: str = "") -> ChatPrompt:
+def build_chat_prompt(
+    renderer: ChatMLRenderer,
+    messages: list[dict],
+    tools: list[dict] | None,
+    lookup: Callable[[dict], AssistantTokens | None],
+    forced_text: str = "",
+) -> ChatPrompt:
     """Render `messages`, splicing in the sampled tokens behind assistant messages we produced.
 
     The renderer encodes message by message, so everything before a spliced assistant turn
@@ -320,8 +342,14 @@ class ChatChoice:
     text_tokens: list[int]  # sampled tokens shown to the client (no trailing end-of-turn)
 
 
-def sample_to_message(renderer: ChatMLRenderer, forced_text: str, sampled: list[int], stop_reason: str,
-                      stops: list[str], parse_tools: bool) -> ChatChoice:
+def sample_to_message(
+    renderer: ChatMLRenderer,
+    forced_text: str,
+    sampled: list[int],
+    stop_reason: str,
+    stops: list[str],
+    parse_tools: bool,
+) -> ChatChoice:
     ended = bool(sampled) and sampled[-1] == renderer.im_end
     body = sampled[:-1] if ended else sampled
     text = forced_text + renderer.tokenizer.decode(body, skip_special_tokens=False)
@@ -334,7 +362,7 @@ def sample_to_message(renderer: ChatMLRenderer, forced_text: str, sampled: list[
     think = _THINK_SPLIT_RE.match(content)
     if think:
         message["reasoning_content"] = think.group(1).strip()
-        content = content[think.end():]
+        content = content[think.end() :]
     message["content"] = content if (content or not calls) else None
     if calls:
         message["tool_calls"] = calls
@@ -347,8 +375,9 @@ def sample_to_message(renderer: ChatMLRenderer, forced_text: str, sampled: list[
     return ChatChoice(message, finish, body)
 
 
-def token_logprobs(tokenizer, tokens: list[int], logprobs: list[float],
-                   top: list[list[tuple[int, float]] | None] | None) -> list[dict[str, Any]]:
+def token_logprobs(
+    tokenizer, tokens: list[int], logprobs: list[float], top: list[list[tuple[int, float]] | None] | None
+) -> list[dict[str, Any]]:
     """OpenAI chat `logprobs.content`: one entry per token with its text, bytes and alternatives."""
     out = []
     for i, (tok, lp) in enumerate(zip(tokens, logprobs)):

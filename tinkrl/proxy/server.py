@@ -34,17 +34,30 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import tinker
 from aiohttp import web
 
 from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.proxy.capture import AssistantTokens, CapturedCall, CapturedSample, CaptureStore
-from tinkrl.proxy.openai_api import (ApiError, ChatChoice, SampleSettings, bad, build_chat_prompt, forced_prefix,
-                                     parse_chat_request, parse_completion_request, sample_to_message,
-                                     token_logprobs, truncate_at_stop, validate_messages, validate_tools)
+from tinkrl.proxy.openai_api import (
+    ApiError,
+    ChatChoice,
+    SampleSettings,
+    bad,
+    build_chat_prompt,
+    forced_prefix,
+    parse_chat_request,
+    parse_completion_request,
+    sample_to_message,
+    token_logprobs,
+    truncate_at_stop,
+    validate_messages,
+    validate_tools,
+)
 from tinkrl.renderers import ChatMLRenderer, get_renderer
 
 log = logging.getLogger("tinkrl.proxy")
@@ -95,9 +108,18 @@ def context_length_of(client: Any, tokenizer: Any) -> int:
 class ProxyServer:
     """Serves one policy over the OpenAI API; `capture` holds what it sampled per rollout."""
 
-    def __init__(self, sampling_client: Any, *, model_name: str, served_model_name: str | None = None,
-                 api_key: str | None = None, max_context: int | None = None, tool_format: str = "hermes",
-                 service_client: Any = None, label: str | None = None):
+    def __init__(
+        self,
+        sampling_client: Any,
+        *,
+        model_name: str,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        max_context: int | None = None,
+        tool_format: str = "hermes",
+        service_client: Any = None,
+        label: str | None = None,
+    ):
         self.model_name = model_name
         self.served_model_name = served_model_name or model_name
         self.api_key = api_key
@@ -126,9 +148,12 @@ class ProxyServer:
 
     async def load_weights(self, model_path: str) -> int:
         if self.service_client is None:
-            raise ApiError(400, "this server was started without a service client; it cannot load weights",
-                           param="model_path")
-        client = await asyncio.to_thread(lambda: ready(self.service_client.create_sampling_client(model_path=model_path)))
+            raise ApiError(
+                400, "this server was started without a service client; it cannot load weights", param="model_path"
+            )
+        client = await asyncio.to_thread(
+            lambda: ready(self.service_client.create_sampling_client(model_path=model_path))
+        )
         return self.set_sampling_client(client, model_path)
 
     # -- app ------------------------------------------------------------------------------------
@@ -155,19 +180,30 @@ class ProxyServer:
         except ApiError as e:
             return web.json_response(e.body(), status=e.status)
         except web.HTTPNotFound:
-            return web.json_response(ApiError(404, f"unknown path {request.path}; this server serves "
-                                              "/v1/chat/completions, /v1/completions, /v1/models, /health",
-                                              code="not_found").body(), status=404)
+            return web.json_response(
+                ApiError(
+                    404,
+                    f"unknown path {request.path}; this server serves "
+                    "/v1/chat/completions, /v1/completions, /v1/models, /health",
+                    code="not_found",
+                ).body(),
+                status=404,
+            )
         except web.HTTPMethodNotAllowed as e:
-            return web.json_response(ApiError(405, f"{request.method} is not allowed on {request.path} "
-                                              f"(allowed: {', '.join(sorted(e.allowed_methods))})",
-                                              type_="invalid_request_error").body(), status=405)
+            return web.json_response(
+                ApiError(
+                    405,
+                    f"{request.method} is not allowed on {request.path} "
+                    f"(allowed: {', '.join(sorted(e.allowed_methods))})",
+                    type_="invalid_request_error",
+                ).body(),
+                status=405,
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as e:  # an engine failure: the client gets a 500 with the reason
             log.exception("request %s failed", request.path)
-            return web.json_response(ApiError(500, f"the sampler failed: {type(e).__name__}: {e}").body(),
-                                     status=500)
+            return web.json_response(ApiError(500, f"the sampler failed: {type(e).__name__}: {e}").body(), status=500)
 
     def _check_key(self, request: web.Request) -> None:
         if self.api_key is None:
@@ -192,8 +228,13 @@ class ProxyServer:
         if not isinstance(model, str) or not model:
             raise bad("'model' is required", "model")
         if model not in self._model_ids():
-            raise ApiError(404, f"The model '{model}' does not exist; this server serves "
-                           f"{', '.join(repr(m) for m in self._model_ids())}", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model '{model}' does not exist; this server serves "
+                f"{', '.join(repr(m) for m in self._model_ids())}",
+                param="model",
+                code="model_not_found",
+            )
 
     def _model_ids(self) -> list[str]:
         return list(dict.fromkeys([self.served_model_name, self.model_name]))
@@ -206,20 +247,28 @@ class ProxyServer:
         room = self.max_context - prompt_len
         if room <= 0 or (requested is not None and requested > room):
             asked = requested if requested is not None else 1
-            raise bad(f"This model's maximum context length is {self.max_context} tokens. However, you requested "
-                      f"{prompt_len + asked} tokens ({prompt_len} in the messages, {asked} in the completion). "
-                      "Please reduce the length of the messages or completion.", param, "context_length_exceeded")
+            raise bad(
+                f"This model's maximum context length is {self.max_context} tokens. However, you requested "
+                f"{prompt_len + asked} tokens ({prompt_len} in the messages, {asked} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param,
+                "context_length_exceeded",
+            )
         return requested if requested is not None else min(room, DEFAULT_MAX_TOKENS)
 
-    async def _sample(self, policy: Policy, prompt: list[int], s: SampleSettings, max_tokens: int,
-                      stop: list[str] | list[int] | None) -> tinker.types.SampleResponse:
-        params = tinker.types.SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                             top_k=s.top_k, seed=s.seed, stop=stop)
-        return await policy.client.sample(prompt=tinker.ModelInput.from_ints(prompt), num_samples=s.n,
-                                                sampling_params=params)
+    async def _sample(
+        self, policy: Policy, prompt: list[int], s: SampleSettings, max_tokens: int, stop: list[str] | list[int] | None
+    ) -> tinker.types.SampleResponse:
+        params = tinker.types.SamplingParams(
+            max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed, stop=stop
+        )
+        return await policy.client.sample(
+            prompt=tinker.ModelInput.from_ints(prompt), num_samples=s.n, sampling_params=params
+        )
 
-    async def _top_logprobs(self, policy: Policy, prompt: list[int], sequences: list[list[int]],
-                            k: int) -> list[list[list[tuple[int, float]] | None]]:
+    async def _top_logprobs(
+        self, policy: Policy, prompt: list[int], sequences: list[list[int]], k: int
+    ) -> list[list[list[tuple[int, float]] | None]]:
         """Top-k alternatives at each sampled position: one prefill of prompt + sample per choice."""
         if k <= 0:
             return [None] * len(sequences)  # type: ignore[list-item]
@@ -228,9 +277,12 @@ class ProxyServer:
             if not seq:
                 return []
             resp = await policy.client.sample(
-                prompt=tinker.ModelInput.from_ints(prompt + seq), num_samples=1,
+                prompt=tinker.ModelInput.from_ints(prompt + seq),
+                num_samples=1,
                 sampling_params=tinker.types.SamplingParams(max_tokens=1, temperature=0.0),
-                include_prompt_logprobs=True, topk_prompt_logprobs=k)
+                include_prompt_logprobs=True,
+                topk_prompt_logprobs=k,
+            )
             top = resp.topk_prompt_logprobs or []
             return [top[len(prompt) + i] if len(prompt) + i < len(top) else None for i in range(len(seq))]
 
@@ -252,10 +304,14 @@ class ProxyServer:
         tools, tool_choice = validate_tools(body)
         rollout_id = self._rollout_id(request, s)
         forced_text = forced_prefix(self.renderer, tool_choice) if tools else ""
-        prompt = build_chat_prompt(self.renderer, messages, tools,
-                                   lambda m: self.capture.lookup(rollout_id, m), forced_text)
-        max_tokens = self._budget(len(prompt.tokens), s.max_tokens,
-                                  "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+        prompt = build_chat_prompt(
+            self.renderer, messages, tools, lambda m: self.capture.lookup(rollout_id, m), forced_text
+        )
+        max_tokens = self._budget(
+            len(prompt.tokens),
+            s.max_tokens,
+            "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+        )
         policy = self._policy
         created, call_id = int(time.time()), "chatcmpl-" + uuid.uuid4().hex
         parse_tools = bool(tools) and tool_choice != "none"
@@ -263,46 +319,88 @@ class ProxyServer:
         async def run() -> tuple[list[ChatChoice], list[Any], list[Any]]:
             resp = await self._sample(policy, prompt.tokens, s, max_tokens, self._stop_for(s))
             seqs = list(resp.sequences)
-            choices = [sample_to_message(self.renderer, forced_text, list(q.tokens), q.stop_reason, s.stop,
-                                         parse_tools) for q in seqs]
+            choices = [
+                sample_to_message(self.renderer, forced_text, list(q.tokens), q.stop_reason, s.stop, parse_tools)
+                for q in seqs
+            ]
             tops = await self._top_logprobs(policy, prompt.tokens, [list(q.tokens) for q in seqs], s.top_logprobs)
             self.capture.record(
                 rollout_id,
-                CapturedCall(call_id, "chat", prompt.tokens,
-                             [CapturedSample(list(q.tokens), [float(x) for x in q.logprobs], q.stop_reason,
-                                             c.finish_reason) for q, c in zip(seqs, choices)],
-                             policy.version, assistant_messages=prompt.assistant_messages,
-                             spliced_messages=prompt.spliced_messages),
-                [(c.message, AssistantTokens(prompt.forced + list(q.tokens),
-                                             bool(q.tokens) and q.tokens[-1] == self.renderer.im_end))
-                 for q, c in zip(seqs, choices)])
+                CapturedCall(
+                    call_id,
+                    "chat",
+                    prompt.tokens,
+                    [
+                        CapturedSample(list(q.tokens), [float(x) for x in q.logprobs], q.stop_reason, c.finish_reason)
+                        for q, c in zip(seqs, choices)
+                    ],
+                    policy.version,
+                    assistant_messages=prompt.assistant_messages,
+                    spliced_messages=prompt.spliced_messages,
+                ),
+                [
+                    (
+                        c.message,
+                        AssistantTokens(
+                            prompt.forced + list(q.tokens), bool(q.tokens) and q.tokens[-1] == self.renderer.im_end
+                        ),
+                    )
+                    for q, c in zip(seqs, choices)
+                ],
+            )
             return choices, seqs, tops
 
         def logprobs_of(c: ChatChoice, q: Any, top: Any) -> dict | None:
             if not s.logprobs:
                 return None
-            return {"content": token_logprobs(self.tokenizer, c.text_tokens, list(q.logprobs)[:len(c.text_tokens)],
-                                              top), "refusal": None}
+            return {
+                "content": token_logprobs(self.tokenizer, c.text_tokens, list(q.logprobs)[: len(c.text_tokens)], top),
+                "refusal": None,
+            }
 
         def usage(seqs: list[Any]) -> dict[str, int]:
             completion = sum(len(q.tokens) for q in seqs)
-            return {"prompt_tokens": len(prompt.tokens), "completion_tokens": completion,
-                    "total_tokens": len(prompt.tokens) + completion}
+            return {
+                "prompt_tokens": len(prompt.tokens),
+                "completion_tokens": completion,
+                "total_tokens": len(prompt.tokens) + completion,
+            }
 
         base = {"id": call_id, "created": created, "model": body["model"], "system_fingerprint": f"v{policy.version}"}
         if not s.stream:
             choices, seqs, tops = await run()
-            return web.json_response({**base, "object": "chat.completion", "choices": [
-                {"index": i, "message": c.message, "finish_reason": c.finish_reason,
-                 "logprobs": logprobs_of(c, q, top)}
-                for i, (c, q, top) in enumerate(zip(choices, seqs, tops))], "usage": usage(seqs)})
+            return web.json_response(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": i,
+                            "message": c.message,
+                            "finish_reason": c.finish_reason,
+                            "logprobs": logprobs_of(c, q, top),
+                        }
+                        for i, (c, q, top) in enumerate(zip(choices, seqs, tops))
+                    ],
+                    "usage": usage(seqs),
+                }
+            )
 
         async def chunks(result) -> AsyncIterator[dict]:
             choices, seqs, tops = result
             chunk = {**base, "object": "chat.completion.chunk"}
             for i, (c, q, top) in enumerate(zip(choices, seqs, tops)):
-                yield {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None, "logprobs": None}]}
+                yield {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "finish_reason": None,
+                            "logprobs": None,
+                        }
+                    ],
+                }
                 delta: dict[str, Any] = {}
                 if c.message.get("reasoning_content"):
                     delta["reasoning_content"] = c.message["reasoning_content"]
@@ -311,10 +409,16 @@ class ProxyServer:
                 if c.message.get("tool_calls"):
                     delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(c.message["tool_calls"])]
                 if delta:
-                    yield {**chunk, "choices": [{"index": i, "delta": delta, "finish_reason": None,
-                                                 "logprobs": logprobs_of(c, q, top)}]}
-                yield {**chunk, "choices": [{"index": i, "delta": {}, "finish_reason": c.finish_reason,
-                                             "logprobs": None}]}
+                    yield {
+                        **chunk,
+                        "choices": [
+                            {"index": i, "delta": delta, "finish_reason": None, "logprobs": logprobs_of(c, q, top)}
+                        ],
+                    }
+                yield {
+                    **chunk,
+                    "choices": [{"index": i, "delta": {}, "finish_reason": c.finish_reason, "logprobs": None}],
+                }
             if s.include_usage:
                 yield {**chunk, "choices": [], "usage": usage(seqs)}
 
@@ -386,14 +490,23 @@ class ProxyServer:
             tops = await self._top_logprobs(policy, prompt, [list(q.tokens) for q in seqs], s.top_logprobs)
             out = []
             for q, top in zip(seqs, tops):
-                text, hit = truncate_at_stop(self.tokenizer.decode(list(q.tokens), skip_special_tokens=True),
-                                             s.stop)
+                text, hit = truncate_at_stop(self.tokenizer.decode(list(q.tokens), skip_special_tokens=True), s.stop)
                 finish = "length" if q.stop_reason == "length" and not hit else "stop"
                 out.append((q, text, finish, top))
-            self.capture.record(rollout_id, CapturedCall(
-                call_id, "completions", prompt,
-                [CapturedSample(list(q.tokens), [float(x) for x in q.logprobs], q.stop_reason, f)
-                 for q, _, f, _ in out], policy.version), [])
+            self.capture.record(
+                rollout_id,
+                CapturedCall(
+                    call_id,
+                    "completions",
+                    prompt,
+                    [
+                        CapturedSample(list(q.tokens), [float(x) for x in q.logprobs], q.stop_reason, f)
+                        for q, _, f, _ in out
+                    ],
+                    policy.version,
+                ),
+                [],
+            )
             return out
 
         async def run():
@@ -409,17 +522,24 @@ class ProxyServer:
                 pos += len(t)
             tops = None
             if top is not None:
-                tops = [{self.tokenizer.decode([a], skip_special_tokens=False): float(lp) for a, lp in (alt or [])}
-                        for alt in top]
-            return {"tokens": toks, "token_logprobs": [float(x) for x in q.logprobs], "top_logprobs": tops,
-                    "text_offset": offsets}
+                tops = [
+                    {self.tokenizer.decode([a], skip_special_tokens=False): float(lp) for a, lp in (alt or [])}
+                    for alt in top
+                ]
+            return {
+                "tokens": toks,
+                "token_logprobs": [float(x) for x in q.logprobs],
+                "top_logprobs": tops,
+                "text_offset": offsets,
+            }
 
         def choices_of(results) -> list[dict]:
             out, idx = [], 0
             for per_prompt in results:
                 for q, text, finish, top in per_prompt:
-                    out.append({"index": idx, "text": text, "finish_reason": finish,
-                                "logprobs": legacy_logprobs(q, top)})
+                    out.append(
+                        {"index": idx, "text": text, "finish_reason": finish, "logprobs": legacy_logprobs(q, top)}
+                    )
                     idx += 1
             return out
 
@@ -443,8 +563,13 @@ class ProxyServer:
 
     # -- models, health, capture, weights --------------------------------------------------------
     def _model_obj(self, name: str) -> dict:
-        return {"id": name, "object": "model", "created": self.started, "owned_by": "tinkrl",
-                "max_model_len": self.max_context}
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "tinkrl",
+            "max_model_len": self.max_context,
+        }
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_obj(m) for m in self._model_ids()]})
@@ -457,8 +582,9 @@ class ProxyServer:
 
     async def health(self, request: web.Request) -> web.Response:
         p = self._policy
-        return web.json_response({"status": "ok", "model": self.served_model_name, "policy_version": p.version,
-                                  "weights": p.label})
+        return web.json_response(
+            {"status": "ok", "model": self.served_model_name, "policy_version": p.version, "weights": p.label}
+        )
 
     async def get_rollout(self, request: web.Request) -> web.Response:
         from tinkrl.proxy.capture import chain_calls
@@ -476,9 +602,17 @@ class ProxyServer:
 
     @staticmethod
     def _rollout_json(rid: str, calls: list[CapturedCall], stats) -> dict:
-        return {"rollout_id": rid, "calls": [c.to_json() for c in calls],
-                "merge": {"calls": stats.calls, "merged_calls": stats.merged_calls, "datums": stats.chains,
-                          "merge_rate": stats.merge_rate, "splice_rate": stats.splice_rate}}
+        return {
+            "rollout_id": rid,
+            "calls": [c.to_json() for c in calls],
+            "merge": {
+                "calls": stats.calls,
+                "merged_calls": stats.merged_calls,
+                "datums": stats.chains,
+                "merge_rate": stats.merge_rate,
+                "splice_rate": stats.splice_rate,
+            },
+        }
 
     async def swap_weights(self, request: web.Request) -> web.Response:
         body = await self._json(request)

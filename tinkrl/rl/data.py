@@ -31,14 +31,18 @@ class SequenceData:
 
     def to_datum(self) -> types.Datum:
         n = len(self.tokens)
-        return types.Datum(
-            model_input=types.ModelInput.from_ints(self.tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": np.asarray(self.tokens[1:], dtype=np.int64),
-                "logprobs": np.asarray(self.logprobs[1:], dtype=np.float32),
-                "advantages": np.asarray(self.advantages[1:], dtype=np.float32),
-            },
-        ) if n > 1 else None
+        return (
+            types.Datum(
+                model_input=types.ModelInput.from_ints(self.tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": np.asarray(self.tokens[1:], dtype=np.int64),
+                    "logprobs": np.asarray(self.logprobs[1:], dtype=np.float32),
+                    "advantages": np.asarray(self.advantages[1:], dtype=np.float32),
+                },
+            )
+            if n > 1
+            else None
+        )
 
     @property
     def action_mask(self) -> np.ndarray:
@@ -50,8 +54,8 @@ def trajectory_to_sequences(traj: Trajectory, advantage: float) -> list[Sequence
     cur: SequenceData | None = None
     for t in traj.transitions:
         ob = t.ob.to_ints()
-        if cur is not None and len(ob) >= len(cur.tokens) and ob[:len(cur.tokens)] == cur.tokens:
-            new_ob = ob[len(cur.tokens):]
+        if cur is not None and len(ob) >= len(cur.tokens) and ob[: len(cur.tokens)] == cur.tokens:
+            new_ob = ob[len(cur.tokens) :]
         else:
             if cur is not None:
                 seqs.append(cur)

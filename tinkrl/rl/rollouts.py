@@ -26,14 +26,25 @@ async def do_rollout(env: Env, sampling_client, max_tokens: int, temperature: fl
     try:
         ob, stop = await env.initial_observation()
         while True:
-            params = types.SamplingParams(max_tokens=env.max_tokens(max_tokens), temperature=temperature,
-                                          top_p=top_p, stop=stop)
+            params = types.SamplingParams(
+                max_tokens=env.max_tokens(max_tokens), temperature=temperature, top_p=top_p, stop=stop
+            )
             resp = await sampling_client.sample(ob, 1, params)
             seq = resp.sequences[0]
             step = await env.step(list(seq.tokens), stop_reason=seq.stop_reason)
-            transitions.append(Transition(ob, list(seq.tokens), list(seq.logprobs or []), step.reward,
-                                          step.episode_done, seq.stop_reason, step.action_mask, step.metrics,
-                                          step.logs))
+            transitions.append(
+                Transition(
+                    ob,
+                    list(seq.tokens),
+                    list(seq.logprobs or []),
+                    step.reward,
+                    step.episode_done,
+                    seq.stop_reason,
+                    step.action_mask,
+                    step.metrics,
+                    step.logs,
+                )
+            )
             if step.episode_done:
                 return Trajectory(transitions, step.next_observation)
             ob, stop = step.next_observation, step.next_stop_condition
@@ -46,8 +57,14 @@ async def do_rollout(env: Env, sampling_client, max_tokens: int, temperature: fl
             log.warning("env.close failed:\n%s", traceback.format_exc())
 
 
-async def do_group_rollout(builder: EnvGroupBuilder, sampling_client, max_tokens: int, temperature: float,
-                           top_p: float = 1.0, semaphore: asyncio.Semaphore | None = None) -> TrajectoryGroup:
+async def do_group_rollout(
+    builder: EnvGroupBuilder,
+    sampling_client,
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    semaphore: asyncio.Semaphore | None = None,
+) -> TrajectoryGroup:
     temperature = builder.temperature if builder.temperature is not None else temperature
 
     async def one(env: Env) -> Trajectory:
@@ -67,5 +84,6 @@ async def do_group_rollout(builder: EnvGroupBuilder, sampling_client, max_tokens
         failed, ok, group_rewards = [Trajectory([], None, e.failure_mode, str(e))], [], []
     finally:
         await builder.cleanup()
-    return TrajectoryGroup(ok, [r for r, _ in group_rewards], [m for _, m in group_rewards],
-                           builder.logging_tags(), failed)
+    return TrajectoryGroup(
+        ok, [r for r, _ in group_rewards], [m for _, m in group_rewards], builder.logging_tags(), failed
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -77,10 +76,19 @@ def build_envs(config: TrainConfig, renderer, run_dir: Path) -> list[EnvRun]:
     runs = []
     for key, groups in config.groups_per_env().items():
         entry = config.environments[key]
-        ctx = EnvContext(key=key, entry=entry, renderer=renderer, model_name=config.model_name,
-                         group_size=config.group_size_for(key), groups_per_batch=groups, max_tokens=config.max_tokens,
-                         run_dir=run_dir, seed=config.seed, sandbox_provider=sandbox_provider,
-                         eval_problems=config.eval_problems)
+        ctx = EnvContext(
+            key=key,
+            entry=entry,
+            renderer=renderer,
+            model_name=config.model_name,
+            group_size=config.group_size_for(key),
+            groups_per_batch=groups,
+            max_tokens=config.max_tokens,
+            run_dir=run_dir,
+            seed=config.seed,
+            sandbox_provider=sandbox_provider,
+            eval_problems=config.eval_problems,
+        )
         ds = make_env_config(key, entry).build(ctx)
         runs.append(EnvRun(key, ds.train, ds.test, ds.on_step, groups, entry.max_failing_rollouts))
     return runs
@@ -90,15 +98,20 @@ def build_envs(config: TrainConfig, renderer, run_dir: Path) -> list[EnvRun]:
 # One step's pieces
 
 
-async def sample_groups(envs: list[EnvRun], step: int, sampling_client, config: TrainConfig,
-                        sem: asyncio.Semaphore) -> list[tuple[str, TrajectoryGroup]]:
+async def sample_groups(
+    envs: list[EnvRun], step: int, sampling_client, config: TrainConfig, sem: asyncio.Semaphore
+) -> list[tuple[str, TrajectoryGroup]]:
     tasks = []
     for er in envs:
         for builder in er.train.get_batch(step):
             builder.max_failing_rollouts = max(builder.max_failing_rollouts, er.max_failing)
             tasks.append((er.key, builder))
-    groups = await asyncio.gather(*(do_group_rollout(b, sampling_client, config.max_tokens, config.temperature,
-                                                     config.top_p, sem) for _, b in tasks))
+    groups = await asyncio.gather(
+        *(
+            do_group_rollout(b, sampling_client, config.max_tokens, config.temperature, config.top_p, sem)
+            for _, b in tasks
+        )
+    )
     return [(key, g) for (key, _), g in zip(tasks, groups)]
 
 
@@ -148,8 +161,11 @@ def select_groups(keyed_groups, envs: list[EnvRun], remove_constant: bool) -> tu
         kept.append((key, g))
     if remove_constant and not kept and keyed_groups:  # keep one so the step still happens
         kept = [next((kg for kg in keyed_groups if kg[1].trajectories_G), keyed_groups[0])]
-    return kept, {"groups/dropped_failing": dropped_failing, "groups/dropped_constant": dropped_constant,
-                  "groups/kept": len(kept)}
+    return kept, {
+        "groups/dropped_failing": dropped_failing,
+        "groups/dropped_constant": dropped_constant,
+        "groups/kept": len(kept),
+    }
 
 
 def build_sequences(kept, config: TrainConfig) -> list[tuple[SequenceData, dict]]:
@@ -160,9 +176,18 @@ def build_sequences(kept, config: TrainConfig) -> list[tuple[SequenceData, dict]
             for seq in trajectory_to_sequences(traj, float(adv)):
                 if len(seq.tokens) > 1:
                     last = traj.transitions[-1] if traj.transitions else None
-                    out.append((seq, {"env": key, "reward": g.total_rewards()[i], "advantage": float(adv),
-                                      "stop_reason": last.stop_reason if last else "",
-                                      "logs": dict(last.logs) if last else {}}))
+                    out.append(
+                        (
+                            seq,
+                            {
+                                "env": key,
+                                "reward": g.total_rewards()[i],
+                                "advantage": float(adv),
+                                "stop_reason": last.stop_reason if last else "",
+                                "logs": dict(last.logs) if last else {},
+                            },
+                        )
+                    )
     return out
 
 
@@ -192,14 +217,21 @@ def optim_metrics(seqs: list[SequenceData], fwd: types.ForwardBackwardOutput, co
     m = {"optim/loss": fwd.metrics.get("loss:sum", float("nan"))}
     if len(q):
         ratio = np.exp(p - q)
-        lo, hi = (config.loss_fn_config or {}).get("clip_low_threshold", 0.8), \
-            (config.loss_fn_config or {}).get("clip_high_threshold", 1.2)
-        m.update({"optim/kl_sample_train_v1": float(np.mean(q - p)),
-                  "optim/kl_sample_train_v2": float(0.5 * np.mean((q - p) ** 2)),
-                  "optim/entropy": float(-np.mean(q)),
-                  "optim/ratio_mean": float(ratio.mean()), "optim/ratio_max": float(ratio.max()),
-                  "optim/clip_frac": float(np.mean((ratio < lo) | (ratio > hi))),
-                  "optim/action_tokens": float(len(q))})
+        lo, hi = (
+            (config.loss_fn_config or {}).get("clip_low_threshold", 0.8),
+            (config.loss_fn_config or {}).get("clip_high_threshold", 1.2),
+        )
+        m.update(
+            {
+                "optim/kl_sample_train_v1": float(np.mean(q - p)),
+                "optim/kl_sample_train_v2": float(0.5 * np.mean((q - p) ** 2)),
+                "optim/entropy": float(-np.mean(q)),
+                "optim/ratio_mean": float(ratio.mean()),
+                "optim/ratio_max": float(ratio.max()),
+                "optim/clip_frac": float(np.mean((ratio < lo) | (ratio > hi))),
+                "optim/action_tokens": float(len(q)),
+            }
+        )
     return m
 
 
@@ -217,8 +249,9 @@ async def evaluate(envs: list[EnvRun], sampling_client, config: TrainConfig) -> 
                 envs_.append(first)
                 for extra in rest:
                     await extra.close()
-            trajs = await asyncio.gather(*(do_rollout(e, sampling_client, config.max_tokens, temperature)
-                                           for e in envs_))
+            trajs = await asyncio.gather(
+                *(do_rollout(e, sampling_client, config.max_tokens, temperature) for e in envs_)
+            )
             rewards = [t.total_reward for t in trajs if t.failure_mode is None]
             out[f"eval/{er.key}/{label}_reward"] = float(np.mean(rewards)) if rewards else float("nan")
             correct = [tr.metrics["correct"] for t in trajs for tr in t.transitions if "correct" in tr.metrics]
@@ -231,10 +264,16 @@ def rollout_rows(seq_infos, tokenizer, step: int) -> list[dict]:
     rows = []
     for seq, info in seq_infos:
         first_action = next((i for i, m in enumerate(seq.mask) if m > 0), len(seq.tokens))
-        rows.append({"step": step, **info,
-                     "prompt": tokenizer.decode(seq.tokens[:first_action]),
-                     "response": tokenizer.decode(seq.tokens[first_action:]),
-                     "tokens": seq.tokens, "mask": seq.mask})
+        rows.append(
+            {
+                "step": step,
+                **info,
+                "prompt": tokenizer.decode(seq.tokens[:first_action]),
+                "response": tokenizer.decode(seq.tokens[first_action:]),
+                "tokens": seq.tokens,
+                "mask": seq.mask,
+            }
+        )
     return rows
 
 
@@ -256,12 +295,13 @@ class Run:
         if last:
             row = last[-1]
             print(f"resuming {self.run_dir} from checkpoint {row['name']} (step {row['batch']}): {row['state_path']}")
-            return _client(service.create_training_client_from_state_with_optimizer(row["state_path"])), int(row["batch"])
+            return _client(service.create_training_client_from_state_with_optimizer(row["state_path"])), int(
+                row["batch"]
+            )
         if c.resume_from:
             print(f"starting from weights {c.resume_from} (fresh optimizer, step 0)")
             return _client(service.create_training_client_from_state(c.resume_from)), 0
-        return _client(service.create_lora_training_client(base_model=c.model_name, rank=c.lora_rank,
-                                                           seed=c.seed)), 0
+        return _client(service.create_lora_training_client(base_model=c.model_name, rank=c.lora_rank, seed=c.seed)), 0
 
     async def _checkpoint(self, tc, name: str, step: int, final: bool) -> dict:
         """Save state and sampler weights; returns the checkpoints.jsonl row, appended by the caller
@@ -290,28 +330,46 @@ class Run:
 
         renderer = get_renderer(tokenizer, c.model_name)
         envs = build_envs(c, renderer, self.run_dir)
-        logger = RunLogger(self.run_dir, c.model_dump(mode="json", by_alias=True), c.wandb,
-                           c.run_name or self.run_dir.name, start)
+        logger = RunLogger(
+            self.run_dir, c.model_dump(mode="json", by_alias=True), c.wandb, c.run_name or self.run_dir.name, start
+        )
         base_client = _client(service.create_sampling_client(base_model=c.model_name)) if c.kl_penalty_coef else None
         sem = asyncio.Semaphore(c.max_concurrent_rollouts)
         sc = await asyncio.to_thread(lambda: _client(tc.save_weights_and_get_sampling_client()))
         sc_step = start
-        print(f"run {self.run_dir}: {c.model_name} on {c.backend}, steps {start}..{c.max_steps}, "
-              f"{c.batch_size} rollouts/step, ready in {time.time() - t0:.1f}s")
-        adam = types.AdamParams(learning_rate=c.learning_rate, beta1=c.adam_beta1, beta2=c.adam_beta2, eps=c.adam_eps,
-                                weight_decay=c.weight_decay, grad_clip_norm=c.grad_clip_norm)
+        print(
+            f"run {self.run_dir}: {c.model_name} on {c.backend}, steps {start}..{c.max_steps}, "
+            f"{c.batch_size} rollouts/step, ready in {time.time() - t0:.1f}s"
+        )
+        adam = types.AdamParams(
+            learning_rate=c.learning_rate,
+            beta1=c.adam_beta1,
+            beta2=c.adam_beta2,
+            eps=c.adam_eps,
+            weight_decay=c.weight_decay,
+            grad_clip_norm=c.grad_clip_norm,
+        )
         max_lag = c.async_.max_steps_off_policy if c.async_ else 0
         inflight: dict[int, tuple[asyncio.Future, int]] = {}  # step -> (its rollouts, weights version used)
         metrics: dict[str, float] = {}
         from tqdm import tqdm
 
-        bar = tqdm(total=c.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not sys.stderr.isatty() and not c.run_name)
+        bar = tqdm(
+            total=c.max_steps,
+            initial=start,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not sys.stderr.isatty() and not c.run_name,
+        )
         final_sampler = None
         for step in range(start, c.max_steps):
             t_step = time.time()
-            metrics = {"progress/step": step, "progress/done_frac": (step + 1) / max(1, c.max_steps),
-                       "optim/lr": c.learning_rate}
+            metrics = {
+                "progress/step": step,
+                "progress/done_frac": (step + 1) / max(1, c.max_steps),
+                "optim/lr": c.learning_rate,
+            }
             if c.eval_every and step % c.eval_every == 0:
                 t = time.time()
                 metrics.update(await evaluate(envs, sc, c))
@@ -335,8 +393,9 @@ class Run:
             seq_infos = build_sequences(kept, c)
             seqs = [s for s, _ in seq_infos]
             if c.loss_fn == "dro" and seqs:  # observation positions carry the sampler's own logprobs
-                prompt_lps = await asyncio.gather(*(sc.compute_logprobs(types.ModelInput.from_ints(s.tokens))
-                                                    for s in seqs))
+                prompt_lps = await asyncio.gather(
+                    *(sc.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs)
+                )
                 for s, lps in zip(seqs, prompt_lps):
                     fill_observation_logprobs(s, lps)
             if base_client is not None and seqs:
@@ -357,9 +416,17 @@ class Run:
             if c.openreward.upload:
                 from tinkrl.envs.openreward import upload_rollouts
 
-                metrics.update(upload_rollouts(keyed_groups, step=step, run_name=c.openreward.run_name or c.run_name or
-                                               self.run_dir.name, model_name=c.model_name, lora_rank=c.lora_rank,
-                                               batch_size=c.batch_size, lr=c.learning_rate))
+                metrics.update(
+                    upload_rollouts(
+                        keyed_groups,
+                        step=step,
+                        run_name=c.openreward.run_name or c.run_name or self.run_dir.name,
+                        model_name=c.model_name,
+                        lora_rank=c.lora_rank,
+                        batch_size=c.batch_size,
+                        lr=c.learning_rate,
+                    )
+                )
             logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
             # New weights -> new sampling client (a checkpoint when one is due).
             done = step + 1

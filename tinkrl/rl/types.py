@@ -15,8 +15,8 @@ records the failure mode and leaves the episode out of its group, never scoring 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import tinker
 
@@ -42,8 +42,7 @@ class Env(abc.ABC):
     """One episode of an environment, driven token-in/token-out."""
 
     @abc.abstractmethod
-    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
-        ...
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]: ...
 
     @abc.abstractmethod
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
@@ -100,16 +99,15 @@ class EnvGroupBuilder(abc.ABC):
     """Makes the envs of one GRPO group (same task, `group_size` rollouts)."""
 
     @abc.abstractmethod
-    async def make_envs(self) -> Sequence[Env]:
-        ...
+    async def make_envs(self) -> Sequence[Env]: ...
 
-    async def compute_group_rewards(self, trajectories_G: list[Trajectory],
-                                    envs_G: Sequence[Env]) -> list[tuple[float, Metrics]]:
+    async def compute_group_rewards(
+        self, trajectories_G: list[Trajectory], envs_G: Sequence[Env]
+    ) -> list[tuple[float, Metrics]]:
         """Group-level rewards (e.g. pairwise preference); default none."""
         return [(0.0, {}) for _ in trajectories_G]
 
-    async def cleanup(self) -> None:
-        ...
+    async def cleanup(self) -> None: ...
 
     def logging_tags(self) -> list[str]:
         """Metric namespaces for this group, e.g. ["arithmetic"] → env/arithmetic/..."""
@@ -122,9 +120,7 @@ class EnvGroupBuilder(abc.ABC):
 
 class RLDataset(abc.ABC):
     @abc.abstractmethod
-    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        ...
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]: ...
 
     @abc.abstractmethod
-    def __len__(self) -> int:
-        ...
+    def __len__(self) -> int: ...

@@ -26,8 +26,9 @@ def get_provider(name: str = "bwrap", **options) -> SandboxProvider:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name == module:
-            raise SandboxError(f"sandbox provider {name!r} is not available in this install ({module} missing)",
-                               "sandbox_unavailable") from None
+            raise SandboxError(
+                f"sandbox provider {name!r} is not available in this install ({module} missing)", "sandbox_unavailable"
+            ) from None
         raise
     return getattr(mod, cls)(**options)
 

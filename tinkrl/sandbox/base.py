@@ -62,8 +62,14 @@ class Sandbox(abc.ABC):
     spec: SandboxSpec
 
     @abc.abstractmethod
-    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-             workdir: str | None = None, user: str | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
         """Run a shell command (`bash -lc`-like) in the sandbox; never raises for command failure."""
 
     @abc.abstractmethod
@@ -90,7 +96,7 @@ class Sandbox(abc.ABC):
     def close(self) -> None:
         """Destroy the sandbox and everything in it. Idempotent."""
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:

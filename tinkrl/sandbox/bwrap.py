@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import queue
 import select
 import shutil
 import signal
@@ -31,7 +32,6 @@ import subprocess
 import tarfile
 import threading
 import time
-import queue
 from pathlib import Path
 
 from tinkrl.errors import ConfigError
@@ -50,8 +50,26 @@ DEFAULT_UID_COUNT = 4096
 DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes of stdout (and of stderr) kept per command, head + tail
 SMALL_TMPFS_MB = 256  # /root, /tests, /logs, /dev/shm
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-FORBIDDEN_WORKDIRS = ("/", "/usr", "/etc", "/proc", "/dev", "/sys", "/run", "/bin", "/sbin", "/lib",
-                      "/lib32", "/lib64", "/libx32", "/tests", "/logs", "/root", "/tmp", "/solution")
+FORBIDDEN_WORKDIRS = (
+    "/",
+    "/usr",
+    "/etc",
+    "/proc",
+    "/dev",
+    "/sys",
+    "/run",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/tests",
+    "/logs",
+    "/root",
+    "/tmp",
+    "/solution",
+)
 HOST_ETC_PASSTHROUGH = ("alternatives", "ld.so.cache", "ssl", "localtime", "gitconfig", "mime.types")
 STARTUP_TIMEOUT_S = 20.0
 REPLY_GRACE_S = 15.0  # how long past a command's own timeout the server may take to answer
@@ -60,8 +78,10 @@ REPLY_GRACE_S = 15.0  # how long past a command's own timeout the server may tak
 def _bwrap_path() -> str:
     path = shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
     if not path:
-        raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap; see scripts/install-system.sh)",
-                           "sandbox_unavailable")
+        raise SandboxError(
+            "bubblewrap is not installed (apt-get install bubblewrap; see scripts/install-system.sh)",
+            "sandbox_unavailable",
+        )
     return path
 
 
@@ -172,7 +192,9 @@ class _Cgroups:
 
     def _setup_v2(self) -> bool:
         root = Path("/sys/fs/cgroup")
-        controllers = (root / "cgroup.controllers").read_text().split() if (root / "cgroup.controllers").exists() else []
+        controllers = (
+            (root / "cgroup.controllers").read_text().split() if (root / "cgroup.controllers").exists() else []
+        )
         if not {"pids", "memory"} <= set(controllers):
             return False
         base = root / self.NAME
@@ -368,17 +390,31 @@ def _compiled_server(state_dir: Path) -> Path:
     import hashlib
 
     source = SERVER_SOURCE.read_bytes()
-    version = subprocess.run([SANDBOX_PYTHON, "-I", "-S", "-c", "import sys; print(sys.hexversion)"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [SANDBOX_PYTHON, "-I", "-S", "-c", "import sys; print(sys.hexversion)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     digest = hashlib.sha256(source + version.encode()).hexdigest()[:12]
     pyc = state_dir / f"server-{digest}.pyc"
     if not pyc.exists():
         tmp = state_dir / f".server-{os.getpid()}-{threading.get_ident()}"
         tmp.mkdir(mode=0o755, exist_ok=True)
         (tmp / "bwrap_server.py").write_bytes(source)
-        subprocess.run([SANDBOX_PYTHON, "-I", "-S", "-c",
-                        "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)",
-                        str(tmp / "bwrap_server.py"), str(tmp / "server.pyc")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                SANDBOX_PYTHON,
+                "-I",
+                "-S",
+                "-c",
+                "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)",
+                str(tmp / "bwrap_server.py"),
+                str(tmp / "server.pyc"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         (tmp / "server.pyc").chmod(0o644)
         os.replace(tmp / "server.pyc", pyc)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -429,7 +465,7 @@ def _check_workdir(workdir: str) -> str:
 class BwrapSandbox(Sandbox):
     """A running bwrap namespace; every method talks to its pid-1 server."""
 
-    def __init__(self, provider: "BwrapProvider", spec: SandboxSpec):
+    def __init__(self, provider: BwrapProvider, spec: SandboxSpec):
         self.spec = spec
         self.provider = provider
         self.workdir = _check_workdir(spec.workdir)
@@ -449,10 +485,27 @@ class BwrapSandbox(Sandbox):
         p, spec = self.provider, self.spec
         disk = str(max(spec.disk_mb, 1) * 1024 * 1024)
         small = str(min(max(spec.disk_mb, 1), SMALL_TMPFS_MB) * 1024 * 1024)
-        argv = [p.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--disable-userns",
-                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--hostname", "sandbox", "--new-session", "--die-with-parent", "--as-pid-1",
-                "--clearenv", "--cap-drop", "ALL"]
+        argv = [
+            p.bwrap,
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--disable-userns",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            "--new-session",
+            "--die-with-parent",
+            "--as-pid-1",
+            "--clearenv",
+            "--cap-drop",
+            "ALL",
+        ]
         if not spec.network:
             argv.append("--unshare-net")
         for d in SYSTEM_DIRS:
@@ -464,21 +517,82 @@ class BwrapSandbox(Sandbox):
         for name in HOST_ETC_PASSTHROUGH:
             if (p.etc_dir / name).exists():
                 argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", small, "--tmpfs", "/dev/shm",
-                 "--perms", "1777", "--size", disk, "--tmpfs", "/tmp",
-                 "--perms", "0700", "--size", small, "--tmpfs", "/root",
-                 "--perms", "0755", "--size", "4194304", "--tmpfs", "/run",
-                 "--perms", "0755", "--size", small, "--tmpfs", "/tests",
-                 "--perms", "0755", "--size", small, "--tmpfs", "/logs",
-                 "--perms", "0755", "--size", small, "--tmpfs", "/solution",
-                 "--dir", "/var", "--symlink", "../tmp", "/var/tmp",
-                 "--perms", "0755", "--size", disk, "--tmpfs", self.workdir,
-                 "--remount-ro", "/", "--chdir", self.workdir]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            small,
+            "--tmpfs",
+            "/dev/shm",
+            "--perms",
+            "1777",
+            "--size",
+            disk,
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0700",
+            "--size",
+            small,
+            "--tmpfs",
+            "/root",
+            "--perms",
+            "0755",
+            "--size",
+            "4194304",
+            "--tmpfs",
+            "/run",
+            "--perms",
+            "0755",
+            "--size",
+            small,
+            "--tmpfs",
+            "/tests",
+            "--perms",
+            "0755",
+            "--size",
+            small,
+            "--tmpfs",
+            "/logs",
+            "--perms",
+            "0755",
+            "--size",
+            small,
+            "--tmpfs",
+            "/solution",
+            "--dir",
+            "/var",
+            "--symlink",
+            "../tmp",
+            "/var/tmp",
+            "--perms",
+            "0755",
+            "--size",
+            disk,
+            "--tmpfs",
+            self.workdir,
+            "--remount-ro",
+            "/",
+            "--chdir",
+            self.workdir,
+        ]
         mem_rlimit = 0 if p.cgroups.mode != "none" else spec.memory_mb * 1024 * 1024
         nproc = spec.pids + 4  # + server, bwrap's own processes
-        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
-               "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "HOSTNAME": "sandbox"}
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": "/root",
+            "USER": "root",
+            "LOGNAME": "root",
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "HOSTNAME": "sandbox",
+        }
         env.update(spec.env)
         argv += ["--ro-bind", str(p.server_pyc), SERVER_IN_SANDBOX]
         if p.server == "native":
@@ -503,10 +617,17 @@ class BwrapSandbox(Sandbox):
 
         def spawn() -> subprocess.Popen:
             return subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                env={"PATH": DEFAULT_PATH}, close_fds=True,
-                user=self.uid if as_user else None, group=self.uid if as_user else None,
-                extra_groups=[] if as_user else None)
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd="/",
+                env={"PATH": DEFAULT_PATH},
+                close_fds=True,
+                user=self.uid if as_user else None,
+                group=self.uid if as_user else None,
+                extra_groups=[] if as_user else None,
+            )
 
         self.proc = _SPAWNER.run(spawn)
         self._reader = _Reader(self.proc.stdout.fileno())
@@ -515,8 +636,9 @@ class BwrapSandbox(Sandbox):
         except (EOFError, TimeoutError):
             self._kill_proc()
             err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
-            raise SandboxError(f"bwrap sandbox failed to start: {err or 'no reply from the sandbox server'}",
-                               "sandbox_start_failed") from None
+            raise SandboxError(
+                f"bwrap sandbox failed to start: {err or 'no reply from the sandbox server'}", "sandbox_start_failed"
+            ) from None
         if reply != [b"ready"]:
             raise SandboxError(f"bwrap sandbox sent {reply!r} instead of ready", "sandbox_start_failed")
         if p.cgroups.mode != "none" and not launched:  # nothing of the agent's runs yet: move bwrap + server in
@@ -576,8 +698,14 @@ class BwrapSandbox(Sandbox):
         return reply[1:]
 
     # -- Sandbox API ---------------------------------------------------------------------
-    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-             workdir: str | None = None, user: str | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
         """Run `command` with bash; `workdir` given = a one-off directory (the shell's cwd is kept).
 
         `user` is accepted for interface compatibility: a bwrap sandbox has one user (root inside).
@@ -588,10 +716,16 @@ class BwrapSandbox(Sandbox):
         t0 = time.monotonic()
         code, timed_out, truncated, out, err, _ = self._call(
             ["exec", command, timeout_ms, workdir or "", env_blob, mode, self.provider.max_output_bytes],
-            timeout + REPLY_GRACE_S)
-        return ExecResult(exit_code=int(code), stdout=out.decode("utf-8", "replace"),
-                          stderr=err.decode("utf-8", "replace"), timed_out=timed_out == b"1",
-                          truncated=truncated == b"1", duration_s=time.monotonic() - t0)
+            timeout + REPLY_GRACE_S,
+        )
+        return ExecResult(
+            exit_code=int(code),
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            timed_out=timed_out == b"1",
+            truncated=truncated == b"1",
+            duration_s=time.monotonic() - t0,
+        )
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         if isinstance(data, str):
@@ -647,7 +781,7 @@ class _WarmPool:
     MAX_SPECS = 4
     RETRY_AFTER_FAILURE_S = 2.0
 
-    def __init__(self, provider: "BwrapProvider", size: int):
+    def __init__(self, provider: BwrapProvider, size: int):
         self.provider, self.size = provider, size
         self.ready: dict[tuple, list[BwrapSandbox]] = {}
         self.starting: dict[tuple, int] = {}
@@ -658,13 +792,19 @@ class _WarmPool:
         self.thread = threading.Thread(target=self._fill, name="tinkrl-bwrap-pool", daemon=True)
         self.thread.start()
 
-    def take(self, spec: SandboxSpec) -> "BwrapSandbox | None":
+    def take(self, spec: SandboxSpec) -> BwrapSandbox | None:
         key = _pool_key(spec)
         evicted: list[BwrapSandbox] = []
         with self.cond:
             self.wanted.pop(key, None)
-            self.wanted[key] = SandboxSpec(workdir=spec.workdir, env=dict(spec.env), network=spec.network,
-                                           memory_mb=spec.memory_mb, pids=spec.pids, disk_mb=spec.disk_mb)
+            self.wanted[key] = SandboxSpec(
+                workdir=spec.workdir,
+                env=dict(spec.env),
+                network=spec.network,
+                memory_mb=spec.memory_mb,
+                pids=spec.pids,
+                disk_mb=spec.disk_mb,
+            )
             while len(self.wanted) > self.MAX_SPECS:
                 old = next(iter(self.wanted))
                 del self.wanted[old]
@@ -735,15 +875,25 @@ class BwrapProvider(SandboxProvider):
 
     name = "bwrap"
 
-    def __init__(self, *, uid_base: int = DEFAULT_UID_BASE, uid_count: int = DEFAULT_UID_COUNT,
-                 state_dir: str | Path | None = None, max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-                 cgroups: bool = True, server: str = "auto", pool: int = 0):
+    def __init__(
+        self,
+        *,
+        uid_base: int = DEFAULT_UID_BASE,
+        uid_count: int = DEFAULT_UID_COUNT,
+        state_dir: str | Path | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
+        cgroups: bool = True,
+        server: str = "auto",
+        pool: int = 0,
+    ):
         if server not in SERVERS:
             raise ConfigError(f"bwrap server {server!r} is not one of {', '.join(SERVERS)}")
         self.bwrap = _bwrap_path()
         if not os.access(SANDBOX_PYTHON, os.X_OK):
-            raise SandboxError(f"{SANDBOX_PYTHON} is missing: the sandbox runs Debian's python3 "
-                               "(apt-get install python3)", "sandbox_unavailable")
+            raise SandboxError(
+                f"{SANDBOX_PYTHON} is missing: the sandbox runs Debian's python3 (apt-get install python3)",
+                "sandbox_unavailable",
+            )
         self.state_dir = Path(state_dir) if state_dir else _default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o755)
@@ -765,8 +915,10 @@ class BwrapProvider(SandboxProvider):
     def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         spec = spec or SandboxSpec()
         if spec.image:
-            raise ConfigError(f"this task needs the container image {spec.image!r}, which the bwrap sandbox cannot "
-                              "run: set sandbox.provider to docker or kubernetes")
+            raise ConfigError(
+                f"this task needs the container image {spec.image!r}, which the bwrap sandbox cannot "
+                "run: set sandbox.provider to docker or kubernetes"
+            )
         if self.pool is not None:
             _check_workdir(spec.workdir)
             sb = self.pool.take(spec)

@@ -32,7 +32,7 @@ SHELL = "/bin/bash"
 # where this one left off (like a terminal), unless the caller asked for a fresh shell.
 SAVE_STATE = (
     "__tinkrl_save() { { printf '%s\\0' \"$PWD\"; compgen -e > " + NAMES_FILE + "; while read -r __v; do "
-    "printf '%s=%s\\0' \"$__v\" \"${!__v}\"; done < " + NAMES_FILE + "; } > " + STATE_FILE + " 2>/dev/null; }\n"
+    'printf \'%s=%s\\0\' "$__v" "${!__v}"; done < ' + NAMES_FILE + "; } > " + STATE_FILE + " 2>/dev/null; }\n"
     "trap __tinkrl_save EXIT\n"
 )
 DRAIN_AFTER_EXIT_S = 0.05  # output still arriving from background children after the command exits
@@ -70,7 +70,7 @@ def send(fields, fd=1):
     data = b"".join(parts)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class Capture:
@@ -242,7 +242,7 @@ class Server:
             self.load_state()
         out_b, out_cut = out.result()
         err_b, err_cut = err.result()
-        return ["ok", code, int(timed_out), int(out_cut or err_cut), out_b, err_b, "%.6f" % duration]
+        return ["ok", code, int(timed_out), int(out_cut or err_cut), out_b, err_b, f"{duration:.6f}"]
 
     def load_state(self):
         try:  # the agent may have swapped the file for a fifo or a link: never block or follow
@@ -278,7 +278,7 @@ class Server:
                 raise OSError(22, "not a regular file", os.fsdecode(path))
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fchmod(fd, int(mode))
         finally:
             os.close(fd)
@@ -338,13 +338,13 @@ class Server:
             return self.killall()
         if op == b"ping":
             return ["ok"]
-        return ["err", "22", "unknown op %r" % op]  # EINVAL
+        return ["err", "22", f"unknown op {op!r}"]  # EINVAL
 
 
 def oserror_reply(e):
     name = e.filename
     where = ": %s" % (os.fsdecode(name) if isinstance(name, (str, bytes)) else name) if name is not None else ""
-    return ["err", str(e.errno or 0), "%s%s" % (e.strerror or e, where)]
+    return ["err", str(e.errno or 0), f"{e.strerror or e}{where}"]
 
 
 def serve_one():
@@ -355,7 +355,7 @@ def serve_one():
     except OSError as e:
         resp = oserror_reply(e)
     except Exception as e:
-        resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
+        resp = ["err", "0", f"{type(e).__name__}: {e}"]
     send(resp)
 
 
@@ -400,7 +400,7 @@ def main():
         except OSError as e:
             resp = oserror_reply(e)
         except Exception as e:  # a bad request must not kill the sandbox
-            resp = ["err", "0", "%s: %s" % (type(e).__name__, e)]
+            resp = ["err", "0", f"{type(e).__name__}: {e}"]
         send(resp)
 
 

@@ -20,8 +20,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import shlex
 
     line = command[0] if len(command) == 1 else shlex.join(command)
-    spec = SandboxSpec(workdir=args.workdir, memory_mb=args.memory_mb, pids=args.pids, disk_mb=args.disk_mb,
-                       network=False)
+    spec = SandboxSpec(
+        workdir=args.workdir, memory_mb=args.memory_mb, pids=args.pids, disk_mb=args.disk_mb, network=False
+    )
     try:
         provider = get_provider(args.provider)
         with provider.create(spec) as sandbox:

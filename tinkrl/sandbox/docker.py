@@ -24,9 +24,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (DEFAULT_MAX_OUTPUT, KEEPALIVE, KILL_ALL_SCRIPT, Capture, Owner, check_abs,
-                                     dns_name, exec_script, judge_timeout, safe_extract, shell_argv,
-                                     tar_host_path, tar_single_file)
+from tinkrl.sandbox.scaleout import (
+    DEFAULT_MAX_OUTPUT,
+    KEEPALIVE,
+    KILL_ALL_SCRIPT,
+    Capture,
+    Owner,
+    check_abs,
+    dns_name,
+    exec_script,
+    judge_timeout,
+    safe_extract,
+    shell_argv,
+    tar_host_path,
+    tar_single_file,
+)
 
 LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
 SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
@@ -65,14 +77,17 @@ def _client(cfg: DockerSandboxConfig):
     try:
         import docker  # the Docker SDK; imported lazily so bwrap-only installs never need it
     except ModuleNotFoundError:
-        raise SandboxError("the docker provider needs the docker SDK: pip install 'tinkrl[cluster]'",
-                           "sandbox_unavailable") from None
+        raise SandboxError(
+            "the docker provider needs the docker SDK: pip install 'tinkrl[cluster]'", "sandbox_unavailable"
+        ) from None
     url = cfg.base_url or os.environ.get("DOCKER_HOST")
     if not url:
         found = [s for s in SOCKETS if os.path.exists(s)]
         if not found:
-            raise SandboxError("no Docker engine: set sandbox.docker.base_url or DOCKER_HOST (no socket at "
-                               f"{' or '.join(SOCKETS)})", "sandbox_unavailable")
+            raise SandboxError(
+                f"no Docker engine: set sandbox.docker.base_url or DOCKER_HOST (no socket at {' or '.join(SOCKETS)})",
+                "sandbox_unavailable",
+            )
         url = "unix://" + found[0]
     try:
         client = docker.DockerClient(base_url=url, timeout=int(cfg.api_timeout_s))
@@ -104,15 +119,19 @@ def leak_reason(labels: dict[str, str], now: float | None = None) -> str | None:
             return "expired"
     except ValueError:
         pass
-    owner = Owner(host=labels.get(f"{LABEL}.owner-host", ""), pid=int(labels.get(f"{LABEL}.owner-pid") or 0),
-                  start=labels.get(f"{LABEL}.owner-start", ""))
+    owner = Owner(
+        host=labels.get(f"{LABEL}.owner-host", ""),
+        pid=int(labels.get(f"{LABEL}.owner-pid") or 0),
+        start=labels.get(f"{LABEL}.owner-start", ""),
+    )
     if owner.process_alive() is False:
         return "owner gone"
     return None
 
 
-def reap_containers(client, run_id: str | None = None, dry_run: bool = False,
-                    now: float | None = None) -> list[tuple[str, str]]:
+def reap_containers(
+    client, run_id: str | None = None, dry_run: bool = False, now: float | None = None
+) -> list[tuple[str, str]]:
     """Remove leaked tinkrl containers; with `run_id`, every container of that run.
 
     Returns (container name, reason) for each one removed (or that would be, on dry_run).
@@ -137,7 +156,7 @@ def reap_containers(client, run_id: str | None = None, dry_run: bool = False,
 class DockerSandbox(Sandbox):
     """One running container; every call goes through the Engine API."""
 
-    def __init__(self, provider: "DockerProvider", spec: SandboxSpec, container):
+    def __init__(self, provider: DockerProvider, spec: SandboxSpec, container):
         self.provider = provider
         self.spec = spec
         self.container = container
@@ -146,15 +165,17 @@ class DockerSandbox(Sandbox):
         self._closed = False
 
     # -- exec ----------------------------------------------------------------------------
-    def _raw_exec(self, argv: list[str], timeout: float, user: str | None = None,
-                  max_output: int | None = None) -> tuple[int, str, str, bool, bool, float]:
+    def _raw_exec(
+        self, argv: list[str], timeout: float, user: str | None = None, max_output: int | None = None
+    ) -> tuple[int, str, str, bool, bool, float]:
         """(exit code or -1, stdout, stderr, gave_up, truncated, seconds) of one exec."""
         limit = max_output or self.provider.config.max_output_bytes
         out, err = Capture(limit), Capture(limit)
         t0 = time.monotonic()
         try:
-            ex = self._api.exec_create(self.container.id, argv, stdout=True, stderr=True, stdin=False,
-                                       tty=False, user=user or "")
+            ex = self._api.exec_create(
+                self.container.id, argv, stdout=True, stderr=True, stdin=False, tty=False, user=user or ""
+            )
             stream = self._api.exec_start(ex["Id"], stream=True, demux=True)
         except Exception as e:  # noqa: BLE001
             raise self._infra(f"exec failed: {e}") from None
@@ -185,16 +206,28 @@ class DockerSandbox(Sandbox):
         e_, et = err.result()
         return code, o, e_, gave_up, ot or et, time.monotonic() - t0
 
-    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-             workdir: str | None = None, user: str | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
         self._check_open()
         script = exec_script(command, timeout, env=env, workdir=workdir, default_workdir=self.spec.workdir)
         code, out, err, gave_up, cut, dur = self._raw_exec(shell_argv(script), timeout, user=user)
         timed_out = gave_up or judge_timeout(code, dur, timeout)
         if gave_up:
             self.kill_all()
-        return ExecResult(exit_code=-1 if timed_out else code, stdout=out, stderr=err, timed_out=timed_out,
-                          truncated=cut, duration_s=dur)
+        return ExecResult(
+            exit_code=-1 if timed_out else code,
+            stdout=out,
+            stderr=err,
+            timed_out=timed_out,
+            truncated=cut,
+            duration_s=dur,
+        )
 
     def kill_all(self) -> None:
         self._check_open()
@@ -310,8 +343,10 @@ class DockerProvider(SandboxProvider):
     def _image(self, spec: SandboxSpec) -> str:
         image = spec.image or self.config.image
         if not image:
-            raise SandboxError("the docker provider needs an image: the task names none and "
-                               "sandbox.docker.image is unset", "bad_config")
+            raise SandboxError(
+                "the docker provider needs an image: the task names none and sandbox.docker.image is unset",
+                "bad_config",
+            )
         import docker.errors
 
         if self.config.pull == "always":
@@ -343,10 +378,17 @@ class DockerProvider(SandboxProvider):
         name = f"tinkrl-{dns_name(run_id, 16)}-{dns_name(task_id or 'sbx', 24)}-{uuid.uuid4().hex[:8]}"
         kwargs: dict[str, Any] = dict(
             command=shell_argv("mkdir -p /logs/verifier /tests 2>/dev/null; " + KEEPALIVE),
-            entrypoint=[], name=name, detach=True, labels=labels, hostname="sandbox",
-            working_dir=spec.workdir, environment=dict(spec.env),
-            mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
-            nano_cpus=int(spec.cpu * 1e9), pids_limit=spec.pids,
+            entrypoint=[],
+            name=name,
+            detach=True,
+            labels=labels,
+            hostname="sandbox",
+            working_dir=spec.workdir,
+            environment=dict(spec.env),
+            mem_limit=f"{spec.memory_mb}m",
+            memswap_limit=f"{spec.memory_mb}m",
+            nano_cpus=int(spec.cpu * 1e9),
+            pids_limit=spec.pids,
             tmpfs={"/tmp": f"size={spec.disk_mb}m"},
             network_mode=self.config.network if spec.network else "none",
         )

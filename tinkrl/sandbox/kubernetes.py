@@ -23,24 +23,41 @@ import shlex
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (DEFAULT_MAX_OUTPUT, KEEPALIVE, KILL_ALL_SCRIPT, Capture, Owner, check_abs,
-                                     dns_name, exec_script, judge_timeout, label_value, safe_extract, shell_argv,
-                                     tar_host_path)
+from tinkrl.sandbox.scaleout import (
+    DEFAULT_MAX_OUTPUT,
+    KEEPALIVE,
+    KILL_ALL_SCRIPT,
+    Capture,
+    Owner,
+    check_abs,
+    dns_name,
+    exec_script,
+    judge_timeout,
+    label_value,
+    safe_extract,
+    shell_argv,
+    tar_host_path,
+)
 
 DOMAIN = "tinkrl.dev"
 MANAGED = {"app.kubernetes.io/managed-by": "tinkrl", "app.kubernetes.io/component": "sandbox"}
 CONTAINER = "sandbox"
 HARD_DEADLINE_GRACE_S = 15.0
 PULL_FAILURES = {"ErrImagePull", "ImagePullBackOff"}
-FATAL_WAITING = {"ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
-                 "RunContainerError"}
+FATAL_WAITING = {
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 
 
@@ -95,8 +112,9 @@ def _k8s():
     try:
         import kubernetes  # noqa: F401 - imported lazily so bwrap-only installs never need it
     except ModuleNotFoundError:
-        raise SandboxError("the kubernetes provider needs the kubernetes client: pip install 'tinkrl[cluster]'",
-                           "sandbox_unavailable") from None
+        raise SandboxError(
+            "the kubernetes provider needs the kubernetes client: pip install 'tinkrl[cluster]'", "sandbox_unavailable"
+        ) from None
     from kubernetes import client, config
 
     return client, config
@@ -110,11 +128,13 @@ def new_api(cfg: KubernetesSandboxConfig):
         if cfg.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=conf)
         else:
-            config.load_kube_config(config_file=cfg.kubeconfig, context=cfg.context, client_configuration=conf,
-                                    persist_config=False)
+            config.load_kube_config(
+                config_file=cfg.kubeconfig, context=cfg.context, client_configuration=conf, persist_config=False
+            )
     except Exception as e:  # noqa: BLE001 - a missing/bad kubeconfig reads the same to the user
-        raise SandboxError(f"cannot load Kubernetes credentials ({cfg.kubeconfig or 'default kubeconfig'}): {e}",
-                           "sandbox_unavailable") from None
+        raise SandboxError(
+            f"cannot load Kubernetes credentials ({cfg.kubeconfig or 'default kubeconfig'}): {e}", "sandbox_unavailable"
+        ) from None
     return client.CoreV1Api(client.ApiClient(configuration=conf))
 
 
@@ -131,24 +151,30 @@ def _api_message(e: Exception) -> str:
 
 
 def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse_rfc3339(s: str) -> float:
-    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def _quantity_cpu(cores: float) -> str:
     return f"{max(1, int(round(cores * 1000)))}m"
 
 
-def pod_manifest(cfg: KubernetesSandboxConfig, spec: SandboxSpec, name: str, image: str, run_id: str,
-                 owner: Owner) -> dict[str, Any]:
+def pod_manifest(
+    cfg: KubernetesSandboxConfig, spec: SandboxSpec, name: str, image: str, run_id: str, owner: Owner
+) -> dict[str, Any]:
     """The pod body for one sandbox (a plain dict, as the API takes it)."""
     task_id = spec.labels.get("task_id") or spec.labels.get("task") or ""
-    labels = {**cfg.labels, **MANAGED,
-              f"{DOMAIN}/run-id": label_value(run_id), f"{DOMAIN}/task-id": label_value(task_id or "none"),
-              f"{DOMAIN}/owner": label_value(owner.name), f"{DOMAIN}/network": "egress" if spec.network else "none"}
+    labels = {
+        **cfg.labels,
+        **MANAGED,
+        f"{DOMAIN}/run-id": label_value(run_id),
+        f"{DOMAIN}/task-id": label_value(task_id or "none"),
+        f"{DOMAIN}/owner": label_value(owner.name),
+        f"{DOMAIN}/network": "egress" if spec.network else "none",
+    }
     annotations = {
         f"{DOMAIN}/expires-at": _rfc3339(time.time() + cfg.ttl_s),
         f"{DOMAIN}/task-id": task_id,
@@ -162,18 +188,28 @@ def pod_manifest(cfg: KubernetesSandboxConfig, spec: SandboxSpec, name: str, ima
     }
     mem = f"{spec.memory_mb}Mi"
     requests = {"cpu": _quantity_cpu(spec.cpu), "memory": mem, "ephemeral-storage": f"{spec.disk_mb}Mi"}
-    limits = {"cpu": _quantity_cpu(spec.cpu * cfg.cpu_limit_factor),
-              "memory": f"{int(spec.memory_mb * cfg.memory_limit_factor)}Mi",
-              "ephemeral-storage": f"{spec.disk_mb * 2}Mi"}
+    limits = {
+        "cpu": _quantity_cpu(spec.cpu * cfg.cpu_limit_factor),
+        "memory": f"{int(spec.memory_mb * cfg.memory_limit_factor)}Mi",
+        "ephemeral-storage": f"{spec.disk_mb * 2}Mi",
+    }
     container: dict[str, Any] = {
-        "name": CONTAINER, "image": image, "imagePullPolicy": cfg.image_pull_policy,
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": cfg.image_pull_policy,
         "command": shell_argv("mkdir -p /logs/verifier /tests 2>/dev/null; " + KEEPALIVE),
-        "workingDir": spec.workdir, "env": [{"name": k, "value": v} for k, v in spec.env.items()],
-        "resources": {"requests": requests, "limits": limits}, "stdin": False, "tty": False,
+        "workingDir": spec.workdir,
+        "env": [{"name": k, "value": v} for k, v in spec.env.items()],
+        "resources": {"requests": requests, "limits": limits},
+        "stdin": False,
+        "tty": False,
     }
     pod_spec: dict[str, Any] = {
-        "containers": [container], "restartPolicy": "Never", "automountServiceAccountToken": False,
-        "enableServiceLinks": False, "terminationGracePeriodSeconds": 0,
+        "containers": [container],
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
         "activeDeadlineSeconds": int(cfg.ttl_s),
     }
     if cfg.node_selector:
@@ -186,9 +222,12 @@ def pod_manifest(cfg: KubernetesSandboxConfig, spec: SandboxSpec, name: str, ima
         pod_spec["serviceAccountName"] = cfg.service_account
     if cfg.run_as_user is not None:
         pod_spec["securityContext"] = {"runAsUser": cfg.run_as_user}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels, "annotations": annotations},
-            "spec": pod_spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels, "annotations": annotations},
+        "spec": pod_spec,
+    }
 
 
 def not_ready_reason(pod) -> tuple[str, str] | None:
@@ -197,8 +236,11 @@ def not_ready_reason(pod) -> tuple[str, str] | None:
     for cs in (st.container_statuses or []) if st else []:
         waiting = cs.state.waiting if cs.state else None
         if waiting and waiting.reason in PULL_FAILURES | FATAL_WAITING:
-            mode = "image_pull" if waiting.reason in PULL_FAILURES | {"ErrImageNeverPull", "InvalidImageName"} \
+            mode = (
+                "image_pull"
+                if waiting.reason in PULL_FAILURES | {"ErrImageNeverPull", "InvalidImageName"}
                 else "sandbox_start"
+            )
             return mode, f"{waiting.reason}: {waiting.message or ''}".strip(": ")
         terminated = cs.state.terminated if cs.state else None
         if terminated:
@@ -212,7 +254,7 @@ def not_ready_reason(pod) -> tuple[str, str] | None:
 class KubernetesSandbox(Sandbox):
     """One pod, with its own API client."""
 
-    def __init__(self, provider: "KubernetesProvider", spec: SandboxSpec, name: str):
+    def __init__(self, provider: KubernetesProvider, spec: SandboxSpec, name: str):
         self.provider = provider
         self.spec = spec
         self.name = name
@@ -237,11 +279,14 @@ class KubernetesSandbox(Sandbox):
                     time.sleep(delay)
                     delay = min(delay * 2, 30)
                 elif code == 403:
-                    raise SandboxError(f"not allowed to create pods in namespace {self.namespace}: "
-                                       f"{_api_message(e)}", "sandbox_forbidden") from None
+                    raise SandboxError(
+                        f"not allowed to create pods in namespace {self.namespace}: {_api_message(e)}",
+                        "sandbox_forbidden",
+                    ) from None
                 else:
-                    raise SandboxError(f"cannot create pod in {self.namespace}: {_api_message(e)}",
-                                       "sandbox_start") from None
+                    raise SandboxError(
+                        f"cannot create pod in {self.namespace}: {_api_message(e)}", "sandbox_start"
+                    ) from None
         raise SandboxError(f"cannot create pod in {self.namespace}: API kept refusing", "sandbox_start")
 
     def _wait_ready(self) -> None:
@@ -265,21 +310,26 @@ class KubernetesSandbox(Sandbox):
                 last = not_ready_reason(pod)
                 if phase in ("Failed", "Succeeded"):
                     why = last[1] if last else (pod.status.message or pod.status.reason or phase)
-                    raise SandboxError(f"pod {self.name} ended before it was ready ({phase}): {why}",
-                                       last[0] if last else "sandbox_start")
+                    raise SandboxError(
+                        f"pod {self.name} ended before it was ready ({phase}): {why}",
+                        last[0] if last else "sandbox_start",
+                    )
                 if last and last[1].split(":")[0] in FATAL_WAITING:
                     raise SandboxError(f"pod {self.name} cannot start: {last[1]}", last[0])
                 if last is None and phase:
                     last = ("sandbox_start_timeout", f"still {phase}")
             if time.monotonic() >= deadline:
                 mode, why = last or ("sandbox_start_timeout", "no status yet")
-                raise SandboxError(f"pod {self.name} not ready after {cfg.ready_timeout_s:g}s: {why}",
-                                   mode if mode != "sandbox_start" else "sandbox_start_timeout")
+                raise SandboxError(
+                    f"pod {self.name} not ready after {cfg.ready_timeout_s:g}s: {why}",
+                    mode if mode != "sandbox_start" else "sandbox_start_timeout",
+                )
             time.sleep(min(cfg.poll_interval_s, max(0.0, deadline - time.monotonic())))
 
     # -- exec stream ---------------------------------------------------------------------
-    def _stream(self, argv: list[str], timeout: float, stdin: bytes | None = None,
-                limit: int | None = None) -> tuple[int, str | bytes, str, bool, bool, float]:
+    def _stream(
+        self, argv: list[str], timeout: float, stdin: bytes | None = None, limit: int | None = None
+    ) -> tuple[int, str | bytes, str, bool, bool, float]:
         """(exit code, stdout, stderr, gave_up, truncated, seconds). limit=None keeps stdout whole, as bytes."""
         from kubernetes.stream import stream
 
@@ -289,15 +339,25 @@ class KubernetesSandbox(Sandbox):
         err = Capture(limit or self.provider.config.max_output_bytes)
         with self._lock:
             try:
-                ws = stream(self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
-                            command=argv, container=CONTAINER, stdin=stdin is not None, stdout=True, stderr=True,
-                            tty=False, _preload_content=False, binary=True)
+                ws = stream(
+                    self.api.connect_get_namespaced_pod_exec,
+                    self.name,
+                    self.namespace,
+                    command=argv,
+                    container=CONTAINER,
+                    stdin=stdin is not None,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    _preload_content=False,
+                    binary=True,
+                )
             except Exception as e:  # noqa: BLE001
                 raise self._infra(f"exec failed to start: {_api_message(e)}") from None
             try:
                 if stdin is not None:
                     for i in range(0, len(stdin), 1 << 20):
-                        ws.write_stdin(stdin[i:i + (1 << 20)])
+                        ws.write_stdin(stdin[i : i + (1 << 20)])
                     ws.close_channel(0)  # v5: EOF on stdin (v4 cannot; our readers stop by length)
                 deadline = t0 + timeout + HARD_DEADLINE_GRACE_S
                 while ws.is_open() and time.monotonic() < deadline:
@@ -341,8 +401,14 @@ class KubernetesSandbox(Sandbox):
                 return int(cause["message"])
         raise self._infra(f"exec failed: {st.get('message') or st}")
 
-    def exec(self, command: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-             workdir: str | None = None, user: str | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
         self._check_open()
         script = exec_script(command, timeout, env=env, workdir=workdir, default_workdir=self.spec.workdir)
         argv = shell_argv(script)
@@ -352,8 +418,14 @@ class KubernetesSandbox(Sandbox):
         timed_out = gave_up or judge_timeout(code, dur, timeout)
         if gave_up:
             self.kill_all()
-        return ExecResult(exit_code=-1 if timed_out else code, stdout=out, stderr=err, timed_out=timed_out,
-                          truncated=cut, duration_s=dur)
+        return ExecResult(
+            exit_code=-1 if timed_out else code,
+            stdout=out,
+            stderr=err,
+            timed_out=timed_out,
+            truncated=cut,
+            duration_s=dur,
+        )
 
     def kill_all(self) -> None:
         self._check_open()
@@ -388,8 +460,9 @@ class KubernetesSandbox(Sandbox):
     def read_file(self, path: str) -> bytes:
         self._check_open()
         q = shlex.quote(check_abs(path))
-        out = self._run_checked(f"if [ -d {q} ]; then exit 21; fi; [ -f {q} ] || {{ echo {q} >&2; exit 2; }}; "
-                                f"base64 {q}")
+        out = self._run_checked(
+            f"if [ -d {q} ]; then exit 21; fi; [ -f {q} ] || {{ echo {q} >&2; exit 2; }}; base64 {q}"
+        )
         try:
             return base64.b64decode(out)
         except binascii.Error as e:
@@ -414,8 +487,10 @@ class KubernetesSandbox(Sandbox):
         src = check_abs(src)
         parent, name = os.path.split(src)
         q = shlex.quote
-        out = self._run_checked(f"[ -e {q(src)} ] || {{ echo {q(src)} >&2; exit 2; }}; "
-                                f"cd {q(parent or '/')} && tar cf - {q(name or '.')} | base64")
+        out = self._run_checked(
+            f"[ -e {q(src)} ] || {{ echo {q(src)} >&2; exit 2; }}; "
+            f"cd {q(parent or '/')} && tar cf - {q(name or '.')} | base64"
+        )
         safe_extract(base64.b64decode(out), Path(dest), strip_top=True)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -467,8 +542,10 @@ class KubernetesProvider(SandboxProvider):
         spec = spec or SandboxSpec()
         image = spec.image or self.config.image
         if not image:
-            raise SandboxError("the kubernetes provider needs an image: the task names none and "
-                               "sandbox.kubernetes.image is unset", "bad_config")
+            raise SandboxError(
+                "the kubernetes provider needs an image: the task names none and sandbox.kubernetes.image is unset",
+                "bad_config",
+            )
         run_id = spec.labels.get("run_id") or self.run_id
         task = spec.labels.get("task_id") or spec.labels.get("task") or "sbx"
         name = f"tinkrl-{dns_name(run_id, 12)}-{dns_name(task, 24)}-{uuid.uuid4().hex[:6]}"
@@ -492,9 +569,13 @@ class KubernetesProvider(SandboxProvider):
         delay = 0.5
         for attempt in range(4):
             try:
-                api.delete_namespaced_pod(name, self.config.namespace, grace_period_seconds=0,
-                                          propagation_policy="Background",
-                                          _request_timeout=self.config.request_timeout_s)
+                api.delete_namespaced_pod(
+                    name,
+                    self.config.namespace,
+                    grace_period_seconds=0,
+                    propagation_policy="Background",
+                    _request_timeout=self.config.request_timeout_s,
+                )
                 return
             except Exception as e:  # noqa: BLE001
                 if _status_of(e) == 404:
@@ -545,23 +626,28 @@ def leak_reason(pod, api, now: float | None = None) -> str | None:
         if opod.status and opod.status.phase in ("Succeeded", "Failed"):
             return f"owner pod {owner} finished"
         return None
-    proc = Owner(host=ann.get(f"{DOMAIN}/owner-host", ""), pid=int(ann.get(f"{DOMAIN}/owner-pid") or 0),
-                 start=ann.get(f"{DOMAIN}/owner-start", ""))
+    proc = Owner(
+        host=ann.get(f"{DOMAIN}/owner-host", ""),
+        pid=int(ann.get(f"{DOMAIN}/owner-pid") or 0),
+        start=ann.get(f"{DOMAIN}/owner-start", ""),
+    )
     if proc.process_alive() is False:
         return "owner process is gone"
     return None
 
 
-def reap_pods(cfg: KubernetesSandboxConfig, run_id: str | None = None, dry_run: bool = False,
-              now: float | None = None) -> list[tuple[str, str]]:
+def reap_pods(
+    cfg: KubernetesSandboxConfig, run_id: str | None = None, dry_run: bool = False, now: float | None = None
+) -> list[tuple[str, str]]:
     """Delete leaked sandbox pods in cfg.namespace (or all of `run_id`'s); returns (name, reason)."""
     api = new_api(cfg)
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     if run_id:
         selector += f",{DOMAIN}/run-id={label_value(run_id)}"
     try:
-        pods = api.list_namespaced_pod(cfg.namespace, label_selector=selector,
-                                       _request_timeout=cfg.request_timeout_s).items
+        pods = api.list_namespaced_pod(
+            cfg.namespace, label_selector=selector, _request_timeout=cfg.request_timeout_s
+        ).items
     except Exception as e:  # noqa: BLE001
         raise SandboxError(f"cannot list pods in {cfg.namespace}: {_api_message(e)}", "sandbox_unavailable") from None
     done = []

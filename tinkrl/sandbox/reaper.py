@@ -15,8 +15,13 @@ import sys
 from typing import Any
 
 
-def reap(provider: str = "kubernetes", *, run_id: str | None = None, dry_run: bool = False,
-         options: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+def reap(
+    provider: str = "kubernetes",
+    *,
+    run_id: str | None = None,
+    dry_run: bool = False,
+    options: dict[str, Any] | None = None,
+) -> list[tuple[str, str]]:
     """Delete leaked sandboxes of `provider`; returns (name, reason) for each one deleted."""
     options = dict(options or {})
     if provider == "docker":

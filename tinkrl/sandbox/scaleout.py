@@ -60,8 +60,13 @@ class Capture:
         return data.decode("utf-8", "replace"), self.dropped > 0
 
 
-def exec_script(command: str, timeout: float, env: dict[str, str] | None = None,
-                workdir: str | None = None, default_workdir: str = "/app") -> str:
+def exec_script(
+    command: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    workdir: str | None = None,
+    default_workdir: str = "/app",
+) -> str:
     """The POSIX sh program one exec runs; the command itself runs under bash when the image has it.
 
     `workdir` given = a one-off directory: the command runs there and the saved state is
@@ -79,13 +84,17 @@ def exec_script(command: str, timeout: float, env: dict[str, str] | None = None,
     if workdir is not None:
         inner.append(f"cd {q(workdir)} || exit 1")
     else:
-        inner.append(f"trap '{{ export -p > {STATE_FILE}.env.$$ && pwd > {STATE_FILE}.cwd.$$ && "
-                     f"mv -f {STATE_FILE}.env.$$ {STATE_FILE}.env && mv -f {STATE_FILE}.cwd.$$ {STATE_FILE}.cwd; }}"
-                     f" 2>/dev/null' EXIT")
+        inner.append(
+            f"trap '{{ export -p > {STATE_FILE}.env.$$ && pwd > {STATE_FILE}.cwd.$$ && "
+            f"mv -f {STATE_FILE}.env.$$ {STATE_FILE}.env && mv -f {STATE_FILE}.cwd.$$ {STATE_FILE}.cwd; }}"
+            f" 2>/dev/null' EXIT"
+        )
     body = "\n".join(inner) + "\n" + command
-    return ("__tk_sh=/bin/sh; [ -x /bin/bash ] && __tk_sh=/bin/bash\n"
-            f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 2 {secs} \"$__tk_sh\" -c {q(body)}; "
-            f"else exec \"$__tk_sh\" -c {q(body)}; fi\n")
+    return (
+        "__tk_sh=/bin/sh; [ -x /bin/bash ] && __tk_sh=/bin/bash\n"
+        f'if command -v timeout >/dev/null 2>&1; then exec timeout -k 2 {secs} "$__tk_sh" -c {q(body)}; '
+        f'else exec "$__tk_sh" -c {q(body)}; fi\n'
+    )
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -183,11 +192,16 @@ class Owner:
     namespace: str = ""
 
     @classmethod
-    def current(cls) -> "Owner":
+    def current(cls) -> Owner:
         pid = os.getpid()
-        return cls(host=socket.gethostname(), pid=pid, start=_proc_start_ticks(pid),
-                   pod=os.environ.get("POD_NAME", ""), pod_uid=os.environ.get("POD_UID", ""),
-                   namespace=os.environ.get("POD_NAMESPACE", ""))
+        return cls(
+            host=socket.gethostname(),
+            pid=pid,
+            start=_proc_start_ticks(pid),
+            pod=os.environ.get("POD_NAME", ""),
+            pod_uid=os.environ.get("POD_UID", ""),
+            namespace=os.environ.get("POD_NAMESPACE", ""),
+        )
 
     @property
     def name(self) -> str:

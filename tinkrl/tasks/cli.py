@@ -32,8 +32,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 res = run_gate(item, provider, use_cache=not args.no_cache)
                 failed += not res.ok
                 status = ("ok" + (" (cached)" if res.cached else "")) if res.ok else "FAIL"
-                rows.append((item.id, item.format, item.grader, _fmt(res.solution_reward), _fmt(res.noop_reward),
-                             status, "" if res.ok else res.detail))
+                rows.append(
+                    (
+                        item.id,
+                        item.format,
+                        item.grader,
+                        _fmt(res.solution_reward),
+                        _fmt(res.noop_reward),
+                        status,
+                        "" if res.ok else res.detail,
+                    )
+                )
             print(f"  {rows[-1][0]}: {rows[-1][5]}", file=sys.stderr, flush=True)
     finally:
         provider.close()

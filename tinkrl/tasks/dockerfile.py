@@ -25,16 +25,34 @@ GENERIC_BASES = re.compile(
     r"^(docker\.io/)?(library/)?(ubuntu|debian|python|buildpack-deps|bash|busybox|alpine)(:|@|$)"
     r"|^ghcr\.io/laude-institute/t-bench/(ubuntu|python)"
 )
-IGNORED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "HEALTHCHECK", "VOLUME", "STOPSIGNAL", "SHELL", "MAINTAINER",
-           "ONBUILD", "USER"}
+IGNORED = {
+    "LABEL",
+    "EXPOSE",
+    "CMD",
+    "ENTRYPOINT",
+    "HEALTHCHECK",
+    "VOLUME",
+    "STOPSIGNAL",
+    "SHELL",
+    "MAINTAINER",
+    "ONBUILD",
+    "USER",
+}
 WRITABLE_ROOTS = ("/tmp", "/root", "/var/tmp")
 APT_RE = re.compile(r"\b(apt-get|apt)\s+(?:-\S+\s+)*install\b(?P<args>[^;&|]*)")
 PIP_RE = re.compile(r"\b(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\s+install\b(?P<args>[^;&|]*)")
-NETWORK_RE = re.compile(r"\b(curl|wget|git\s+clone|npm\s+(i|install)|conda\s+install|uv\s+(add|sync)|cargo\s+install"
-                        r"|go\s+install|gem\s+install)\b")
+NETWORK_RE = re.compile(
+    r"\b(curl|wget|git\s+clone|npm\s+(i|install)|conda\s+install|uv\s+(add|sync)|cargo\s+install"
+    r"|go\s+install|gem\s+install)\b"
+)
 # pip distribution name -> import name, where they differ
-PIP_IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL", "beautifulsoup4": "bs4",
-                    "python-dateutil": "dateutil"}
+PIP_IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "scikit-learn": "sklearn",
+    "pillow": "PIL",
+    "beautifulsoup4": "bs4",
+    "python-dateutil": "dateutil",
+}
 
 
 @dataclass
@@ -70,8 +88,11 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 def _expand(value: str, env: dict[str, str]) -> str:
     """$VAR, ${VAR} and ${VAR:-default} as Docker substitutes them."""
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)",
-                  lambda m: env.get(m.group(1) or m.group(3), m.group(2) if m.group(2) is not None else ""), value)
+    return re.sub(
+        r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)",
+        lambda m: env.get(m.group(1) or m.group(3), m.group(2) if m.group(2) is not None else ""),
+        value,
+    )
 
 
 def _parse_kv(args: str, where: str) -> dict[str, str]:
@@ -97,7 +118,7 @@ def _apt_installed(pkg: str) -> bool:
 
 
 def _pip_available(req: str, python: str = "/usr/bin/python3") -> bool:
-    name = re.split(r"[<>=!~\[; ]", req, 1)[0].strip().lower()
+    name = re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].strip().lower()
     module = PIP_IMPORT_NAMES.get(name, name.replace("-", "_"))
     r = subprocess.run([python, "-I", "-c", f"import {module}"], capture_output=True)
     return r.returncode == 0
@@ -151,11 +172,17 @@ def build_dockerfile(path: Path, context: Path, rel_name: str | None = None) -> 
             froms += 1
             image = rest.split()[0] if rest else ""
             if froms > 1:
-                raise TaskLoadError(where, "multi-stage builds need a container builder; "
-                                    "add environment/workspace/ + setup.sh to run without containers")
+                raise TaskLoadError(
+                    where,
+                    "multi-stage builds need a container builder; "
+                    "add environment/workspace/ + setup.sh to run without containers",
+                )
             if not GENERIC_BASES.match(_expand(image, args)):
-                raise TaskLoadError(where, f"FROM {image}: this image's contents are needed and a bwrap sandbox "
-                                    "cannot provide an image; add environment/workspace/ + setup.sh")
+                raise TaskLoadError(
+                    where,
+                    f"FROM {image}: this image's contents are needed and a bwrap sandbox "
+                    "cannot provide an image; add environment/workspace/ + setup.sh",
+                )
             b.base_image = image
         elif instr == "ARG":
             k, _, v = rest.partition("=")
@@ -177,8 +204,11 @@ def build_dockerfile(path: Path, context: Path, rel_name: str | None = None) -> 
                     raise TaskLoadError(where, "RUN [...] is not valid JSON") from None
             problem = _check_run(cmd, where)
             if problem:
-                raise TaskLoadError(where, f"RUN cannot be reproduced offline: {problem}; "
-                                    "add environment/workspace/ + setup.sh to run without containers")
+                raise TaskLoadError(
+                    where,
+                    f"RUN cannot be reproduced offline: {problem}; "
+                    "add environment/workspace/ + setup.sh to run without containers",
+                )
             if _is_install_only(cmd):
                 b.notes.append(f"{where}: packages already present, skipped")
                 continue
@@ -231,5 +261,6 @@ def _check_writable(target: str, workdir: str, where: str) -> None:
     target = os.path.normpath(target)
     roots = (workdir, *WRITABLE_ROOTS) if workdir != "/" else WRITABLE_ROOTS
     if not any(target == r or target.startswith(r.rstrip("/") + "/") for r in roots):
-        raise TaskLoadError(where, f"destination {target} is outside the workdir; a bwrap sandbox's system "
-                            "directories are read-only")
+        raise TaskLoadError(
+            where, f"destination {target} is outside the workdir; a bwrap sandbox's system directories are read-only"
+        )

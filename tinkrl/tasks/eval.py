@@ -70,18 +70,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def trial_from_session(session, attempt: int, seconds: float, failure: InfraFailure | None = None,
-                       failure_mode: str | None = None, failure_detail: str = "") -> Trial:
+def trial_from_session(
+    session,
+    attempt: int,
+    seconds: float,
+    failure: InfraFailure | None = None,
+    failure_mode: str | None = None,
+    failure_detail: str = "",
+) -> Trial:
     mode = failure.failure_mode if failure is not None else failure_mode
     ok = mode is None and session.reward is not None
     return Trial(
-        task_id=session.task.id, format=session.task.format, attempt=attempt,
-        reward=session.reward if ok else None, resolved=bool(ok and session.reward >= 1.0),
-        turns=session.turns, tool_calls=session.tool_calls, malformed_calls=session.malformed_calls,
-        command_timeouts=session.command_timeouts, sampled_tokens=session.sampled_tokens,
-        end_reason=session.end_reason, grade_detail=session.grade_detail, failure_mode=mode,
-        failure_detail=str(failure) if failure is not None else failure_detail, seconds=round(seconds, 2),
-        patch=session.patch, transcript=list(session.messages))
+        task_id=session.task.id,
+        format=session.task.format,
+        attempt=attempt,
+        reward=session.reward if ok else None,
+        resolved=bool(ok and session.reward >= 1.0),
+        turns=session.turns,
+        tool_calls=session.tool_calls,
+        malformed_calls=session.malformed_calls,
+        command_timeouts=session.command_timeouts,
+        sampled_tokens=session.sampled_tokens,
+        end_reason=session.end_reason,
+        grade_detail=session.grade_detail,
+        failure_mode=mode,
+        failure_detail=str(failure) if failure is not None else failure_detail,
+        seconds=round(seconds, 2),
+        patch=session.patch,
+        transcript=list(session.messages),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,14 +120,24 @@ class EnginePolicy:
         env = TaskEnv(session, self.renderer, self.cfg.max_tokens_per_turn)
         t0 = time.monotonic()
         traj = await do_rollout(env, self.sampling_client, self.cfg.max_tokens_per_turn, self.temperature)
-        return trial_from_session(session, attempt, time.monotonic() - t0, failure_mode=traj.failure_mode,
-                                  failure_detail=traj.failure_detail)
+        return trial_from_session(
+            session, attempt, time.monotonic() - t0, failure_mode=traj.failure_mode, failure_detail=traj.failure_detail
+        )
 
 
 def _is_context_error(e: Exception) -> bool:
     text = str(e).lower()
-    return any(w in text for w in ("context length", "context_length", "maximum context", "too many tokens",
-                                   "prompt is too long", "context window"))
+    return any(
+        w in text
+        for w in (
+            "context length",
+            "context_length",
+            "maximum context",
+            "too many tokens",
+            "prompt is too long",
+            "context window",
+        )
+    )
 
 
 def openai_history(messages: list[dict]) -> list[dict]:
@@ -140,12 +167,25 @@ class TextToolParser:
 class OpenAIPolicy:
     """Any OpenAI-compatible chat endpoint, through the message-level TaskSession."""
 
-    def __init__(self, base_url: str, api_key: str | None, model_name: str | None, cfg, renderer, provider,
-                 temperature: float, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model_name: str | None,
+        cfg,
+        renderer,
+        provider,
+        temperature: float,
+        timeout_s: float = 600.0,
+    ):
         import openai
 
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY")
-                                         or "EMPTY", timeout=timeout_s, max_retries=2)
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout_s,
+            max_retries=2,
+        )
         self.model_name, self.cfg, self.renderer = model_name, cfg, renderer
         self.provider, self.temperature = provider, temperature
 
@@ -169,8 +209,12 @@ class OpenAIPolicy:
 
         try:
             return await self.client.chat.completions.create(
-                model=self.model_name, messages=openai_history(session.messages), tools=_tool_schemas(),
-                temperature=self.temperature, max_tokens=self.cfg.max_tokens_per_turn)
+                model=self.model_name,
+                messages=openai_history(session.messages),
+                tools=_tool_schemas(),
+                temperature=self.temperature,
+                max_tokens=self.cfg.max_tokens_per_turn,
+            )
         except openai.BadRequestError as e:
             if _is_context_error(e):
                 return None
@@ -193,8 +237,11 @@ class OpenAIPolicy:
             choice = resp.choices[0]
             msg = choice.message
             content = msg.content or ""
-            calls = [tool_call(c.function.name, c.function.arguments or "{}", c.id)
-                     for c in (msg.tool_calls or []) if getattr(c, "function", None) is not None]
+            calls = [
+                tool_call(c.function.name, c.function.arguments or "{}", c.id)
+                for c in (msg.tool_calls or [])
+                if getattr(c, "function", None) is not None
+            ]
             errors: list[str] = []
             if not calls:  # servers without a tool parser leave the calls in the text
                 content, calls, errors = self.renderer.parse_tool_calls(content)
@@ -202,8 +249,9 @@ class OpenAIPolicy:
             if calls:
                 assistant["tool_calls"] = calls
             usage = resp.usage
-            _, done = await session.act(assistant, calls, errors, choice.finish_reason == "length",
-                                        usage.completion_tokens if usage else 0)
+            _, done = await session.act(
+                assistant, calls, errors, choice.finish_reason == "length", usage.completion_tokens if usage else 0
+            )
             if done:
                 break
             if usage and usage.total_tokens + MIN_ACTION_TOKENS > self.cfg.max_context_tokens:
@@ -235,8 +283,9 @@ def _tool_schemas() -> list[dict]:
 # Running and reporting
 
 
-async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True,
-                   partial_path: Path | None = None) -> list[Trial]:
+async def evaluate(
+    tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True, partial_path: Path | None = None
+) -> list[Trial]:
     """Every task n times, at most n_concurrent episodes at once; trials in (task, attempt) order.
     Each finished trial is also appended to `partial_path` at once, so an interrupted run keeps them."""
     sem = asyncio.Semaphore(n_concurrent)
@@ -253,16 +302,22 @@ async def evaluate(tasks: list[Task], policy, n: int, n_concurrent: int, progres
                 trial = await policy.run(task, attempt)
             except Exception as e:  # a bug in one trial must not lose the others' results
                 log.exception("trial %s#%d crashed", task.id, attempt)
-                trial = Trial(task.id, task.format, attempt, failure_mode="agent_crash",
-                              failure_detail=f"{type(e).__name__}: {e}")
+                trial = Trial(
+                    task.id, task.format, attempt, failure_mode="agent_crash", failure_detail=f"{type(e).__name__}: {e}"
+                )
         finished += 1
         if partial is not None:
             partial.write(json.dumps(asdict(trial), ensure_ascii=False) + "\n")
             partial.flush()
         if progress:
-            what = (f"reward={trial.reward:g} turns={trial.turns} end={trial.end_reason}" if trial.failure_mode is None
-                    else f"FAILED ({trial.failure_mode}: {trial.failure_detail[:120]})")
-            print(f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)", file=sys.stderr, flush=True)
+            what = (
+                f"reward={trial.reward:g} turns={trial.turns} end={trial.end_reason}"
+                if trial.failure_mode is None
+                else f"FAILED ({trial.failure_mode}: {trial.failure_detail[:120]})"
+            )
+            print(
+                f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)", file=sys.stderr, flush=True
+            )
         return trial
 
     try:
@@ -281,22 +336,35 @@ def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
     for task_id, ts in by_task.items():
         valid = [t for t in ts if t.failure_mode is None]
         n, c = len(valid), sum(t.resolved for t in valid)
-        rows.append({
-            "task": task_id, "format": ts[0].format, "trials": len(ts), "infra_failures": len(ts) - n,
-            "resolved": c, "mean_reward": sum(t.reward or 0.0 for t in valid) / n if n else None,
-            "mean_turns": sum(t.turns for t in valid) / n if n else None,
-            "pass@1": pass_at_k(n, c, 1) if n >= 1 else None,
-            f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
-        })
+        rows.append(
+            {
+                "task": task_id,
+                "format": ts[0].format,
+                "trials": len(ts),
+                "infra_failures": len(ts) - n,
+                "resolved": c,
+                "mean_reward": sum(t.reward or 0.0 for t in valid) / n if n else None,
+                "mean_turns": sum(t.turns for t in valid) / n if n else None,
+                "pass@1": pass_at_k(n, c, 1) if n >= 1 else None,
+                f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+            }
+        )
 
     def mean(key: str) -> float | None:
         vals = [r[key] for r in rows if r[key] is not None]
         return sum(vals) / len(vals) if vals else None
 
-    overall = {"task": f"all ({len(rows)} tasks)", "format": "", "trials": sum(r["trials"] for r in rows),
-               "infra_failures": sum(r["infra_failures"] for r in rows), "resolved": sum(r["resolved"] for r in rows),
-               "mean_reward": mean("mean_reward"), "mean_turns": mean("mean_turns"), "pass@1": mean("pass@1"),
-               f"pass@{k}": mean(f"pass@{k}")}
+    overall = {
+        "task": f"all ({len(rows)} tasks)",
+        "format": "",
+        "trials": sum(r["trials"] for r in rows),
+        "infra_failures": sum(r["infra_failures"] for r in rows),
+        "resolved": sum(r["resolved"] for r in rows),
+        "mean_reward": mean("mean_reward"),
+        "mean_turns": mean("mean_turns"),
+        "pass@1": mean("pass@1"),
+        f"pass@{k}": mean(f"pass@{k}"),
+    }
     return rows, overall
 
 
@@ -316,8 +384,7 @@ def format_table(rows: list[dict], overall: dict, k: int) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall: dict, table: str,
-                  meta: dict) -> None:
+def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall: dict, table: str, meta: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "results.jsonl", "w") as f:
         for t in trials:
@@ -333,8 +400,16 @@ def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall:
         with open(out_dir / name, "w") as f:
             for t in repo:
                 if t.attempt == attempt:
-                    f.write(json.dumps({"instance_id": t.task_id, "model_name_or_path": meta["model"],
-                                        "model_patch": t.patch or ""}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "instance_id": t.task_id,
+                                "model_name_or_path": meta["model"],
+                                "model_patch": t.patch or "",
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,10 +418,23 @@ def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tinkrl eval", description="Run an agent on task directories and report pass@k.")
-    p.add_argument("--tasks", "--dataset-path", "-p", dest="tasks", action="append", metavar="DIR",
-                   help="task dirs, dirs of them, or .json/.jsonl row files (repeatable; default: tasks)")
-    p.add_argument("--task-id", "-t", dest="task_ids", action="append", metavar="ID",
-                   help="only these tasks (ids or shell globs; repeatable)")
+    p.add_argument(
+        "--tasks",
+        "--dataset-path",
+        "-p",
+        dest="tasks",
+        action="append",
+        metavar="DIR",
+        help="task dirs, dirs of them, or .json/.jsonl row files (repeatable; default: tasks)",
+    )
+    p.add_argument(
+        "--task-id",
+        "-t",
+        dest="task_ids",
+        action="append",
+        metavar="ID",
+        help="only these tasks (ids or shell globs; repeatable)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="base model for the embedded engine (default: the default model)")
     src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
@@ -358,8 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
     p.add_argument("--max-context-tokens", type=int, default=8192)
     p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
-    p.add_argument("--wall-clock-timeout", action="store_true",
-                   help="count the model's time against the episode timeout too (default: only commands')")
+    p.add_argument(
+        "--wall-clock-timeout",
+        action="store_true",
+        help="count the model's time against the episode timeout too (default: only commands')",
+    )
     p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
     p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -387,18 +478,32 @@ async def _main(args: argparse.Namespace) -> int:
     from tinkrl.envs.tasks import LazyProvider, TasksEnvConfig
     from tinkrl.sandbox import get_provider
 
-    cfg = TasksEnvConfig(path=args.tasks or ["tasks"], task_ids=args.task_ids, max_turns=args.max_turns,
-                         max_tokens_per_turn=args.max_tokens, max_context_tokens=args.max_context_tokens,
-                         episode_timeout_s=args.episode_timeout,
-                         timeout_includes_sampling=args.wall_clock_timeout, command_timeout_s=args.command_timeout,
-                         tool_format=args.tool_format, gate=False)
+    cfg = TasksEnvConfig(
+        path=args.tasks or ["tasks"],
+        task_ids=args.task_ids,
+        max_turns=args.max_turns,
+        max_tokens_per_turn=args.max_tokens,
+        max_context_tokens=args.max_context_tokens,
+        episode_timeout_s=args.episode_timeout,
+        timeout_includes_sampling=args.wall_clock_timeout,
+        command_timeout_s=args.command_timeout,
+        tool_format=args.tool_format,
+        gate=False,
+    )
     tasks = cfg.load_tasks()
     provider = get_provider(args.sandbox)
     policy: Any = None
     try:
         if args.base_url:
-            policy = OpenAIPolicy(args.base_url, args.api_key, args.served_model, cfg,
-                                       TextToolParser(args.tool_format), LazyProvider(provider), args.temperature)
+            policy = OpenAIPolicy(
+                args.base_url,
+                args.api_key,
+                args.served_model,
+                cfg,
+                TextToolParser(args.tool_format),
+                LazyProvider(provider),
+                args.temperature,
+            )
             model_name = await policy.resolve_model()
             model_label = model_name
         else:
@@ -420,8 +525,9 @@ async def _main(args: argparse.Namespace) -> int:
         out_dir = Path(args.output_path) / run_id
         print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
         t0 = time.monotonic()
-        trials = await evaluate(tasks, policy, args.n, args.n_concurrent,
-                                partial_path=out_dir / "results.partial.jsonl")
+        trials = await evaluate(
+            tasks, policy, args.n, args.n_concurrent, partial_path=out_dir / "results.partial.jsonl"
+        )
         seconds = time.monotonic() - t0
     finally:
         if isinstance(policy, OpenAIPolicy):
@@ -429,10 +535,19 @@ async def _main(args: argparse.Namespace) -> int:
         provider.close()
     rows, overall = summarize(trials, args.n)
     table = format_table(rows, overall, args.n)
-    meta = {"run_id": run_id, "model": model_label, "base_model": model_name, "n_attempts": args.n,
-            "temperature": args.temperature, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
-            "max_context_tokens": args.max_context_tokens, "tool_format": args.tool_format,
-            "seconds": round(seconds, 1), "base_url": args.base_url}
+    meta = {
+        "run_id": run_id,
+        "model": model_label,
+        "base_model": model_name,
+        "n_attempts": args.n,
+        "temperature": args.temperature,
+        "max_turns": args.max_turns,
+        "max_tokens": args.max_tokens,
+        "max_context_tokens": args.max_context_tokens,
+        "tool_format": args.tool_format,
+        "seconds": round(seconds, 1),
+        "base_url": args.base_url,
+    }
     write_outputs(out_dir, trials, rows, overall, table, meta)
     (out_dir / "results.partial.jsonl").unlink(missing_ok=True)  # results.jsonl has them all, in order
     print(table)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import SandboxError, SandboxProvider
-from tinkrl.tasks.grading import grade, start_sandbox, apply_solution
+from tinkrl.tasks.grading import apply_solution, grade, start_sandbox
 from tinkrl.tasks.model import Task, TaskLoadError
 
 GATE_VERSION = "1"
@@ -45,7 +45,9 @@ def _one_side(task: Task, provider: SandboxProvider, with_solution: bool) -> tup
         if with_solution:
             r = apply_solution(task, sandbox)
             if r.timed_out or r.exit_code != 0:
-                note = f" (solution {'timed out' if r.timed_out else f'exited {r.exit_code}'}: {r.output.strip()[-200:]})"
+                note = (
+                    f" (solution {'timed out' if r.timed_out else f'exited {r.exit_code}'}: {r.output.strip()[-200:]})"
+                )
         result = grade(task, sandbox)
         return result.reward, result.detail + note
 
@@ -59,7 +61,9 @@ def run_gate(task: Task, provider: SandboxProvider, use_cache: bool = True) -> G
             pass
     t0 = time.monotonic()
     if not task.has_solution:
-        return GateResult(task.id, False, None, None, f"{task.source}: no solution (solution/solve.sh, solution.sh or patch)")
+        return GateResult(
+            task.id, False, None, None, f"{task.source}: no solution (solution/solve.sh, solution.sh or patch)"
+        )
     try:
         sol, sol_why = _one_side(task, provider, with_solution=True)
         noop, noop_why = _one_side(task, provider, with_solution=False)

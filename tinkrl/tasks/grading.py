@@ -32,8 +32,13 @@ from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError
 
 PINNED_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
-    "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+    "TMPDIR": "/tmp",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
 }
 PASS_STATUSES = {"PASSED", "XFAIL", "SKIPPED"}
 STATUS_RANK = {"PASSED": 0, "XFAIL": 1, "SKIPPED": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
@@ -69,7 +74,7 @@ class _Baseline:
     path: str = ""  # the image's PATH (its python/pytest may live outside the system dirs)
 
 
-_BASELINES: "weakref.WeakKeyDictionary[Sandbox, _Baseline]" = weakref.WeakKeyDictionary()
+_BASELINES: weakref.WeakKeyDictionary[Sandbox, _Baseline] = weakref.WeakKeyDictionary()
 
 
 def uses_image(task: Task, provider: SandboxProvider) -> bool:
@@ -85,17 +90,25 @@ def uses_image(task: Task, provider: SandboxProvider) -> bool:
     if task.build:
         return False
     why = task.metadata.get("tinkrl_build_error")
-    raise ConfigError(f"task {task.id} ({task.source}) needs the container image {task.image!r}, which the "
-                      f"{provider.name} sandbox cannot run: set sandbox.provider=docker or kubernetes"
-                      + (f" (its Dockerfile cannot be built without one: {why})" if why else
-                         " (or give the task a local workspace)"))
+    raise ConfigError(
+        f"task {task.id} ({task.source}) needs the container image {task.image!r}, which the "
+        f"{provider.name} sandbox cannot run: set sandbox.provider=docker or kubernetes"
+        + (f" (its Dockerfile cannot be built without one: {why})" if why else " (or give the task a local workspace)")
+    )
 
 
 def sandbox_spec(task: Task, provider: SandboxProvider | None = None) -> SandboxSpec:
     """The spec `provider` starts for `task`: with the task's image unless it builds the workspace."""
     image = task.image if provider is None or uses_image(task, provider) else None
-    return SandboxSpec(workdir=task.workdir, env=dict(task.env), memory_mb=task.memory_mb, pids=task.pids,
-                       disk_mb=task.disk_mb, labels={"task": task.id}, image=image)
+    return SandboxSpec(
+        workdir=task.workdir,
+        env=dict(task.env),
+        memory_mb=task.memory_mb,
+        pids=task.pids,
+        disk_mb=task.disk_mb,
+        labels={"task": task.id},
+        image=image,
+    )
 
 
 def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
@@ -129,8 +142,11 @@ def _files_under(sandbox: Sandbox, task: Task, find_args: str) -> list[str]:
 def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
     """Read (host-side, before the agent runs) what grading restores, from the image itself."""
     quoted = " ".join(shlex.quote(p) for p in task.restore_paths)
-    paths = _files_under(sandbox, task, f"{shlex.quote(task.workdir)} -xdev \\( {_protected_names()} \\) -prune "
-                                        "-exec find {} -type f -print0 \\;")
+    paths = _files_under(
+        sandbox,
+        task,
+        f"{shlex.quote(task.workdir)} -xdev \\( {_protected_names()} \\) -prune -exec find {{}} -type f -print0 \\;",
+    )
     if quoted:
         paths += _files_under(sandbox, task, f"{quoted} -type f -print0")
     files = {p: sandbox.read_file(p) for p in dict.fromkeys(paths)}
@@ -140,14 +156,16 @@ def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
     if task.image_tests:
         root = task.image_tests.rstrip("/")
         for p in _files_under(sandbox, task, f"{shlex.quote(root)} -type f -print0"):
-            hidden[p[len(root) + 1:]] = sandbox.read_file(p)
+            hidden[p[len(root) + 1 :]] = sandbox.read_file(p)
         if not hidden:
-            raise TaskLoadError(task.source, f"task {task.id}: the image {task.image} has no hidden tests in {root}",
-                                "image_tests")
+            raise TaskLoadError(
+                task.source, f"task {task.id}: the image {task.image} has no hidden tests in {root}", "image_tests"
+            )
         gone = sandbox.exec(_pinned(f"rm -rf -- {shlex.quote(root)}", task), timeout=60, workdir="/")
         if gone.exit_code != 0:
-            raise TaskLoadError(task.source, f"task {task.id}: cannot hide {root}: {gone.output.strip()[-200:]}",
-                                "image_tests")
+            raise TaskLoadError(
+                task.source, f"task {task.id}: cannot hide {root}: {gone.output.strip()[-200:]}", "image_tests"
+            )
     return _Baseline(files=files, restore=list(task.restore_paths), hidden_tests=hidden, path=image_path)
 
 
@@ -179,8 +197,12 @@ def _pinned(command: str, task: Task, sandbox: Sandbox | None = None) -> str:
     """`command` under `env -i` with the pinned environment (PATH: the image's own, read at start)."""
     baseline = _BASELINES.get(sandbox) if sandbox is not None else None
     env = {**PINNED_ENV, **({"PATH": baseline.path} if baseline and baseline.path else {}), **task.verifier_env}
-    return "exec env -i " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + \
-        " /bin/bash --noprofile --norc -c " + shlex.quote(command)
+    return (
+        "exec env -i "
+        + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        + " /bin/bash --noprofile --norc -c "
+        + shlex.quote(command)
+    )
 
 
 def _protected_names() -> str:
@@ -204,7 +226,9 @@ def reset_protected_files(task: Task, sandbox: Sandbox) -> list[str]:
     if baseline is not None:
         removed += baseline.restore
     if removed:
-        sandbox.exec(_pinned("rm -rf -- " + " ".join(shlex.quote(p) for p in removed), task, sandbox), timeout=60, workdir="/")
+        sandbox.exec(
+            _pinned("rm -rf -- " + " ".join(shlex.quote(p) for p in removed), task, sandbox), timeout=60, workdir="/"
+        )
     for path, data in originals.items():
         sandbox.write_file(path, data, 0o644)
     return removed
@@ -221,7 +245,7 @@ def parse_pytest_summary(output: str) -> dict[str, str]:
     if not starts:
         return {}
     statuses: dict[str, str] = {}
-    for line in lines[starts[-1] + 1:]:
+    for line in lines[starts[-1] + 1 :]:
         if line.startswith("="):
             break
         status, _, rest = line.partition(" ")
@@ -247,8 +271,11 @@ def grade_reward_file(files: dict[str, bytes | None]) -> GradeResult:
             return GradeResult(0.0, "reward.json is not valid JSON")
         if isinstance(data, (int, float)) and not isinstance(data, bool):
             data = {"reward": data}
-        if not isinstance(data, dict) or not data or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+        if (
+            not isinstance(data, dict)
+            or not data
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values())
+        ):
             return GradeResult(0.0, "reward.json must be an object of numbers")
         rewards = {str(k): float(v) for k, v in data.items()}
         if not all(math.isfinite(v) for v in rewards.values()):
@@ -284,8 +311,12 @@ def grade_r2e(output: str, expected: dict[str, str]) -> GradeResult:
     wrong = sorted(k for k in set(want) | set(parsed) if parsed.get(k) != want.get(k))
     if wrong:
         k = wrong[0]
-        return GradeResult(0.0, f"{len(wrong)} tests differ from the expected output, e.g. {k}: "
-                           f"got {parsed.get(k, 'missing')}, expected {want.get(k, 'absent')}", parsed)
+        return GradeResult(
+            0.0,
+            f"{len(wrong)} tests differ from the expected output, e.g. {k}: "
+            f"got {parsed.get(k, 'missing')}, expected {want.get(k, 'absent')}",
+            parsed,
+        )
     return GradeResult(1.0, f"all {len(want)} tests match the expected output", parsed)
 
 
@@ -297,9 +328,13 @@ def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
         return GradeResult(1.0, f"resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS pass", tests)
     parts = []
     if f2p_bad:
-        parts.append(f"FAIL_TO_PASS {len(f2p) - len(f2p_bad)}/{len(f2p)} ({f2p_bad[0]}: {tests.get(f2p_bad[0], 'missing')})")
+        parts.append(
+            f"FAIL_TO_PASS {len(f2p) - len(f2p_bad)}/{len(f2p)} ({f2p_bad[0]}: {tests.get(f2p_bad[0], 'missing')})"
+        )
     if p2p_bad:
-        parts.append(f"PASS_TO_PASS {len(p2p) - len(p2p_bad)}/{len(p2p)} ({p2p_bad[0]}: {tests.get(p2p_bad[0], 'missing')})")
+        parts.append(
+            f"PASS_TO_PASS {len(p2p) - len(p2p_bad)}/{len(p2p)} ({p2p_bad[0]}: {tests.get(p2p_bad[0], 'missing')})"
+        )
     return GradeResult(0.0, "not resolved: " + "; ".join(parts), tests)
 
 
@@ -327,17 +362,23 @@ def grade(task: Task, sandbox: Sandbox) -> GradeResult:
         pre = sandbox.exec(_pinned(task.pre_test_command, task, sandbox), timeout=120, workdir=task.workdir)
         if pre.exit_code != 0:
             sandbox.kill_all()
-            return GradeResult(0.0, f"preparing the tests failed (exit {pre.exit_code}): {pre.output.strip()[-300:]}",
-                               output=pre.output[-OUTPUT_TAIL:], exit_code=pre.exit_code)
+            return GradeResult(
+                0.0,
+                f"preparing the tests failed (exit {pre.exit_code}): {pre.output.strip()[-300:]}",
+                output=pre.output[-OUTPUT_TAIL:],
+                exit_code=pre.exit_code,
+            )
     r = sandbox.exec(_pinned(task.test_command, task, sandbox), timeout=task.verifier_timeout_s, workdir=task.workdir)
     sandbox.kill_all()  # nothing the tests started may touch the results after this point
     output = r.output
     if r.timed_out:
-        return GradeResult(0.0, f"the tests timed out after {task.verifier_timeout_s:g}s",
-                           output=output[-OUTPUT_TAIL:], exit_code=None)
+        return GradeResult(
+            0.0, f"the tests timed out after {task.verifier_timeout_s:g}s", output=output[-OUTPUT_TAIL:], exit_code=None
+        )
     if task.grader == "reward_file":
-        res = grade_reward_file({name: _read_optional(sandbox, f"/logs/verifier/{name}")
-                                 for name in ("reward.json", "reward.txt")})
+        res = grade_reward_file(
+            {name: _read_optional(sandbox, f"/logs/verifier/{name}") for name in ("reward.json", "reward.txt")}
+        )
     elif task.grader == "pytest":
         res = grade_pytest(output)
     elif task.grader == "r2e":

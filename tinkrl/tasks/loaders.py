@@ -18,8 +18,8 @@ import json
 import re
 import shlex
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
@@ -28,13 +28,26 @@ from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError, hash_pa
 
 # Files that steer test runs; before grading they are reset to the task's originals and any
 # new ones are removed, so a planted conftest.py/sitecustomize.py/fake pytest changes nothing.
-PROTECTED_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
-                   "usercustomize.py", "pytest.py", "py.py", "_pytest", "pluggy")
+PROTECTED_NAMES = (
+    "conftest.py",
+    "pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "sitecustomize.py",
+    "usercustomize.py",
+    "pytest.py",
+    "py.py",
+    "_pytest",
+    "pluggy",
+)
 PYTEST = "python3 -m pytest -p no:cacheprovider -rA"
 # SWE-bench images keep the repo's python in a conda env named testbed (their harness activates it).
 SWEBENCH_IMAGE_ENV = "if [ -f /opt/miniconda3/bin/activate ]; then . /opt/miniconda3/bin/activate testbed; fi; "
-GIT_BASE_COMMIT = ("if [ ! -d .git ]; then git init -q && git add -A && "
-                   "git -c user.name=tinkrl -c user.email=tinkrl@localhost commit -qm base --no-verify; fi")
+GIT_BASE_COMMIT = (
+    "if [ ! -d .git ]; then git init -q && git add -A && "
+    "git -c user.name=tinkrl -c user.email=tinkrl@localhost commit -qm base --no-verify; fi"
+)
 
 
 def _num(value, where: str, field: str, default: float) -> float:
@@ -61,10 +74,19 @@ def _workspace_steps(root: Path, env_dir: Path, workdir: str, rel: str) -> list[
     if ws.is_dir():
         steps.append(BuildStep(kind="copy", origin=f"{rel}/workspace", copy=FileCopy(dest=workdir, src=ws)))
     if setup.is_file():
-        steps += [BuildStep(kind="copy", origin=f"{rel}/setup.sh",
-                            copy=FileCopy(dest="/tmp/.tinkrl-setup.sh", src=setup, mode=0o755)),
-                  BuildStep(kind="run", origin=f"{rel}/setup.sh", workdir=workdir,
-                            command="bash /tmp/.tinkrl-setup.sh; rc=$?; rm -f /tmp/.tinkrl-setup.sh; exit $rc")]
+        steps += [
+            BuildStep(
+                kind="copy",
+                origin=f"{rel}/setup.sh",
+                copy=FileCopy(dest="/tmp/.tinkrl-setup.sh", src=setup, mode=0o755),
+            ),
+            BuildStep(
+                kind="run",
+                origin=f"{rel}/setup.sh",
+                workdir=workdir,
+                command="bash /tmp/.tinkrl-setup.sh; rc=$?; rm -f /tmp/.tinkrl-setup.sh; exit $rc",
+            ),
+        ]
     return steps
 
 
@@ -132,18 +154,27 @@ def load_harbor(task_dir: Path) -> Task:
     solve = d / "solution" / "solve.sh"
     where = str(toml_path)
     return Task(
-        id=(cfg.get("task") or {}).get("name") or d.name, source=d, format="harbor", instruction=instruction,
-        workdir=workdir, grader=grader, env=env,
+        id=(cfg.get("task") or {}).get("name") or d.name,
+        source=d,
+        format="harbor",
+        instruction=instruction,
+        workdir=workdir,
+        grader=grader,
+        env=env,
         agent_timeout_s=_num(agent.get("timeout_sec"), where, "[agent] timeout_sec", 600.0),
         verifier_timeout_s=_num(verifier.get("timeout_sec"), where, "[verifier] timeout_sec", 600.0),
         memory_mb=int(_num(envcfg.get("memory_mb"), where, "[environment] memory_mb", 2048)),
         disk_mb=int(_num(envcfg.get("storage_mb"), where, "[environment] storage_mb", 1024)),
-        build=steps or [], tests=_dir_copy(d / "tests", "/tests"), test_command="bash /tests/test.sh",
+        build=steps or [],
+        tests=_dir_copy(d / "tests", "/tests"),
+        test_command="bash /tests/test.sh",
         verifier_env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
         solution=_dir_copy(d / "solution", "/solution"),
         solution_command="bash /solution/solve.sh" if solve.is_file() else "",
-        original_files=_original_protected(steps or []), content_hash=hash_paths([d]),
-        metadata=meta, image=image,
+        original_files=_original_protected(steps or []),
+        content_hash=hash_paths([d]),
+        metadata=meta,
+        image=image,
     )
 
 
@@ -186,15 +217,28 @@ def load_terminal_bench(task_dir: Path) -> Task:
         solution = [FileCopy(dest="/solution/solution.sh", data=script.encode(), mode=0o755)]
         solution_cmd = "bash /solution/solution.sh"
     where = str(yml)
-    tests = _dir_copy(d / "tests", "/tests") + [FileCopy(dest="/tests/run-tests.sh", src=d / "run-tests.sh", mode=0o755)]
+    tests = _dir_copy(d / "tests", "/tests") + [
+        FileCopy(dest="/tests/run-tests.sh", src=d / "run-tests.sh", mode=0o755)
+    ]
     return Task(
-        id=d.name, source=d, format="terminal-bench", instruction=instruction.strip(), workdir=workdir,
-        grader="pytest", env=env,
+        id=d.name,
+        source=d,
+        format="terminal-bench",
+        instruction=instruction.strip(),
+        workdir=workdir,
+        grader="pytest",
+        env=env,
         agent_timeout_s=_num(cfg.get("max_agent_timeout_sec"), where, "max_agent_timeout_sec", 360.0),
         verifier_timeout_s=_num(cfg.get("max_test_timeout_sec"), where, "max_test_timeout_sec", 60.0),
-        build=steps, tests=tests, test_command="bash /tests/run-tests.sh", verifier_env={"TEST_DIR": "/tests"},
-        solution=solution, solution_command=solution_cmd, original_files=_original_protected(steps),
-        content_hash=hash_paths([d]), metadata={k: cfg[k] for k in ("difficulty", "category", "tags") if k in cfg},
+        build=steps,
+        tests=tests,
+        test_command="bash /tests/run-tests.sh",
+        verifier_env={"TEST_DIR": "/tests"},
+        solution=solution,
+        solution_command=solution_cmd,
+        original_files=_original_protected(steps),
+        content_hash=hash_paths([d]),
+        metadata={k: cfg[k] for k in ("difficulty", "category", "tags") if k in cfg},
     )
 
 
@@ -231,8 +275,12 @@ def _row_workspace(row: dict, base: Path, where: str, image: str | None) -> Path
     if not ws:
         if image:
             return None
-        raise TaskLoadError(where, "need a local `workspace` directory with the repo, or a container image "
-                            "(`docker_image`) to run on sandbox.provider=docker or kubernetes", "workspace")
+        raise TaskLoadError(
+            where,
+            "need a local `workspace` directory with the repo, or a container image "
+            "(`docker_image`) to run on sandbox.provider=docker or kubernetes",
+            "workspace",
+        )
     path = (base / ws).resolve()
     if not path.is_dir():
         raise TaskLoadError(where, f"{ws!r} is not a directory (relative to {base})", "workspace")
@@ -254,9 +302,14 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
     image = _row_image(row, where)
     ws = _row_workspace(row, rows_file.parent, where, image)
     workdir = "/testbed"
-    steps = [] if ws is None else [
-        BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-        BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
+    steps = (
+        []
+        if ws is None
+        else [
+            BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
+            BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir),
+        ]
+    )
     test_patch = row["test_patch"]
     # Every file the test patch touches goes back to its base version (written fresh from the
     # task, not from the agent's git history) or is removed; then the patch is applied. Run
@@ -271,16 +324,24 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
     files = sorted({t.split("::")[0] for t in f2p + p2p})
     patch = row.get("patch") or ""
     return Task(
-        id=row["instance_id"], source=rows_file, format="swebench", instruction=row["problem_statement"].strip(),
-        workdir=workdir, grader="swebench", build=steps,
-        tests=[FileCopy(dest="/tests/test.patch", data=test_patch.encode()), *fresh], pre_test_command=pre,
+        id=row["instance_id"],
+        source=rows_file,
+        format="swebench",
+        instruction=row["problem_statement"].strip(),
+        workdir=workdir,
+        grader="swebench",
+        build=steps,
+        tests=[FileCopy(dest="/tests/test.patch", data=test_patch.encode()), *fresh],
+        pre_test_command=pre,
         test_command=(SWEBENCH_IMAGE_ENV if image else "") + f"{PYTEST} {' '.join(shlex.quote(f) for f in files)}",
         solution=[FileCopy(dest="/solution/gold.patch", data=patch.encode())] if patch else [],
         solution_command="git apply --whitespace=nowarn /solution/gold.patch" if patch else "",
-        expected={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}, original_files=_original_protected(steps),
+        expected={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p},
+        original_files=_original_protected(steps),
         content_hash=hash_paths([ws] if ws else [], json.dumps(row, sort_keys=True).encode()),
         metadata={k: row[k] for k in ("repo", "base_commit", "version") if k in row},
-        image=image, restore_paths=[f"{workdir}/{rel}" for rel in _patched_files(test_patch)],
+        image=image,
+        restore_paths=[f"{workdir}/{rel}" for rel in _patched_files(test_patch)],
     )
 
 
@@ -295,8 +356,11 @@ def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
         if field not in row:
             raise TaskLoadError(where, "missing (required)", field)
     try:
-        expected = json.loads(row["expected_output_json"]) if isinstance(row["expected_output_json"], str) \
+        expected = (
+            json.loads(row["expected_output_json"])
+            if isinstance(row["expected_output_json"], str)
             else row["expected_output_json"]
+        )
     except ValueError:
         raise TaskLoadError(where, "is not valid JSON", "expected_output_json") from None
     if not isinstance(expected, dict) or not expected:
@@ -311,24 +375,37 @@ def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
     if tests_dir is not None and not tests_dir.is_dir():
         raise TaskLoadError(where, f"{row['tests']!r} is not a directory (relative to {rows_file.parent})", "tests")
     if tests_dir is None and not image:
-        raise TaskLoadError(where, "need a local directory with the hidden r2e_tests (or a container image "
-                            "that holds them)", "tests")
+        raise TaskLoadError(
+            where, "need a local directory with the hidden r2e_tests (or a container image that holds them)", "tests"
+        )
     # Without a local workspace AND local tests only the image can run this row (R2E-Gym
     # images keep the hidden tests in /testbed/r2e_tests; they are taken out before the agent).
-    steps = [] if ws is None or tests_dir is None else [
-        BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-        BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir)]
+    steps = (
+        []
+        if ws is None or tests_dir is None
+        else [
+            BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
+            BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir),
+        ]
+    )
     patch = row.get("patch") or ""
     commit = str(row.get("commit_hash", ""))[:8]
     return Task(
         id=row.get("instance_id") or f"{row.get('repo_name', 'repo')}__{commit or rows_file.stem}",
-        source=rows_file, format="r2e", instruction=instruction, workdir=workdir, grader="r2e", build=steps,
+        source=rows_file,
+        format="r2e",
+        instruction=instruction,
+        workdir=workdir,
+        grader="r2e",
+        build=steps,
         tests=[FileCopy(dest="/tests/r2e_tests", src=tests_dir)] if tests_dir else [],
-        test_command=f"{PYTEST} /tests/r2e_tests", image=image,
+        test_command=f"{PYTEST} /tests/r2e_tests",
+        image=image,
         image_tests="" if tests_dir else f"{workdir}/r2e_tests",
         solution=[FileCopy(dest="/solution/gold.patch", data=patch.encode())] if patch else [],
         solution_command="git apply --whitespace=nowarn /solution/gold.patch" if patch else "",
-        expected={"tests": {str(k): str(v) for k, v in expected.items()}}, original_files=_original_protected(steps),
+        expected={"tests": {str(k): str(v) for k, v in expected.items()}},
+        original_files=_original_protected(steps),
         content_hash=hash_paths([p for p in (ws, tests_dir) if p], json.dumps(row, sort_keys=True).encode()),
         metadata={k: row[k] for k in ("repo_name", "commit_hash", "docker_image") if k in row},
     )
@@ -370,8 +447,9 @@ def iter_rows(rows_file: Path) -> Iterator[Task | TaskLoadError]:
             elif "expected_output_json" in row:
                 yield load_r2e_row(row, rows_file, where)
             else:
-                raise TaskLoadError(where, "neither a SWE-bench row (FAIL_TO_PASS) nor an R2E-Gym row "
-                                    "(expected_output_json)")
+                raise TaskLoadError(
+                    where, "neither a SWE-bench row (FAIL_TO_PASS) nor an R2E-Gym row (expected_output_json)"
+                )
         except TaskLoadError as e:
             yield e
 
@@ -407,8 +485,13 @@ def iter_tasks(paths: list[str | Path]) -> Iterator[Task | TaskLoadError]:
             except TaskLoadError as e:
                 yield e
         elif p.is_dir():
-            children = sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith(".")
-                              and ((c / "task.toml").is_file() or (c / "task.yaml").is_file()))
+            children = sorted(
+                c
+                for c in p.iterdir()
+                if c.is_dir()
+                and not c.name.startswith(".")
+                and ((c / "task.toml").is_file() or (c / "task.yaml").is_file())
+            )
             children += sorted(c for c in p.iterdir() if c.is_file() and c.suffix in (".json", ".jsonl"))
             if not children:
                 yield TaskLoadError(p, "contains no task directories or row files")

@@ -19,7 +19,8 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pydantic
 from aiohttp import web
@@ -131,7 +132,9 @@ class TinkerServer:
             if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
                 key = request.headers["Authorization"][len("Bearer ") :]
             if not _key_ok(key, self.api_key):
-                why = "this server was started with --api-key; send that key" if self.api_key else "send X-API-Key: tml-…"
+                why = (
+                    "this server was started with --api-key; send that key" if self.api_key else "send X-API-Key: tml-…"
+                )
                 return _detail(401, f"invalid or missing API key ({why})")
         try:
             return await handler(request)
@@ -363,11 +366,15 @@ class TinkerServer:
             promise = self.registry.submit(model, req.seq_id, "LoadWeights", swap, encode)
         return _future(promise.request_id, model_id=model.model_id)
 
-    def _submit_json(self, model: TrainingModel, seq_id: int | None, kind: str, call: Callable[[Any], Any]) -> web.Response:
+    def _submit_json(
+        self, model: TrainingModel, seq_id: int | None, kind: str, call: Callable[[Any], Any]
+    ) -> web.Response:
         def run(m: TrainingModel) -> Any:
             return call(m.require_client())
 
-        promise = self.registry.submit(model, seq_id, kind, run, lambda result: ("json", wire.to_json(result)), quick=True)
+        promise = self.registry.submit(
+            model, seq_id, kind, run, lambda result: ("json", wire.to_json(result)), quick=True
+        )
         return _future(promise.request_id, model_id=model.model_id)
 
     # ------------------------------------------------------------------ sampling endpoints

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from aiohttp import web
 
@@ -73,8 +74,9 @@ def cli_main(argv: list[str]) -> int:
         f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}"
     )
     try:  # run_app calls `print` once the socket is bound
-        web.run_app(server.app, host=args.host, port=args.port, access_log=None,
-                    print=lambda _msg: print(banner, flush=True))
+        web.run_app(
+            server.app, host=args.host, port=args.port, access_log=None, print=lambda _msg: print(banner, flush=True)
+        )
     except OSError as e:  # port taken, address not local, ...
         print(f"tinkrl serve tinker: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 1

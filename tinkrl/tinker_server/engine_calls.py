@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Threads that park on `.result()` when a future offers nothing better, and that run
 # engine calls which might take a lock. Daemon-style pool sized for many waiters.

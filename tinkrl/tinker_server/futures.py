@@ -64,7 +64,7 @@ class PromiseTable:
         """True once resolved; False when `timeout_s` passed first (the client polls again)."""
         try:
             await asyncio.wait_for(promise.done.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         promise.fetched_at = time.monotonic()
         return True

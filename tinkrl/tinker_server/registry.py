@@ -17,8 +17,9 @@ import concurrent.futures
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from tinker import types
 
@@ -278,7 +279,9 @@ class Registry:
         client = await settle(pending)
         return self.register_sampler(sampler_id, client, base_model, model_path)
 
-    def register_sampler(self, sampler_id: str, client: Any, base_model: str | None, model_path: str | None) -> SamplingSession:
+    def register_sampler(
+        self, sampler_id: str, client: Any, base_model: str | None, model_path: str | None
+    ) -> SamplingSession:
         session_id = sampler_id.split(":sample:")[0]
         if base_model is None:
             getter = getattr(client, "get_base_model", None)
@@ -321,4 +324,3 @@ class Registry:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-

@@ -10,8 +10,9 @@ This module turns those bytes into `tinker.types` objects for the engine and bac
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -149,9 +150,7 @@ def _as_array(td: types.TensorData) -> np.ndarray:
 
 
 def _record_signature(datum_out: Mapping[str, types.TensorData]) -> tuple:
-    return tuple(
-        (name, td.dtype, tuple(_as_array(td).shape[1:])) for name, td in sorted(datum_out.items())
-    )
+    return tuple((name, td.dtype, tuple(_as_array(td).shape[1:])) for name, td in sorted(datum_out.items()))
 
 
 def _add_record(msg: pb.ForwardBackwardOutput, outputs: list[Mapping[str, types.TensorData]]) -> None:

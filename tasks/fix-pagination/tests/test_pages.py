@@ -1,5 +1,4 @@
 import pytest
-
 from pager import get_page, page_count
 
 

@@ -1,4 +1,5 @@
 """Checks /app/report.json against counts computed here from the same log."""
+
 import collections
 import json
 import re

@@ -1,4 +1,5 @@
 """URL slugs."""
+
 import re
 
 

@@ -11,4 +11,4 @@ def get_page(items: list, page: int, per_page: int) -> list:
     if page > page_count(len(items), per_page):
         raise IndexError(page)
     start = (page - 1) * per_page
-    return items[start:start + per_page]
+    return items[start : start + per_page]
