@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from tinkrl.backends import BackendUnavailable, make_service_client
+from tinkrl.config import BackendConfig, load_config
 from tinkrl.errors import ConfigError
 from tinkrl.tinker_server.cli import serve_in_thread
 
@@ -20,18 +21,20 @@ def _free_port() -> int:
 def test_missing_or_malformed_key_is_a_config_error(monkeypatch):
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="TINKER_API_KEY"):
-        make_service_client("tinker", base_url="http://127.0.0.1:1")
+        make_service_client(BackendConfig(backend="tinker", base_url="http://127.0.0.1:1"))
     with pytest.raises(ConfigError, match="tml-"):
-        make_service_client("tinker", base_url="http://127.0.0.1:1", api_key="sk-abc")
-    with pytest.raises(ConfigError, match="local' or 'tinker"):
-        make_service_client("hosted")  # type: ignore[arg-type]
+        make_service_client(BackendConfig(backend="tinker", base_url="http://127.0.0.1:1"), api_key="sk-abc")
+    with pytest.raises(ConfigError, match="'local' or 'tinker'"):
+        load_config(None, ["env=arithmetic", "backend=hosted"])
+    with pytest.raises(ConfigError, match="backend=local only"):
+        make_service_client(BackendConfig(backend="tinker", device="cpu"), api_key="tml-local")
 
 
 def test_unreachable_service_fails_before_any_work(monkeypatch):
     monkeypatch.delenv("TINKER_BASE_URL", raising=False)
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(BackendUnavailable, match=f"cannot reach the Tinker service at {url}") as info:
-        make_service_client("tinker", base_url=url, api_key="tml-local")
+        make_service_client(BackendConfig(backend="tinker", base_url=url), api_key="tml-local")
     assert "\n" not in str(info.value)
 
 
@@ -41,9 +44,9 @@ def test_refused_key_and_env_resolution(monkeypatch):
         monkeypatch.setenv("TINKER_BASE_URL", url)
         monkeypatch.setenv("TINKER_API_KEY", "tml-wrong")
         with pytest.raises(BackendUnavailable, match="refused the API key"):
-            make_service_client("tinker")
+            make_service_client(BackendConfig(backend="tinker"))
         monkeypatch.setenv("TINKER_API_KEY", "tml-right")
-        client = make_service_client("tinker")
+        client = make_service_client(BackendConfig(backend="tinker"))
         import tinker
 
-        assert isinstance(client, tinker.ServiceClient)
+        assert isinstance(client.sdk, tinker.ServiceClient)

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from tinkrl.cli import main as tinkrl
+from tinkrl.commands.train import parse_cli
 from tinkrl.config import load_config, load_dotenv_file
 from tinkrl.errors import ConfigError
-from tinkrl.rl.train import parse_cli
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ import pytest
 import yaml
 from ors_helpers import start_toy_server, stop
 
-from tinkrl.config import load_config
 from tinkrl.envs.openreward import open_session_count
 
 BASE = {
@@ -42,7 +41,7 @@ def adder_entry(url: str, **extra) -> dict:
 
 
 def train(tmp_path: Path, environments: dict, batch_size: int) -> tuple[dict, list[dict]]:
-    from tinkrl.rl.train import main
+    from tinkrl.commands.train import load, run
 
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(
@@ -56,7 +55,7 @@ def train(tmp_path: Path, environments: dict, batch_size: int) -> tuple[dict, li
             }
         )
     )
-    metrics = main(load_config(str(cfg_path)))
+    metrics = run(load(str(cfg_path), []))
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return metrics, lines
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tinkrl.config import load_config
 from tinkrl.local import ServiceClient as LocalServiceClient
 from tinkrl.local.models import TINY_MODEL
 from tinkrl.tinker_server.cli import serve_in_thread
@@ -44,10 +43,10 @@ RUN = {
 
 
 def _train(tmp_path: Path, name: str, **extra) -> list[dict]:
-    from tinkrl.rl.train import main
+    from tinkrl.commands.train import load, run
 
     overrides = [f"{k}={v}" for k, v in {**RUN, **extra, "log_path": str(tmp_path / name)}.items()]
-    main(load_config(None, overrides))
+    run(load(None, overrides))
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 

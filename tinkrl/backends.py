@@ -1,9 +1,15 @@
-"""Choosing the Tinker API implementation: `backend: local | tinker`.
+"""The Tinker API seam: `make_service_client(config)` gives the local engine or the Tinker service.
 
-`local` is the embedded engine in this process (`tinkrl.local.ServiceClient`). `tinker` is
-the official SDK (`tinker.ServiceClient`) talking HTTP to the hosted service, or to
-`tinkrl serve tinker` when `base_url`/`TINKER_BASE_URL` points there. Both hand out the
-same clients, so nothing above this module knows which one it got.
+`backend: local` is the embedded engine in this process (`tinkrl.local.ServiceClient`).
+`backend: tinker` is the official SDK (`tinker.ServiceClient`) talking HTTP to the hosted
+service, or to `tinkrl serve tinker` when `base_url`/`TINKER_BASE_URL` points there. Both hand
+out the same clients, so nothing above this module knows which one it got.
+
+Two things differ between them, and are settled here once:
+- The SDK's `create_*_client` calls return client futures; `TinkerService` waits for them, so
+  every caller gets a client, as from the local engine.
+- The SDK's `get_tokenizer` downloads the tokenizer from the Hugging Face hub by model name
+  (retrying for a minute when offline); the clients handed out here read a local copy first.
 
 The SDK connects lazily, so a missing key or a wrong URL would otherwise surface minutes
 into a run, at the first training call. `make_service_client` checks both before any work
@@ -16,9 +22,11 @@ never loses or doubles a step.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Literal
+from typing import Any
 
+from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
 
 DEFAULT_TINKER_URL = "https://tinker.thinkingmachines.dev/services/tinker-prod"
@@ -30,10 +38,12 @@ class BackendUnavailable(TinkrlError):
 
 
 def resolve_base_url(base_url: str | None) -> str:
+    """The service URL: the config's, else $TINKER_BASE_URL, else the hosted service."""
     return (base_url or os.environ.get("TINKER_BASE_URL") or DEFAULT_TINKER_URL).rstrip("/")
 
 
 def resolve_api_key(api_key: str | None) -> str:
+    """The API key: the given one, else $TINKER_API_KEY; a missing or malformed key is a ConfigError."""
     key = api_key or os.environ.get("TINKER_API_KEY")
     if not key:
         raise ConfigError(
@@ -79,24 +89,91 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def make_service_client(
-    backend: Literal["local", "tinker"],
-    base_url: str | None = None,
-    api_key: str | None = None,
-    **local_options: Any,
-) -> Any:
-    """A ServiceClient for `backend`; for `tinker`, checked to be reachable with the key."""
-    if backend == "local":
+def make_service_client(config: BackendConfig | None = None, *, api_key: str | None = None) -> Any:
+    """A ServiceClient for `config.backend`; for `tinker`, checked to be reachable with the key."""
+    config = config or BackendConfig()
+    if config.backend == "local":
         from tinkrl.local import ServiceClient
 
-        return ServiceClient(**local_options)
-    if backend == "tinker":
-        if local_options:
-            raise ConfigError(f"options {sorted(local_options)} apply to backend=local only, not backend=tinker")
-        url = resolve_base_url(base_url)
+        precision = None if config.precision == "auto" else config.precision
+        return ServiceClient(device=config.device, dtype=precision, compile=config.compile)
+    if config.backend == "tinker":
+        local_only = sorted(
+            name
+            for name in ("device", "precision", "compile")
+            if getattr(config, name) != BackendConfig.model_fields[name].default
+        )
+        if local_only:
+            raise ConfigError(f"options {local_only} apply to backend=local only, not backend=tinker")
+        url = resolve_base_url(config.base_url)
         key = resolve_api_key(api_key)
         check_service(url, key)
         import tinker
 
-        return tinker.ServiceClient(base_url=url, api_key=key)
-    raise ConfigError(f"backend must be 'local' or 'tinker', got {backend!r}")
+        return TinkerService(tinker.ServiceClient(base_url=url, api_key=key))
+    raise ConfigError(f"backend must be 'local' or 'tinker', got {config.backend!r}")
+
+
+class TinkerService:
+    """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
+    is read from a local copy when there is one. Everything else is the SDK's own."""
+
+    def __init__(self, sdk: Any):
+        self.sdk = sdk
+
+    def create_lora_training_client(self, *args: Any, **kwargs: Any) -> Any:
+        return _with_local_tokenizer(self.sdk.create_lora_training_client(*args, **kwargs).result())
+
+    def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> Any:
+        return _with_local_tokenizer(self.sdk.create_training_client_from_state(*args, **kwargs).result())
+
+    def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        client = self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs)
+        return _with_local_tokenizer(client.result())
+
+    def create_sampling_client(self, *args: Any, **kwargs: Any) -> Any:
+        return _with_local_tokenizer(self.sdk.create_sampling_client(*args, **kwargs).result())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sdk, name)
+
+
+def _with_local_tokenizer(client: Any) -> Any:
+    """`client.get_tokenizer()` reads the model's tokenizer from a local copy (the engine's model
+    cache, the HF cache) before the SDK's download; a training client's sampling clients too."""
+    base_model = _base_model(client)
+    client.get_tokenizer = functools.partial(_local_tokenizer_first, base_model, client.get_tokenizer)
+    make_sampler = getattr(client, "save_weights_and_get_sampling_client", None)
+    if make_sampler is not None:
+
+        def save_weights_and_get_sampling_client(*args: Any, **kwargs: Any) -> Any:
+            return _with_local_tokenizer(make_sampler(*args, **kwargs).result())
+
+        client.save_weights_and_get_sampling_client = save_weights_and_get_sampling_client
+    return client
+
+
+def _base_model(client: Any) -> str | None:
+    get_base = getattr(client, "get_base_model", None)
+    if callable(get_base):
+        return get_base()
+    info = client.get_info()
+    return getattr(getattr(info, "model_data", None), "model_name", None)
+
+
+@functools.cache
+def _cached_local_tokenizer(model_name: str) -> Any:
+    from tinkrl.local.models import load_tokenizer
+
+    return load_tokenizer(model_name)
+
+
+def _local_tokenizer_first(model_name: str | None, sdk_get_tokenizer: Any) -> Any:
+    from tinkrl.local.models import ModelNotFoundError
+
+    if model_name:
+        try:
+            return _cached_local_tokenizer(model_name)
+        except ModelNotFoundError:
+            pass
+    return sdk_get_tokenizer()

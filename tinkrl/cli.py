@@ -11,7 +11,11 @@ import sys
 
 # subcommand -> (module, function, one-line help). Each function takes argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "train": ("tinkrl.rl.train", "cli_main", "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]"),
+    "train": (
+        "tinkrl.commands.train",
+        "cli_main",
+        "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
+    ),
     "eval": ("tinkrl.tasks.eval", "cli_main", "run an agent on task dirs: tinkrl eval --tasks DIR --n K"),
     "export": ("tinkrl.local.export", "cli_main", "export a checkpoint as a PEFT adapter or merged HF model"),
     "tasks": ("tinkrl.tasks.cli", "cli_main", "task directories: tinkrl tasks check DIR..."),

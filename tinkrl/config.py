@@ -15,7 +15,6 @@ Groups per step = batch_size / group_size, split across environments in proporti
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,39 +27,66 @@ from tinkrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """A config section: unknown keys are errors; each field's docstring is its user documentation."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
 
 
 class SplitConfig(Strict):
+    """How one split of an environment's tasks is used."""
+
     shuffle: bool = True
-    num_samples: int | None = None  # None = the whole split
+    """Shuffle the split's tasks (per epoch for training splits)."""
+    num_samples: int | None = None
+    """Use only this many of the split's tasks (None: all of them)."""
 
 
 class EnvEntry(Strict):
     """One environment in the `environments:` map."""
 
-    type: str | None = None  # tinkrl env type; defaults to the map key
-    name: str | None = None  # remote (ORS) environment name, when it differs from the key
-    base_url: str | None = None  # ORS server; None = OpenReward's hosted service
+    type: str | None = None
+    """tinkrl environment type (math, tasks, erdos, openreward, or a preset such as arithmetic);
+    default: the map key."""
+    name: str | None = None
+    """Remote (ORS) environment name, when it differs from the map key."""
+    base_url: str | None = None
+    """ORS server of a remote environment; None: OpenReward's hosted service."""
     weight: float = Field(1.0, gt=0)
-    num_rollouts: int | None = Field(None, ge=1)  # group size for this env (default: group_size)
+    """Share of each step's groups, relative to the other environments' weights."""
+    num_rollouts: int | None = Field(None, ge=1)
+    """Rollouts per task (this environment's group size); None: the run's group_size."""
     max_failing_rollouts: int = Field(0, ge=0)
+    """A group with more infrastructure failures than this is dropped (and counted)."""
     temperature: float | None = Field(None, ge=0)
+    """Sampling temperature for this environment; None: the run's temperature."""
     reward_reduction: Literal["sum", "mean", "max", "min"] = "sum"
+    """How an ORS episode's tool-call rewards combine into its reward."""
     nonterminal_reward: float = 0.0
+    """Added to an ORS episode's reward when it never finishes."""
     splits: dict[str, SplitConfig] = Field(default_factory=lambda: {"train": SplitConfig()})
-    env: dict[str, Any] = Field(default_factory=dict)  # the environment's own fields
+    """The environment's splits to use; a test/validation/eval split is the held-out set."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """The environment's own fields (see its config class)."""
 
 
 class WandbConfig(Strict):
+    """Weights & Biases logging (metrics.jsonl is always written)."""
+
     enabled: bool = False
+    """Log each step's metrics to W&B (needs the wandb package and a login)."""
     entity: str | None = None
+    """W&B entity (team or user); None: your default entity."""
     project: str | None = Field(None, validation_alias=AliasChoices("project", "wandb_project_name"))
+    """W&B project; None: tinkrl."""
     run_name: str | None = None
+    """W&B run name; None: the run's name."""
 
 
 class AsyncConfig(Strict):
+    """Off-policy sampling: the next steps' rollouts are sampled while this step trains."""
+
     max_steps_off_policy: int = Field(1, ge=1)
+    """Sampling weights are never more than this many optimizer steps old."""
 
 
 class BwrapSandboxConfig(Strict):
@@ -79,8 +105,12 @@ class SandboxConfig(Strict):
 
 
 class OpenRewardConfig(Strict):
-    upload: bool = False  # upload ORS trajectories to OpenReward's rollout API (needs OPENREWARD_API_KEY)
-    run_name: str | None = None  # default: the run's name
+    """OpenReward's rollout API."""
+
+    upload: bool = False
+    """Upload the ORS environments' trajectories to OpenReward (needs OPENREWARD_API_KEY)."""
+    run_name: str | None = None
+    """Run name on OpenReward; None: the run's name."""
 
 
 ADV_ESTIMATORS = (
@@ -96,48 +126,93 @@ ADV_ESTIMATORS = (
 LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "cross_entropy")
 
 
-class TrainConfig(Strict):
-    """Everything a training run needs. Field docs are the reference for users."""
+class BackendConfig(Strict):
+    """Which model, served by which implementation of the Tinker API (`tinkrl.backends`)."""
 
     model_name: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    """Base model: a Tinker model name, a Hugging Face id (the local engine reads it from the HF cache), a local
+    HF directory or a .gguf file."""
     backend: Literal["local", "tinker"] = "local"
-    base_url: str | None = None  # Tinker service URL (backend=tinker); env TINKER_BASE_URL
-    device: str | None = None  # local backend: cuda / cpu (default: cuda when present)
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"  # local backend compute precision
-    compile: bool = False  # local backend: torch.compile the training forward (faster steps after a one-time compile)
+    """local: the embedded engine in this process; tinker: the Tinker service through the official SDK."""
+    base_url: str | None = None
+    """Tinker service URL (backend=tinker); default: $TINKER_BASE_URL, else the hosted service."""
+    device: str | None = None
+    """Local engine device: cuda or cpu; None: cuda when present."""
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Local engine compute precision; auto: the fastest whose sampler/trainer logprobs agree on this device."""
+    compile: bool = False
+    """Local engine: torch.compile the training forward (faster steps after a one-time compile)."""
+
+
+class TrainConfig(BackendConfig):
+    """Everything a training run needs; `tinkrl train --help` prints these fields' docs."""
+
     lora_rank: int = Field(32, ge=1)
+    """LoRA rank."""
     learning_rate: float = Field(4e-4, gt=0)
+    """Adam learning rate."""
     adam_beta1: float = 0.9
+    """Adam beta1."""
     adam_beta2: float = 0.95
+    """Adam beta2."""
     adam_eps: float = 1e-8
+    """Adam epsilon."""
     weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0  # 0 = no clipping (the grad norm is reported regardless)
-    batch_size: int = Field(64, ge=1)  # rollouts per step (a multiple of group_size)
-    group_size: int = Field(8, ge=1)  # rollouts per task (a GRPO group)
+    """Decoupled weight decay (AdamW)."""
+    grad_clip_norm: float = 0.0
+    """Clip the gradient to this global norm; 0: no clipping (the norm is reported regardless)."""
+    batch_size: int = Field(64, ge=1)
+    """Rollouts per step, a multiple of group_size: batch_size / group_size groups per step."""
+    group_size: int = Field(8, ge=1)
+    """Rollouts per task (a GRPO group), unless an environment sets num_rollouts."""
     max_steps: int = Field(20, ge=0, validation_alias=AliasChoices("max_steps", "num_batches"))
-    time_budget_s: float | None = Field(None, gt=0)  # stop early (with the final eval and checkpoint) to end by then
-    max_tokens: int = Field(256, ge=1)  # sampled tokens per turn
+    """Training steps (alias: num_batches)."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """Stop early, with the final eval and checkpoint, so the run ends within this many seconds."""
+    max_tokens: int = Field(256, ge=1)
+    """Tokens sampled per turn."""
     temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0: greedy)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
     loss_fn: Literal[LOSSES] = "importance_sampling"  # type: ignore[valid-type]
+    """Tinker loss: importance_sampling, ppo, cispo, dro, gspo or cross_entropy."""
     loss_fn_config: dict[str, float] | None = None
+    """The loss's options, e.g. clip_low_threshold / clip_high_threshold (ppo, cispo), beta (dro)."""
     adv_estimator: Literal[ADV_ESTIMATORS] = "grpo"  # type: ignore[valid-type]
-    adv_beta: float = 2.0  # entropic estimator's beta
-    kl_penalty_coef: float = 0.0  # KL to the base model, added to the advantages
+    """How group rewards become advantages (an environment may choose another default, e.g. erdos: entropic)."""
+    adv_beta: float = 2.0
+    """The entropic estimator's beta."""
+    kl_penalty_coef: float = 0.0
+    """Coefficient of the KL to the base model, added to the advantages (0: off)."""
     remove_constant_reward_groups: bool = False
-    save_every: int = Field(10, ge=0)  # steps between checkpoints (0 = only the final one)
-    eval_every: int = Field(10, ge=0)  # steps between evals (0 = only at the end)
-    eval_problems: int = Field(100, ge=0)  # held-out problems per eval
-    resume_from: str | None = None  # a state path (tinker://…/weights/… or a directory)
-    log_path: str | None = None  # run directory (default runs/<run_name>)
+    """Leave out groups whose rollouts all got the same reward (they carry no signal)."""
+    save_every: int = Field(10, ge=0)
+    """Steps between checkpoints; 0: only the final one."""
+    eval_every: int = Field(10, ge=0)
+    """Steps between held-out evals; 0: only at the end."""
+    eval_problems: int = Field(100, ge=0)
+    """Held-out problems per eval."""
+    resume_from: str | None = None
+    """Start from these weights (a state path: tinker://.../weights/... or a directory), fresh optimizer."""
+    log_path: str | None = None
+    """Run directory; default: runs/<run_name>."""
     run_name: str | None = None
+    """The run's name (run directory, W&B and OpenReward run names)."""
     seed: int = 0
+    """Seed of data order, sampling and LoRA initialisation."""
     max_concurrent_rollouts: int = Field(256, ge=1)
+    """Episodes run at once."""
     environments: dict[str, EnvEntry] = Field(default_factory=dict)
+    """The environments to train on, by name (`env=NAME env.field=...` makes a one-entry map)."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """Weights & Biases logging."""
     async_: AsyncConfig | None = Field(None, alias="async")
+    """Sample the next steps while training (off-policy by at most max_steps_off_policy); None: synchronous."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Where agent tasks run: bwrap (default), docker or kubernetes, and each provider's options."""
     openreward: OpenRewardConfig = Field(default_factory=OpenRewardConfig)
+    """Uploading ORS trajectories to OpenReward."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -299,21 +374,18 @@ def _format_error(e: ValidationError) -> str:
 def load_config(
     config_path: str | None = None, overrides: list[str] | None = None, defaults: dict | None = None
 ) -> TrainConfig:
+    """YAML file (optional) + `key=value` overrides -> TrainConfig, or a one-line ConfigError.
+
+    Each environment's own fields are checked by its config class (`tinkrl.envs.resolve_config`),
+    not here: this module knows no environment."""
     raw = dict(defaults or {})
     if config_path:
         raw.update(load_yaml(config_path))
     raw = apply_overrides(raw, list(overrides or []))
     try:
-        config = TrainConfig.model_validate(raw)
+        return TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
-    from tinkrl.envs import resolve_type, validate_env_entries
-
-    validate_env_entries(config)
-    types_ = {resolve_type(k, e)[0] for k, e in config.environments.items()}
-    if types_ == {"erdos"} and "adv_estimator" not in config.model_fields_set:
-        config.adv_estimator = "entropic"  # test-time discovery optimises the best sample, not the mean
-    return config
 
 
 def load_dotenv_file(path: str | Path = ".env") -> None:
@@ -326,7 +398,3 @@ def load_dotenv_file(path: str | Path = ".env") -> None:
 
 def resolved_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
-
-
-def env_or(value: str | None, var: str) -> str | None:
-    return value or os.environ.get(var)

@@ -1,9 +1,11 @@
 """The environment registry: names in the `environments:` map -> environment config classes.
 
 Each environment type is a pydantic model (its own fields, `extra="forbid"`) with
-`build(ctx: EnvContext) -> EnvDatasets`. A map key that is not a registered type (and has
-no `type:`), e.g. `Owner/EnvName`, is a remote environment served over ORS (`openreward`).
-Classes are imported lazily so `tinkrl train --help` and config errors stay instant.
+`build(ctx: EnvContext) -> EnvDatasets`, and may declare `run_defaults` (config values the run
+takes when every environment asks for them and the user set none). A map key that is not a
+registered type (and has no `type:`), e.g. `Owner/EnvName`, is a remote environment served
+over ORS (`openreward`). Classes are imported lazily so `tinkrl train --help` and config
+errors stay instant.
 """
 
 from __future__ import annotations
@@ -12,15 +14,13 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from tinkrl.config import EnvEntry, TrainConfig
 from tinkrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from tinkrl.config import EnvEntry, TrainConfig
-    from tinkrl.rl.types import RLDataset
+from tinkrl.rl.types import EnvDatasets
 
 # type name -> "module:ConfigClass"; presets add fixed field values.
 ENV_TYPES: dict[str, str] = {
@@ -54,14 +54,6 @@ class EnvContext:
     seed: int
     sandbox_provider: Callable[[], Any] = field(default=lambda: None)  # lazily made SandboxProvider
     eval_problems: int = 100
-
-
-@dataclass
-class EnvDatasets:
-    train: RLDataset
-    test: RLDataset | None = None
-    # Called after each training step with the step's trajectory groups; returns extra metrics.
-    on_step: Callable[[int, list], dict[str, float]] | None = None
 
 
 def resolve_type(key: str, entry: EnvEntry) -> tuple[str, dict[str, Any]]:
@@ -106,6 +98,39 @@ def make_env_config(key: str, entry: EnvEntry):
         raise ConfigError(f"environments.{key}.env.{loc}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def validate_env_entries(config: TrainConfig) -> None:
-    for key, entry in config.environments.items():
-        make_env_config(key, entry)
+def resolve_config(config: TrainConfig) -> TrainConfig:
+    """Check each environment's own fields, and apply the run defaults its environment type asks for
+    (a config class's `run_defaults`, e.g. erdos: the entropic advantage estimator) where the user set
+    none and every environment of the run agrees."""
+    wanted = [getattr(type(make_env_config(k, e)), "run_defaults", {}) for k, e in config.environments.items()]
+    for name in set().union(*wanted):
+        values = {str(d.get(name)) for d in wanted}
+        if len(values) == 1 and all(name in d for d in wanted) and name not in config.model_fields_set:
+            setattr(config, name, wanted[0][name])
+    return config
+
+
+def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dict[str, EnvDatasets]:
+    """Every environment of the run, by key, with datasets of its share of each step's groups."""
+    from tinkrl.envs.tasks import LazyProvider
+    from tinkrl.sandbox import get_provider
+
+    sandbox = LazyProvider(lambda: get_provider(config.sandbox.provider, **config.sandbox.provider_options()))
+    envs = {}
+    for key, groups in config.groups_per_env().items():
+        entry = config.environments[key]
+        ctx = EnvContext(
+            key=key,
+            entry=entry,
+            renderer=renderer,
+            model_name=config.model_name,
+            group_size=config.group_size_for(key),
+            groups_per_batch=groups,
+            max_tokens=config.max_tokens,
+            run_dir=run_dir,
+            seed=config.seed,
+            sandbox_provider=sandbox.get,
+            eval_problems=config.eval_problems,
+        )
+        envs[key] = make_env_config(key, entry).build(ctx)
+    return envs

@@ -62,12 +62,13 @@ def _base_model_of_checkpoint(path: str) -> str | None:
 
 def build_server(args: argparse.Namespace):
     from tinkrl.backends import make_service_client
+    from tinkrl.config import BackendConfig
     from tinkrl.local.models import DEFAULT_MODEL
-    from tinkrl.proxy.server import ProxyServer, ready
+    from tinkrl.proxy.server import ProxyServer
 
-    service = make_service_client(args.backend, base_url=args.base_url)
+    service = make_service_client(BackendConfig(backend=args.backend, base_url=args.base_url))
     if args.checkpoint:
-        client = ready(service.create_sampling_client(model_path=args.checkpoint))
+        client = service.create_sampling_client(model_path=args.checkpoint)
         get_base = getattr(client, "get_base_model", None)
         model_name = (get_base() if callable(get_base) else None) or _base_model_of_checkpoint(args.checkpoint)
         if not model_name:
@@ -75,7 +76,7 @@ def build_server(args: argparse.Namespace):
         label = args.checkpoint
     else:
         model_name = args.model or DEFAULT_MODEL
-        client = ready(service.create_sampling_client(base_model=model_name))
+        client = service.create_sampling_client(base_model=model_name)
         label = model_name
     return ProxyServer(
         client,

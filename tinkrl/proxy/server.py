@@ -75,28 +75,6 @@ class Policy:
     label: str  # base model name or checkpoint path
 
 
-def ready(client: Any) -> Any:
-    """The SamplingClient itself: the SDK hands out a future-like object from create_sampling_client."""
-    result = getattr(client, "result", None)
-    return result() if callable(result) else client
-
-
-def tokenizer_for(client: Any, model_name: str) -> Any:
-    """The policy's tokenizer without touching the network.
-
-    The local engine has it. The SDK's `get_tokenizer` downloads from the Hugging Face hub by
-    model name (retrying for a minute when offline), so the offline resolver goes first.
-    """
-    if getattr(client, "engine", None) is not None:
-        return client.get_tokenizer()
-    from tinkrl.local.models import ModelNotFoundError, load_tokenizer
-
-    try:
-        return load_tokenizer(model_name)
-    except ModelNotFoundError:
-        return client.get_tokenizer()
-
-
 def context_length_of(client: Any, tokenizer: Any) -> int:
     engine = getattr(client, "engine", None)
     if engine is not None and getattr(engine, "max_context", None):
@@ -124,8 +102,7 @@ class ProxyServer:
         self.served_model_name = served_model_name or model_name
         self.api_key = api_key
         self.service_client = service_client
-        sampling_client = ready(sampling_client)
-        self.tokenizer = tokenizer_for(sampling_client, model_name)
+        self.tokenizer = sampling_client.get_tokenizer()
         self.renderer: ChatMLRenderer = get_renderer(self.tokenizer, model_name, tool_format)
         self.max_context = max_context or context_length_of(sampling_client, self.tokenizer)
         self.capture = CaptureStore()
@@ -141,7 +118,6 @@ class ProxyServer:
 
     def set_sampling_client(self, client: Any, label: str | None = None) -> int:
         """Sample from `client` from now on; returns the new policy version."""
-        client = ready(client)
         with self._swap_lock:
             self._policy = Policy(client, self._policy.version + 1, label or self._policy.label)
             return self._policy.version
@@ -151,9 +127,7 @@ class ProxyServer:
             raise ApiError(
                 400, "this server was started without a service client; it cannot load weights", param="model_path"
             )
-        client = await asyncio.to_thread(
-            lambda: ready(self.service_client.create_sampling_client(model_path=model_path))
-        )
+        client = await asyncio.to_thread(self.service_client.create_sampling_client, model_path=model_path)
         return self.set_sampling_client(client, model_path)
 
     # -- app ------------------------------------------------------------------------------------

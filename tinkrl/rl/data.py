@@ -1,4 +1,4 @@
-"""Trajectories -> training datums (DESIGN.md §4).
+"""Trajectories -> training datums (docs/design.md, "Environments, rollouts, data").
 
 Observations and actions are laid end to end; while each observation extends everything
 before it (prompt + sampled + rendered tool results), the whole trajectory is one datum,
@@ -6,18 +6,22 @@ otherwise a new datum starts. Per token: the sampler's logprob and the advantage
 tokens (times the action's mask: forced text carries mask 0 and gets no advantage); 0 on
 observation tokens. The standard shift: input = full[:-1], targets = full[1:].
 
-For `dro`, whose quadratic term covers every position, observation positions must carry the
-sampler's own logprobs so (lp - lp_sampler)^2 ~ 0 there: `fill_observation_logprobs`.
+Two losses need more than the sampled tokens: `dro`, whose quadratic term covers every position,
+needs the sampler's own logprobs on observation positions so (lp - lp_sampler)^2 ~ 0 there
+(`add_observation_logprobs`); a KL penalty to the base model enters the advantages
+(`add_kl_penalty`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import numpy as np
 from tinker import types
 
-from tinkrl.rl.types import Trajectory
+from tinkrl.rl.advantages import compute_advantages
+from tinkrl.rl.types import Metrics, Trajectory, TrajectoryGroup
 
 
 @dataclass
@@ -80,3 +84,68 @@ def fill_observation_logprobs(seq: SequenceData, sampler_prompt_logprobs: list[f
     for i, (m, lp) in enumerate(zip(seq.mask, sampler_prompt_logprobs)):
         if m == 0 and lp is not None:
             seq.logprobs[i] = float(lp)
+
+
+def select_groups(
+    keyed_groups: list[tuple[str, TrajectoryGroup]], max_failing: dict[str, int], remove_constant: bool
+) -> tuple[list[tuple[str, TrajectoryGroup]], Metrics]:
+    """The groups to train on: none with more infrastructure failures than its environment allows
+    (`max_failing[key]`) and, if asked, none whose rollouts all got the same reward."""
+    kept, dropped_failing, dropped_constant = [], 0, 0
+    for key, g in keyed_groups:
+        if len(g.failures) > max_failing[key] or len(g.trajectories_G) < 1:
+            dropped_failing += 1
+            continue
+        r = g.total_rewards()
+        if remove_constant and max(r) == min(r):
+            dropped_constant += 1
+            continue
+        kept.append((key, g))
+    if remove_constant and not kept and keyed_groups:  # keep one so the step still happens
+        kept = [next((kg for kg in keyed_groups if kg[1].trajectories_G), keyed_groups[0])]
+    metrics = {
+        "groups/dropped_failing": dropped_failing,
+        "groups/dropped_constant": dropped_constant,
+        "groups/kept": len(kept),
+    }
+    return kept, metrics
+
+
+def build_sequences(
+    keyed_groups: list[tuple[str, TrajectoryGroup]], adv_estimator: str, adv_beta: float
+) -> list[tuple[SequenceData, dict]]:
+    """Each kept group's advantages, and its trajectories as sequences, each with what the rollout log shows."""
+    out = []
+    for key, g in keyed_groups:
+        rewards = g.total_rewards()
+        advantages = compute_advantages(rewards, adv_estimator, adv_beta)
+        for traj, reward, adv in zip(g.trajectories_G, rewards, advantages):
+            last = traj.transitions[-1] if traj.transitions else None
+            info = {
+                "env": key,
+                "reward": reward,
+                "advantage": float(adv),
+                "stop_reason": last.stop_reason if last else "",
+                "logs": dict(last.logs) if last else {},
+            }
+            out.extend((seq, info) for seq in trajectory_to_sequences(traj, float(adv)) if len(seq.tokens) > 1)
+    return out
+
+
+async def add_observation_logprobs(seqs: list[SequenceData], sampling_client) -> None:
+    """For `dro`: observation positions get the sampler's own logprobs (action positions keep theirs)."""
+    prompt_lps = await asyncio.gather(
+        *(sampling_client.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs)
+    )
+    for s, lps in zip(seqs, prompt_lps):
+        fill_observation_logprobs(s, lps)
+
+
+async def add_kl_penalty(seqs: list[SequenceData], base_client, coef: float) -> Metrics:
+    """KL to the base model enters the advantages: A += coef * (mean(d) - d), d = q - p_base on actions."""
+    refs = await asyncio.gather(*(base_client.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs))
+    diffs = [[(q - (b or 0.0)) * m for q, b, m in zip(s.logprobs, ref, s.mask)] for s, ref in zip(seqs, refs)]
+    avg = sum(sum(d) for d in diffs) / max(1.0, sum(sum(s.mask) for s in seqs))
+    for s, d in zip(seqs, diffs):
+        s.advantages = [a + coef * m * (avg - di) for a, m, di in zip(s.advantages, s.mask, d)]
+    return {"kl_policy_base": avg}

@@ -15,8 +15,9 @@ import traceback
 
 from tinker import types
 
+from tinkrl.config import TrainConfig
 from tinkrl.errors import InfraFailure
-from tinkrl.rl.types import Env, EnvGroupBuilder, Trajectory, TrajectoryGroup, Transition
+from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, Trajectory, TrajectoryGroup, Transition
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,22 @@ async def do_group_rollout(
     return TrajectoryGroup(
         ok, [r for r, _ in group_rewards], [m for _, m in group_rewards], builder.logging_tags(), failed
     )
+
+
+async def sample_groups(
+    envs: dict[str, EnvDatasets], step: int, sampling_client, config: TrainConfig, semaphore: asyncio.Semaphore
+) -> list[tuple[str, TrajectoryGroup]]:
+    """Every environment's groups of `step`, rolled out concurrently: (environment key, group) pairs."""
+    jobs = [(key, builder) for key, env in envs.items() for builder in env.train.get_batch(step)]
+
+    def temperature(key: str) -> float:
+        own = config.environments[key].temperature
+        return config.temperature if own is None else own
+
+    groups = await asyncio.gather(
+        *(
+            do_group_rollout(b, sampling_client, config.max_tokens, temperature(key), config.top_p, semaphore)
+            for key, b in jobs
+        )
+    )
+    return [(key, g) for (key, _), g in zip(jobs, groups)]

@@ -6,7 +6,8 @@ returns a reward, whether the episode is done, and the next observation, which s
 extend the previous observation + action so the whole trajectory becomes one Datum.
 
 An `EnvGroupBuilder` makes the `group_size` envs of one task (a GRPO group) and may score
-the group as a whole. An `RLDataset` hands out builders batch by batch.
+the group as a whole. An `RLDataset` hands out builders batch by batch. `EnvDatasets` is what
+an environment gives a run: its training and held-out datasets and optional hooks.
 
 Infrastructure failures inside an env raise `tinkrl.errors.InfraFailure`: the rollout
 records the failure mode and leaves the episode out of its group, never scoring it 0.
@@ -15,7 +16,7 @@ records the failure mode and leaves the episode out of its group, never scoring 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import tinker
@@ -124,3 +125,16 @@ class RLDataset(abc.ABC):
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
+
+
+@dataclass
+class EnvDatasets:
+    """What an environment gives a run: its training and held-out datasets, and optional hooks."""
+
+    train: RLDataset
+    test: RLDataset | None = None
+    """Held-out problems: one batch, one builder per problem (None: no held-out eval)."""
+    on_step: Callable[[int, list[TrajectoryGroup]], Metrics] | None = None
+    """Called after each training step with this environment's groups of the step; returns extra metrics."""
+    close: Callable[[], None] | None = None
+    """Called once when the run ends (e.g. to wait for uploads)."""

@@ -1,0 +1,1 @@
+"""`tinkrl` subcommands: each module parses its command line and wires the library parts together."""

@@ -1,0 +1,113 @@
+"""`tinkrl train [CONFIG.yaml] [key=value ...]`: a training run from a config.
+
+Reads the config (YAML plus dotted overrides, `--config_path X --overrides a=b ...` too),
+resolves its environments, and runs the RL loop (`tinkrl.rl.train`). `--help` prints every
+config key with its default and documentation. Neither `--help` nor a config error imports
+torch, so both answer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tinkrl.config import TrainConfig, load_config, load_dotenv_file
+from tinkrl.errors import ConfigError, TinkrlError
+
+USAGE = """usage: tinkrl train [CONFIG.yaml] [key=value ...]
+       tinkrl train --config_path CONFIG.yaml --overrides key=value ...
+
+Dotted keys reach nested fields (wandb.project=x); env=NAME env.field=value picks one
+environment (e.g. env=arithmetic env.max_value=999)."""
+
+
+def parse_cli(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(config path or None, key=value overrides) from the command line; `-h` prints the help and exits."""
+    config_path, overrides, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            raise SystemExit(print(help_text()) or 0)
+        if a in ("--config_path", "--config-path", "--config"):
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{a} needs a file name")
+            config_path, i = argv[i + 1], i + 2
+            continue
+        if a == "--overrides":
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                overrides.append(argv[i])
+                i += 1
+            continue
+        if "=" not in a and (a.endswith((".yaml", ".yml")) or Path(a).is_file()) and config_path is None:
+            config_path = a
+        else:
+            overrides.append(a)
+        i += 1
+    return config_path, overrides
+
+
+def help_text() -> str:
+    """The usage line and every config key: type, default and documentation."""
+    return USAGE + "\n\nkeys:\n" + "\n".join(_field_lines(TrainConfig, ""))
+
+
+def _field_lines(model: type[BaseModel], prefix: str) -> list[str]:
+    lines = []
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        nested = _section_model(field.annotation)
+        default = "" if nested or field.default_factory else f" = {field.default!r}"
+        doc = " ".join((field.description or "").split())
+        lines.append(f"  {key}{default}\n      {doc}" if doc else f"  {key}{default}")
+        if nested is not None and key != "environments":
+            lines += _field_lines(nested, key + ".")
+    return lines
+
+
+def _section_model(annotation) -> type[BaseModel] | None:
+    """The config section class of a field (`SandboxConfig`, `AsyncConfig | None`), else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def load(config_path: str | None, overrides: list[str]) -> TrainConfig:
+    """The run config with its environments checked and their defaults applied (ConfigError if bad)."""
+    from tinkrl.envs import resolve_config
+
+    return resolve_config(load_config(config_path, overrides))
+
+
+def run(config: TrainConfig) -> dict[str, float]:
+    """Train `config` to the end; returns the last step's metrics."""
+    from tinkrl.envs import build_environments
+    from tinkrl.rl.train import main
+
+    return asyncio.run(main(config, lambda renderer, run_dir: build_environments(config, renderer, run_dir)))
+
+
+def cli_main(argv: list[str]) -> int:
+    """`tinkrl train`: exit 0 when the run finishes, 2 on a config error, 1 on another error."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    load_dotenv_file()
+    try:
+        config = load(*parse_cli(argv))
+    except ConfigError as e:
+        print(f"tinkrl train: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(config)
+    except ConfigError as e:
+        print(f"tinkrl train: error: {e}", file=sys.stderr)
+        return 2
+    except TinkrlError as e:
+        print(f"tinkrl train: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,52 @@
+"""A run's checkpoints: where training starts, what is saved, and when a save counts.
+
+`checkpoints.jsonl` in the run directory lists the saved checkpoints (`name`, `batch` = steps
+done, `state_path`, `sampler_path`, `final`). A row is appended only after its step's line is
+in `metrics.jsonl`, so a run killed at any point resumes after a fully logged step: it never
+skips a step, nor repeats one whose line was written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tinkrl.config import TrainConfig
+from tinkrl.tracking import append_jsonl, read_jsonl
+
+
+class Checkpointer:
+    """Saves state and sampler weights of a run, and finds where a (re)started run begins."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "checkpoints.jsonl"
+
+    def latest(self) -> dict | None:
+        """The last committed checkpoint with training state, or None."""
+        rows = [r for r in read_jsonl(self.path) if r.get("state_path")]
+        return rows[-1] if rows else None
+
+    def training_client(self, service: Any, config: TrainConfig) -> tuple[Any, int]:
+        """The training client and the step to start at: the run's own last checkpoint (weights and
+        optimizer), else `resume_from`'s weights with a fresh optimizer, else a fresh LoRA."""
+        row = self.latest()
+        if row is not None:
+            print(
+                f"resuming {self.path.parent} from checkpoint {row['name']} (step {row['batch']}): {row['state_path']}"
+            )
+            return service.create_training_client_from_state_with_optimizer(row["state_path"]), int(row["batch"])
+        if config.resume_from:
+            print(f"starting from weights {config.resume_from} (fresh optimizer, step 0)")
+            return service.create_training_client_from_state(config.resume_from), 0
+        tc = service.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank, seed=config.seed)
+        return tc, 0
+
+    async def save(self, training_client: Any, name: str, step: int, final: bool) -> dict:
+        """Save state and sampler weights as `name`; returns the row that `commit` appends."""
+        state = await training_client.save_state(name)
+        sampler = await training_client.save_weights_for_sampler(name)
+        return {"name": name, "batch": step, "state_path": state.path, "sampler_path": sampler.path, "final": final}
+
+    def commit(self, row: dict) -> None:
+        """Make a saved checkpoint the one a restart resumes from (after its step is logged)."""
+        append_jsonl(self.path, row)

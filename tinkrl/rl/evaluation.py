@@ -1,0 +1,34 @@
+"""Held-out evaluation during training: each environment's test problems, one episode each."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from tinkrl.rl.rollouts import do_rollout
+from tinkrl.rl.types import EnvDatasets, Metrics
+
+
+async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: int, temperature: float) -> Metrics:
+    """Greedy and sampled (at `temperature`) reward, and accuracy where the env reports `correct`,
+    on each environment's held-out problems: `eval/<key>/{greedy,sampled}_{reward,correct}`."""
+    out: Metrics = {}
+    for key, env in envs.items():
+        if env.test is None:
+            continue
+        builders = list(env.test.get_batch(0))
+        for label, temp in (("greedy", 0.0), ("sampled", temperature)):
+            episodes = []
+            for b in builders:  # one episode per held-out problem
+                first, *rest = await b.make_envs()
+                episodes.append(first)
+                for extra in rest:
+                    await extra.close()
+            trajs = await asyncio.gather(*(do_rollout(e, sampling_client, max_tokens, temp) for e in episodes))
+            rewards = [t.total_reward for t in trajs if t.failure_mode is None]
+            out[f"eval/{key}/{label}_reward"] = float(np.mean(rewards)) if rewards else float("nan")
+            correct = [tr.metrics["correct"] for t in trajs for tr in t.transitions if "correct" in tr.metrics]
+            if correct:
+                out[f"eval/{key}/{label}_correct"] = float(np.mean(correct))
+    return out

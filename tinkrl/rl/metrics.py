@@ -1,0 +1,115 @@
+"""What a training step reports: per-environment rollout metrics, optimizer metrics, the console line.
+
+Names follow tinker-cookbook where it has them (`env/<key>/reward/total`, `optim/kl_sample_train_v1`,
+`optim/entropy`, `by_group/frac_mixed`, `time/...`), so dashboards built for it read tinkrl's runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from tinker import types
+
+from tinkrl.rl.data import SequenceData
+from tinkrl.rl.types import Metrics, TrajectoryGroup
+
+KeyedGroups = list[tuple[str, TrajectoryGroup]]  # (environment key, group) pairs of one step
+
+
+@contextmanager
+def timed(metrics: Metrics, key: str) -> Iterator[None]:
+    """Record the block's wall time in seconds as `metrics[key]`."""
+    t0 = time.time()
+    try:
+        yield
+    finally:
+        metrics[key] = time.time() - t0
+
+
+def group_metrics(keyed_groups: KeyedGroups) -> Metrics:
+    """Rewards, episode shapes and failures per environment (and `all`), and how groups split by reward."""
+    m: Metrics = {}
+    by_env: dict[str, list[TrajectoryGroup]] = {}
+    for key, g in keyed_groups:
+        by_env.setdefault(key, []).append(g)
+    for name, groups in [("all", [g for _, g in keyed_groups]), *by_env.items()]:
+        trajs = [t for g in groups for t in g.trajectories_G]
+        rewards = [r for g in groups for r in g.total_rewards()]
+        turns = [tr for t in trajs for tr in t.transitions]
+        p = f"env/{name}/"
+        m[p + "reward/total"] = float(np.mean(rewards)) if rewards else float("nan")
+        m[p + "total_episodes"] = len(trajs)
+        m[p + "turns_per_episode"] = len(turns) / max(1, len(trajs))
+        m[p + "ac_tokens_per_turn"] = float(np.mean([len(t.ac_tokens) for t in turns])) if turns else 0.0
+        m[p + "ob_tokens_per_turn"] = float(np.mean([t.ob.length for t in turns])) if turns else 0.0
+        m[p + "frac_truncated"] = float(np.mean([t.stop_reason == "length" for t in turns])) if turns else 0.0
+        m[p + "failures"] = sum(len(g.failures) for g in groups)
+        for k in sorted({k for t in turns for k in t.metrics}):
+            m[p + k] = float(np.mean([t.metrics[k] for t in turns if k in t.metrics]))
+    groups = [g for _, g in keyed_groups if g.trajectories_G]
+    if groups:
+        kinds = []
+        for g in groups:
+            r = np.array(g.total_rewards())
+            kinds.append("mixed" if r.max() > r.min() else ("good" if r.max() > 0 else "bad"))
+        for kind, name in (("mixed", "frac_mixed"), ("good", "frac_all_good"), ("bad", "frac_all_bad")):
+            m[f"by_group/{name}"] = kinds.count(kind) / len(kinds)
+    return m
+
+
+def optim_metrics(
+    seqs: list[SequenceData], fwd: types.ForwardBackwardOutput, loss_fn_config: dict[str, float] | None
+) -> Metrics:
+    """The loss, and how far the trainer's logprobs moved from the sampler's on the action tokens."""
+    q_all, p_all = [], []
+    for s, out in zip(seqs, fwd.loss_fn_outputs):
+        mask = s.action_mask.astype(bool)
+        q_all.append(np.asarray(s.logprobs[1:], dtype=np.float32)[mask])
+        p_all.append(out["logprobs"].to_numpy()[mask])
+    q, p = np.concatenate(q_all), np.concatenate(p_all)
+    m = {"optim/loss": fwd.metrics.get("loss:sum", float("nan"))}
+    if len(q):
+        ratio = np.exp(p - q)
+        cfg = loss_fn_config or {}
+        lo, hi = cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+        m.update(
+            {
+                "optim/kl_sample_train_v1": float(np.mean(q - p)),
+                "optim/kl_sample_train_v2": float(0.5 * np.mean((q - p) ** 2)),
+                "optim/entropy": float(-np.mean(q)),
+                "optim/ratio_mean": float(ratio.mean()),
+                "optim/ratio_max": float(ratio.max()),
+                "optim/clip_frac": float(np.mean((ratio < lo) | (ratio > hi))),
+                "optim/action_tokens": float(len(q)),
+            }
+        )
+    return m
+
+
+def rollout_rows(seq_infos: list[tuple[SequenceData, dict]], tokenizer, step: int) -> list[dict]:
+    """One `rollouts/step_*.jsonl` row per trained sequence: its text, tokens, mask and reward."""
+    rows = []
+    for seq, info in seq_infos:
+        first_action = next((i for i, m in enumerate(seq.mask) if m > 0), len(seq.tokens))
+        rows.append(
+            {
+                "step": step,
+                **info,
+                "prompt": tokenizer.decode(seq.tokens[:first_action]),
+                "response": tokenizer.decode(seq.tokens[first_action:]),
+                "tokens": seq.tokens,
+                "mask": seq.mask,
+            }
+        )
+    return rows
+
+
+def summary_line(step: int, m: Metrics) -> str:
+    """The console line of a step: reward, held-out accuracy when evaluated, and step time."""
+    parts = [f"step {step}", f"reward {m.get('env/all/reward/total', float('nan')):.3f}"]
+    parts += [f"{k} {v:.3f}" for k, v in m.items() if k.startswith("eval/") and k.endswith("_correct")]
+    parts.append(f"{m.get('time/step', 0):.1f}s")
+    return " | ".join(parts)
