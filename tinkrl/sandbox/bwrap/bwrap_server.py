@@ -3,8 +3,8 @@
 Started by `tinkrl.sandbox.bwrap` with Debian's `/usr/bin/python3 -I -S` when no C compiler
 is available; normally pid 1 is the native `bwrap_init.c`, which speaks the same protocol
 and runs this file with `--one` only for tar/untar requests. It speaks a tiny framed
-protocol on stdin/stdout (no json: every import costs start-up time, and the sandbox
-budget is ~20 ms). Each request runs to completion before the next is read.
+protocol on stdin/stdout (no json: every import adds to the start-up time every sandbox
+pays). Each request runs to completion before the next is read.
 
 Why pid 1: the kernel ignores signals that other processes of the namespace send to
 init unless it installed a handler, so the agent cannot kill its own supervisor; the
