@@ -19,13 +19,11 @@ import time
 import uuid
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from tinkrl.config import DockerSandboxConfig
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 from tinkrl.sandbox.scaleout import (
-    DEFAULT_MAX_OUTPUT,
     KEEPALIVE,
     KILL_ALL_SCRIPT,
     Capture,
@@ -43,34 +41,6 @@ from tinkrl.sandbox.scaleout import (
 LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
 SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
 HARD_DEADLINE_GRACE_S = 15.0  # past a command's timeout, stop waiting for its stream
-
-
-class DockerSandboxConfig(BaseModel):
-    """`sandbox.docker.*`: how the docker provider reaches its engine and shapes containers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str | None = None
-    """Engine socket, e.g. unix:///run/podman/podman.sock; default: $DOCKER_HOST, else the
-    first of /var/run/docker.sock and /run/podman/podman.sock that exists."""
-    image: str | None = None
-    """Image for tasks that name none (a task's own image always wins)."""
-    pull: Literal["missing", "always", "never"] = "missing"
-    """When to pull the image before starting a container."""
-    network: str = "bridge"
-    """Network for tasks that ask for one (tasks that don't get network_mode none)."""
-    run_id: str | None = None
-    """Labels every container; default: a fresh id per provider."""
-    ttl_s: float = Field(default=6 * 3600, gt=0)
-    """A container older than this is a leak whatever its owner; the reaper removes it."""
-    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
-    """Kept per stream and command (head + tail)."""
-    api_timeout_s: float = Field(default=120, gt=0)
-    """Timeout of one Engine API call (not of commands)."""
-    reap_on_start: bool = True
-    """Remove leaked tinkrl containers of dead owners on this host when the provider starts."""
-    no_new_privileges: bool = True
-    """Run containers with no-new-privileges (setuid binaries don't raise privileges)."""
 
 
 def _client(cfg: DockerSandboxConfig):

@@ -25,13 +25,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from tinkrl.config import KubernetesSandboxConfig
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 from tinkrl.sandbox.scaleout import (
-    DEFAULT_MAX_OUTPUT,
     KEEPALIVE,
     KILL_ALL_SCRIPT,
     Capture,
@@ -59,53 +57,6 @@ FATAL_WAITING = {
     "RunContainerError",
 }
 RETRY_STATUSES = {429, 500, 502, 503, 504}
-
-
-class KubernetesSandboxConfig(BaseModel):
-    """`sandbox.kubernetes.*`: where sandbox pods go and what they look like."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str = "default"
-    """Namespace of the sandbox pods (the Helm chart's Role covers exactly this one)."""
-    kubeconfig: str | None = None
-    """Kubeconfig file; default: in-cluster config inside a pod, else ~/.kube/config."""
-    context: str | None = None
-    """Kubeconfig context (default: its current-context)."""
-    image: str | None = None
-    """Image for tasks that name none (a task's own image always wins)."""
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    """Names of docker-registry Secrets in the namespace (e.g. for a private mirror / ECR)."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    """e.g. {"tinkrl.dev/pool": "sandbox"}: keeps sandboxes on the sandbox node group."""
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    """Pod tolerations, as in a pod spec (to land on tainted sandbox nodes)."""
-    service_account: str | None = None
-    """Service account of sandbox pods; its token is never mounted."""
-    run_as_user: int | None = 0
-    """securityContext.runAsUser (0: task images expect root); None leaves the image's user."""
-    cpu_limit_factor: float = Field(default=2.0, ge=1.0)
-    """CPU limit = the task's CPU request × this (bursting helps builds and test runs)."""
-    memory_limit_factor: float = Field(default=1.0, ge=1.0)
-    """Memory limit = the task's memory request × this."""
-    ready_timeout_s: float = Field(default=600.0, gt=0)
-    """How long a pod may take to run (image pulls dominate: large images need minutes)."""
-    max_concurrent: int = Field(default=64, ge=1)
-    """At most this many live sandbox pods per provider; create() waits for a free slot."""
-    ttl_s: float = Field(default=6 * 3600, gt=0)
-    """Pods older than this are leaks: activeDeadlineSeconds and the reaper's expires-at."""
-    run_id: str | None = None
-    """Label of every pod of this run; default: a fresh id per provider."""
-    request_timeout_s: float = Field(default=60.0, gt=0)
-    """Timeout of one API request (not of commands)."""
-    poll_interval_s: float = Field(default=1.0, gt=0)
-    """Readiness polling period."""
-    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
-    reap_on_start: bool = False
-    """Reap leaked pods of dead runs in the namespace when the provider starts."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra labels on every sandbox pod (e.g. for NetworkPolicies or cost allocation)."""
 
 
 def _k8s():

@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinkrl.config import DEFAULT_MAX_OUTPUT
+
 STATE_DIR = "/tmp/.tinkrl"  # inside the sandbox: the shell state between exec calls
 STATE_FILE = STATE_DIR + "/state"
-DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes kept per stream and command (head + tail)
 # PID 1 of every container sandbox: waits forever, reaps orphans (`wait` = waitpid(-1)),
 # exits at once on TERM so deletion never waits out a grace period.
 KEEPALIVE = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done"
