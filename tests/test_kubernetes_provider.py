@@ -198,7 +198,7 @@ def test_reaper_deletes_a_dead_runs_pods_and_keeps_a_live_runs(kube, tmp_path):
 
 def test_reaper_owner_pods(kube):
     """In a cluster the owner is the orchestrator pod: gone, replaced or finished = dead run."""
-    from tinkrl.sandbox.scaleout import Owner
+    from tinkrl.sandbox.container import Owner
 
     cfg = KubernetesSandboxConfig(kubeconfig=kube.kc, namespace="sbx")
     orch = {

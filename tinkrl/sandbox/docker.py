@@ -5,7 +5,7 @@ service`). Each container gets the task's image, CPU/memory/pids limits, a size-
 /tmp, no network unless the task asks for it, and labels naming its run, task and owner
 process. Leaked containers (their owner process is gone, or their TTL passed) are removed
 when a provider starts and when it closes; `tinkrl sandbox reap --provider docker` does
-the same by hand. Commands run through `exec` with a deadline (see `scaleout.exec_script`).
+the same by hand. Commands run through `exec` with a deadline (see `container.exec_script`).
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ from typing import Any
 
 from tinkrl.config import DockerSandboxConfig
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (
+from tinkrl.sandbox.container import (
     KEEPALIVE,
     KILL_ALL_SCRIPT,
     Capture,
     Owner,
-    check_abs,
     dns_name,
     exec_script,
     judge_timeout,
-    safe_extract,
     shell_argv,
-    tar_host_path,
-    tar_single_file,
 )
+from tinkrl.sandbox.files import check_abs, safe_extract, tar_host_path, tar_single_file
 
 LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
 SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")

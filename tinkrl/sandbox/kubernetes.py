@@ -29,20 +29,18 @@ from typing import Any
 
 from tinkrl.config import KubernetesSandboxConfig
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (
+from tinkrl.sandbox.container import (
     KEEPALIVE,
     KILL_ALL_SCRIPT,
     Capture,
     Owner,
-    check_abs,
     dns_name,
     exec_script,
     judge_timeout,
     label_value,
-    safe_extract,
     shell_argv,
-    tar_host_path,
 )
+from tinkrl.sandbox.files import check_abs, safe_extract, tar_host_path
 
 DOMAIN = "tinkrl.dev"
 MANAGED = {"app.kubernetes.io/managed-by": "tinkrl", "app.kubernetes.io/component": "sandbox"}

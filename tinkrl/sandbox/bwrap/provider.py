@@ -21,7 +21,9 @@ from tinkrl.sandbox.bwrap.sandbox import STARTUP_TIMEOUT_S, BwrapSandbox, check_
 from tinkrl.sandbox.bwrap.uids import DEFAULT_UID_BASE, DEFAULT_UID_COUNT, UidPool
 
 SERVERS = ("auto", "native", "python")
-DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes of stdout (and of stderr) kept per command, head + tail
+# Bytes of stdout (and of stderr) kept per command, head + tail: tinkrl.config.DEFAULT_MAX_OUTPUT's
+# value, restated (not imported) so that bwrap-only use, e.g. `tinkrl sandbox run`, never loads pydantic.
+DEFAULT_MAX_OUTPUT = 64 * 1024
 
 
 def _bwrap_path() -> str:

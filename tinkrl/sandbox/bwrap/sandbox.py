@@ -12,11 +12,9 @@ Unusual: bwrap is always forked from one long-lived thread (`_Spawner`), because
 
 from __future__ import annotations
 
-import io
 import os
 import queue
 import subprocess
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ from tinkrl.sandbox.bwrap.build import HOST_ETC_PASSTHROUGH, SANDBOX_PYTHON
 from tinkrl.sandbox.bwrap.cgroups import descendants
 from tinkrl.sandbox.bwrap.protocol import FrameReader, encode_frame
 from tinkrl.sandbox.bwrap.uids import UidPool
-from tinkrl.sandbox.scaleout import check_abs, safe_extract
+from tinkrl.sandbox.files import check_abs, safe_extract, tar_host_path
 
 if TYPE_CHECKING:
     from tinkrl.sandbox.bwrap.provider import BwrapProvider
@@ -391,10 +389,7 @@ class BwrapSandbox(Sandbox):
             return
         if not src.is_dir():
             raise FileNotFoundError(2, "No such file or directory", str(src))
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            tf.add(str(src), arcname=".")
-        self._call(["untar", check_abs(dest), buf.getvalue()], 300.0)
+        self._call(["untar", check_abs(dest), tar_host_path(src, ".")], 300.0)
 
     def copy_out(self, src: str, dest: Path) -> None:
         """Copy a sandbox file to host path `dest`, or a directory's contents into directory `dest`.
