@@ -9,20 +9,7 @@ from __future__ import annotations
 
 import io
 import tarfile
-import time
 from pathlib import Path
-
-
-def tar_single_file(name: str, data: bytes, mode: int = 0o644) -> bytes:
-    """One file as an uncompressed tar stream (to unpack it with its mode in place)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = mode
-        info.mtime = int(time.time())
-        tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def tar_host_path(src: Path, arcname: str) -> bytes:
