@@ -161,6 +161,15 @@ class Owner:
             namespace=os.environ.get("POD_NAMESPACE", ""),
         )
 
+    @classmethod
+    def recorded(cls, keys: dict[str, str], prefix: str) -> Owner:
+        """The owner process written on a sandbox as `{prefix}owner-host`, `-pid` and `-start`."""
+        return cls(
+            host=keys.get(f"{prefix}owner-host", ""),
+            pid=int(keys.get(f"{prefix}owner-pid") or 0),
+            start=keys.get(f"{prefix}owner-start", ""),
+        )
+
     @property
     def name(self) -> str:
         return self.pod or f"{self.host}-{self.pid}"

@@ -84,12 +84,7 @@ def leak_reason(labels: dict[str, str], now: float | None = None) -> str | None:
             return "expired"
     except ValueError:
         pass
-    owner = Owner(
-        host=labels.get(f"{LABEL}.owner-host", ""),
-        pid=int(labels.get(f"{LABEL}.owner-pid") or 0),
-        start=labels.get(f"{LABEL}.owner-start", ""),
-    )
-    if owner.process_alive() is False:
+    if Owner.recorded(labels, f"{LABEL}.").process_alive() is False:
         return "owner gone"
     return None
 

@@ -497,12 +497,7 @@ def leak_reason(pod, api, now: float | None = None) -> str | None:
         if opod.status and opod.status.phase in ("Succeeded", "Failed"):
             return f"owner pod {owner} finished"
         return None
-    proc = Owner(
-        host=ann.get(f"{DOMAIN}/owner-host", ""),
-        pid=int(ann.get(f"{DOMAIN}/owner-pid") or 0),
-        start=ann.get(f"{DOMAIN}/owner-start", ""),
-    )
-    if proc.process_alive() is False:
+    if Owner.recorded(ann, f"{DOMAIN}/").process_alive() is False:
         return "owner process is gone"
     return None
 
