@@ -55,6 +55,7 @@ class Capture:
         self.dropped = 0
 
     def add(self, chunk: bytes) -> None:
+        """Take the next chunk of the stream."""
         half = self.limit // 2
         room = half - len(self.head)
         if room > 0:
@@ -68,6 +69,7 @@ class Capture:
                 del self.tail[:cut]
 
     def result(self) -> tuple[str, bool]:
+        """(the text kept, with a marker where the middle was cut; whether anything was cut)."""
         data = bytes(self.head)
         if self.dropped:
             data += f"\n[... {self.dropped} bytes cut ...]\n".encode()
@@ -151,6 +153,7 @@ class Owner:
 
     @classmethod
     def current(cls) -> Owner:
+        """This process, and its pod when the downward API names one."""
         pid = os.getpid()
         return cls(
             host=socket.gethostname(),
@@ -172,6 +175,7 @@ class Owner:
 
     @property
     def name(self) -> str:
+        """The pod name in a cluster, else host-pid."""
         return self.pod or f"{self.host}-{self.pid}"
 
     def process_alive(self) -> bool | None:
@@ -188,6 +192,7 @@ def label_value(text: str, limit: int = 63) -> str:
 
 
 def dns_name(text: str, limit: int = 40) -> str:
+    """A lowercase DNS-label piece of `text` (for container and pod names)."""
     v = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:limit].strip("-")
     return v or "x"
 

@@ -63,6 +63,7 @@ def _client(cfg: DockerSandboxConfig):
 
 
 def owner_labels(owner: Owner, run_id: str, task_id: str, ttl_s: float, provider_id: str) -> dict[str, str]:
+    """The labels that let a reaper tell whose container this is and when it expires."""
     return {
         f"{LABEL}.managed": "true",
         f"{LABEL}.run-id": run_id,

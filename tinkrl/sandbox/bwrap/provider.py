@@ -64,6 +64,7 @@ class _WarmPool:
         self.thread.start()
 
     def take(self, spec: SandboxSpec) -> BwrapSandbox | None:
+        """A ready sandbox for `spec`, or None (the caller starts one); marks `spec` as wanted."""
         key = _pool_key(spec)
         evicted: list[BwrapSandbox] = []
         with self.cond:
@@ -123,6 +124,7 @@ class _WarmPool:
                 time.sleep(self.RETRY_AFTER_FAILURE_S)
 
     def close(self) -> None:
+        """Stop refilling and close every sandbox still waiting in the pool."""
         with self.cond:
             self.closed = True
             idle = [sb for sbs in self.ready.values() for sb in sbs]

@@ -405,4 +405,5 @@ class BwrapSandbox(Sandbox):
 
     @property
     def alive(self) -> bool:
+        """Open and its bwrap process still running."""
         return not self._closed and self.proc is not None and self.proc.poll() is None
