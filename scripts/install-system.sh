@@ -9,7 +9,7 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
 /usr/bin/python3 -c "import scipy" >/dev/null 2>&1 || need+=(python3-scipy)  # erdos env: model code may use scipy
 command -v git >/dev/null 2>&1 || need+=(git)
-command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)  # bwrap sandbox: native pid 1 (tinkrl/sandbox/bwrap_init.c)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)  # bwrap sandbox: native pid 1 (tinkrl/sandbox/bwrap/bwrap_init.c)
 command -v g++ >/dev/null 2>&1 || need+=(g++)  # engine compile=true: torch.compile builds C++ kernels on CPU
 # docker provider tests: rootful podman (Docker API via `podman system service`), runc (crun
 # fails on this kind's cgroup hybrid mode), busybox-static for the test image's root fs

@@ -73,7 +73,7 @@ def test_orchestrator_proxy_and_sandbox_config():
     assert cfg["sandbox"]["provider"] == "kubernetes" and k["namespace"] == "tinkrl" and k["image"] == "ubuntu:24.04"
     assert k["node_selector"] == {"tinkrl.dev/pool": "sandbox"}
     assert k["tolerations"][0]["key"] == "tinkrl.dev/sandbox"
-    from tinkrl.sandbox.kubernetes import KubernetesSandboxConfig
+    from tinkrl.config import KubernetesSandboxConfig
 
     KubernetesSandboxConfig(**k)  # the chart writes exactly the provider's fields
 

@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import k8s_fake_server as kf  # noqa: E402
 import podman_helper  # noqa: E402
 
+from tinkrl.config import KubernetesSandboxConfig  # noqa: E402
 from tinkrl.sandbox.base import SandboxError, SandboxSpec  # noqa: E402
-from tinkrl.sandbox.kubernetes import KubernetesProvider, KubernetesSandboxConfig, reap_pods  # noqa: E402
+from tinkrl.sandbox.kubernetes import KubernetesProvider, reap_pods  # noqa: E402
 from tinkrl.sandbox.reaper import cli_main as reap_cli  # noqa: E402
 
 IMAGE = "registry.example/task:1"  # the name pods use; the fake kubelet maps it to the podman test image
@@ -197,7 +198,7 @@ def test_reaper_deletes_a_dead_runs_pods_and_keeps_a_live_runs(kube, tmp_path):
 
 def test_reaper_owner_pods(kube):
     """In a cluster the owner is the orchestrator pod: gone, replaced or finished = dead run."""
-    from tinkrl.sandbox.scaleout import Owner
+    from tinkrl.sandbox.container import Owner
 
     cfg = KubernetesSandboxConfig(kubeconfig=kube.kc, namespace="sbx")
     orch = {

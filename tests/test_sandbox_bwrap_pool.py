@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 
 def wait_ready(provider, spec: SandboxSpec, n: int = 1, timeout: float = 10.0) -> list:
-    from tinkrl.sandbox.bwrap import _pool_key
+    from tinkrl.sandbox.bwrap.provider import _pool_key
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

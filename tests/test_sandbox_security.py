@@ -199,13 +199,13 @@ def test_state_file_swapped_for_a_fifo_does_not_hang_the_supervisor(sb):
 
 
 def test_every_sandbox_process_runs_as_its_own_uid_inside_its_cgroups(provider):
-    from tinkrl.sandbox.bwrap import _descendants
+    from tinkrl.sandbox.bwrap.cgroups import descendants
 
     if os.geteuid() != 0:
         pytest.skip("per-sandbox host uids and cgroups need root")
     with provider.create(SandboxSpec()) as s:
         s.exec("sleep 30 &")
-        pids = _descendants(s.proc.pid)
+        pids = descendants(s.proc.pid)
         assert len(pids) >= 3  # bwrap, pid 1, sleep
         for pid in pids:
             uids = Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[:4]

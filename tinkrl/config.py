@@ -22,8 +22,6 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tinkrl.errors import ConfigError
-from tinkrl.sandbox.docker import DockerSandboxConfig
-from tinkrl.sandbox.kubernetes import KubernetesSandboxConfig
 
 
 class Strict(BaseModel):
@@ -92,6 +90,80 @@ class AsyncConfig(Strict):
 class BwrapSandboxConfig(Strict):
     pool: int = Field(0, ge=0)  # fresh sandboxes kept started ahead per recent spec (each used once)
     server: Literal["auto", "native", "python"] = "auto"  # pid 1: compiled bwrap_init.c or bwrap_server.py
+
+
+DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes of a command's stdout (and of its stderr) a sandbox keeps, head + tail
+
+
+class DockerSandboxConfig(Strict):
+    """`sandbox.docker.*`: how the docker provider reaches its engine and shapes containers."""
+
+    base_url: str | None = None
+    """Engine socket, e.g. unix:///run/podman/podman.sock; default: $DOCKER_HOST, else the
+    first of /var/run/docker.sock and /run/podman/podman.sock that exists."""
+    image: str | None = None
+    """Image for tasks that name none (a task's own image always wins)."""
+    pull: Literal["missing", "always", "never"] = "missing"
+    """When to pull the image before starting a container."""
+    network: str = "bridge"
+    """Network for tasks that ask for one (tasks that don't get network_mode none)."""
+    run_id: str | None = None
+    """Labels every container; default: a fresh id per provider."""
+    ttl_s: float = Field(default=6 * 3600, gt=0)
+    """A container older than this is a leak whatever its owner; the reaper removes it."""
+    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
+    """Kept per stream and command (head + tail)."""
+    api_timeout_s: float = Field(default=120, gt=0)
+    """Timeout of one Engine API call (not of commands)."""
+    reap_on_start: bool = True
+    """Remove leaked tinkrl containers of dead owners on this host when the provider starts."""
+    no_new_privileges: bool = True
+    """Run containers with no-new-privileges (setuid binaries don't raise privileges)."""
+
+
+class KubernetesSandboxConfig(Strict):
+    """`sandbox.kubernetes.*`: where sandbox pods go and what they look like."""
+
+    namespace: str = "default"
+    """Namespace of the sandbox pods (the Helm chart's Role covers exactly this one)."""
+    kubeconfig: str | None = None
+    """Kubeconfig file; default: in-cluster config inside a pod, else ~/.kube/config."""
+    context: str | None = None
+    """Kubeconfig context (default: its current-context)."""
+    image: str | None = None
+    """Image for tasks that name none (a task's own image always wins)."""
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    """Names of docker-registry Secrets in the namespace (e.g. for a private mirror / ECR)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """e.g. {"tinkrl.dev/pool": "sandbox"}: keeps sandboxes on the sandbox node group."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Pod tolerations, as in a pod spec (to land on tainted sandbox nodes)."""
+    service_account: str | None = None
+    """Service account of sandbox pods; its token is never mounted."""
+    run_as_user: int | None = 0
+    """securityContext.runAsUser (0: task images expect root); None leaves the image's user."""
+    cpu_limit_factor: float = Field(default=2.0, ge=1.0)
+    """CPU limit = the task's CPU request × this (bursting helps builds and test runs)."""
+    memory_limit_factor: float = Field(default=1.0, ge=1.0)
+    """Memory limit = the task's memory request × this."""
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    """How long a pod may take to run (image pulls dominate: large images need minutes)."""
+    max_concurrent: int = Field(default=64, ge=1)
+    """At most this many live sandbox pods per provider; create() waits for a free slot."""
+    ttl_s: float = Field(default=6 * 3600, gt=0)
+    """Pods older than this are leaks: activeDeadlineSeconds and the reaper's expires-at."""
+    run_id: str | None = None
+    """Label of every pod of this run; default: a fresh id per provider."""
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """Timeout of one API request (not of commands)."""
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    """Readiness polling period."""
+    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
+    reap_on_start: bool = False
+    """Reap leaked pods of dead runs in the namespace when the provider starts."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels on every sandbox pod (e.g. for NetworkPolicies or cost allocation)."""
 
 
 class SandboxConfig(Strict):

@@ -5,7 +5,7 @@ service`). Each container gets the task's image, CPU/memory/pids limits, a size-
 /tmp, no network unless the task asks for it, and labels naming its run, task and owner
 process. Leaked containers (their owner process is gone, or their TTL passed) are removed
 when a provider starts and when it closes; `tinkrl sandbox reap --provider docker` does
-the same by hand. Commands run through `exec` with a deadline (see `scaleout.exec_script`).
+the same by hand. Commands run through `exec` with a deadline (see `container.exec_script`).
 """
 
 from __future__ import annotations
@@ -18,59 +18,24 @@ import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (
-    DEFAULT_MAX_OUTPUT,
+from tinkrl.config import DockerSandboxConfig
+from tinkrl.sandbox.base import SandboxError, SandboxSpec
+from tinkrl.sandbox.container import (
+    HARD_DEADLINE_GRACE_S,
     KEEPALIVE,
-    KILL_ALL_SCRIPT,
     Capture,
+    ContainerProvider,
+    ContainerSandbox,
     Owner,
-    check_abs,
     dns_name,
-    exec_script,
-    judge_timeout,
-    safe_extract,
     shell_argv,
-    tar_host_path,
-    tar_single_file,
+    task_id_of,
 )
 
 LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
 SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
-HARD_DEADLINE_GRACE_S = 15.0  # past a command's timeout, stop waiting for its stream
-
-
-class DockerSandboxConfig(BaseModel):
-    """`sandbox.docker.*`: how the docker provider reaches its engine and shapes containers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str | None = None
-    """Engine socket, e.g. unix:///run/podman/podman.sock; default: $DOCKER_HOST, else the
-    first of /var/run/docker.sock and /run/podman/podman.sock that exists."""
-    image: str | None = None
-    """Image for tasks that name none (a task's own image always wins)."""
-    pull: Literal["missing", "always", "never"] = "missing"
-    """When to pull the image before starting a container."""
-    network: str = "bridge"
-    """Network for tasks that ask for one (tasks that don't get network_mode none)."""
-    run_id: str | None = None
-    """Labels every container; default: a fresh id per provider."""
-    ttl_s: float = Field(default=6 * 3600, gt=0)
-    """A container older than this is a leak whatever its owner; the reaper removes it."""
-    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
-    """Kept per stream and command (head + tail)."""
-    api_timeout_s: float = Field(default=120, gt=0)
-    """Timeout of one Engine API call (not of commands)."""
-    reap_on_start: bool = True
-    """Remove leaked tinkrl containers of dead owners on this host when the provider starts."""
-    no_new_privileges: bool = True
-    """Run containers with no-new-privileges (setuid binaries don't raise privileges)."""
 
 
 def _client(cfg: DockerSandboxConfig):
@@ -98,6 +63,7 @@ def _client(cfg: DockerSandboxConfig):
 
 
 def owner_labels(owner: Owner, run_id: str, task_id: str, ttl_s: float, provider_id: str) -> dict[str, str]:
+    """The labels that let a reaper tell whose container this is and when it expires."""
     return {
         f"{LABEL}.managed": "true",
         f"{LABEL}.run-id": run_id,
@@ -119,12 +85,7 @@ def leak_reason(labels: dict[str, str], now: float | None = None) -> str | None:
             return "expired"
     except ValueError:
         pass
-    owner = Owner(
-        host=labels.get(f"{LABEL}.owner-host", ""),
-        pid=int(labels.get(f"{LABEL}.owner-pid") or 0),
-        start=labels.get(f"{LABEL}.owner-start", ""),
-    )
-    if owner.process_alive() is False:
+    if Owner.recorded(labels, f"{LABEL}.").process_alive() is False:
         return "owner gone"
     return None
 
@@ -153,23 +114,29 @@ def reap_containers(
     return done
 
 
-class DockerSandbox(Sandbox):
+def _tar_single_file(name: str, data: bytes, mode: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        info.mtime = int(time.time())
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class DockerSandbox(ContainerSandbox):
     """One running container; every call goes through the Engine API."""
 
-    def __init__(self, provider: DockerProvider, spec: SandboxSpec, container):
-        self.provider = provider
-        self.spec = spec
-        self.container = container
-        self.name = container.name
-        self._api = provider.client.api
-        self._closed = False
+    provider: DockerProvider
 
-    # -- exec ----------------------------------------------------------------------------
-    def _raw_exec(
-        self, argv: list[str], timeout: float, user: str | None = None, max_output: int | None = None
-    ) -> tuple[int, str, str, bool, bool, float]:
-        """(exit code or -1, stdout, stderr, gave_up, truncated, seconds) of one exec."""
-        limit = max_output or self.provider.config.max_output_bytes
+    def __init__(self, provider: DockerProvider, spec: SandboxSpec, container):
+        super().__init__(provider, spec, container.name)
+        self.container = container
+        self._api = provider.client.api
+
+    def _run(self, argv: list[str], timeout: float, user: str | None = None) -> tuple[int, str, str, bool, bool, float]:
+        limit = self.provider.config.max_output_bytes
         out, err = Capture(limit), Capture(limit)
         t0 = time.monotonic()
         try:
@@ -206,47 +173,10 @@ class DockerSandbox(Sandbox):
         e_, et = err.result()
         return code, o, e_, gave_up, ot or et, time.monotonic() - t0
 
-    def exec(
-        self,
-        command: str,
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-        workdir: str | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        self._check_open()
-        script = exec_script(command, timeout, env=env, workdir=workdir, default_workdir=self.spec.workdir)
-        code, out, err, gave_up, cut, dur = self._raw_exec(shell_argv(script), timeout, user=user)
-        timed_out = gave_up or judge_timeout(code, dur, timeout)
-        if gave_up:
-            self.kill_all()
-        return ExecResult(
-            exit_code=-1 if timed_out else code,
-            stdout=out,
-            stderr=err,
-            timed_out=timed_out,
-            truncated=cut,
-            duration_s=dur,
-        )
-
-    def kill_all(self) -> None:
-        self._check_open()
-        self._raw_exec(shell_argv(KILL_ALL_SCRIPT), 30.0)
-
-    # -- files ---------------------------------------------------------------------------
     def _mkdir(self, path: str) -> None:
-        code, out, err, *_ = self._raw_exec(["mkdir", "-p", path], 30.0)
+        code, out, err, *_ = self._run(["mkdir", "-p", path], 30.0)
         if code != 0:
             raise self._infra(f"mkdir {path} failed: {(out + err).strip()}")
-
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        self._check_open()
-        path = check_abs(path)
-        if isinstance(data, str):
-            data = data.encode()
-        parent, name = os.path.split(path)
-        self._mkdir(parent or "/")
-        self._put(parent or "/", tar_single_file(name, data, mode))
 
     def _put(self, dest_dir: str, tar: bytes) -> None:
         try:
@@ -256,80 +186,52 @@ class DockerSandbox(Sandbox):
         if not ok:
             raise self._infra(f"copy into {dest_dir} failed")
 
-    def _get(self, path: str) -> bytes:
+    def _get_tree(self, src: str) -> bytes:
         import docker.errors
 
         try:
-            stream, _ = self._api.get_archive(self.container.id, path)
+            stream, _ = self._api.get_archive(self.container.id, src)
             return b"".join(stream)
         except docker.errors.NotFound:
-            raise FileNotFoundError(2, "No such file or directory", path) from None
+            raise FileNotFoundError(2, "No such file or directory", src) from None
         except Exception as e:  # noqa: BLE001
-            raise self._infra(f"copy out of {path} failed: {e}") from None
+            raise self._infra(f"copy out of {src} failed: {e}") from None
 
-    def read_file(self, path: str) -> bytes:
-        self._check_open()
-        data = self._get(check_abs(path))
-        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+    def _write(self, path: str, data: bytes, mode: int) -> None:
+        parent, name = os.path.split(path)
+        self._mkdir(parent or "/")
+        self._put(parent or "/", _tar_single_file(name, data, mode))
+
+    def _read(self, path: str) -> bytes:
+        with tarfile.open(fileobj=io.BytesIO(self._get_tree(path))) as tf:
             for m in tf.getmembers():
                 if m.isfile():
                     return tf.extractfile(m).read()
         raise IsADirectoryError(21, "Is a directory", path)
 
-    def copy_in(self, src: Path, dest: str) -> None:
-        """A host file to `dest`, or a host directory's contents into directory `dest`."""
-        self._check_open()
-        src, dest = Path(src), check_abs(dest)
-        if src.is_file():
-            self.write_file(dest, src.read_bytes(), src.stat().st_mode & 0o777)
-            return
-        if not src.is_dir():
-            raise FileNotFoundError(2, "No such file or directory", str(src))
+    def _put_tree(self, dest: str, tar: bytes) -> None:
         self._mkdir(dest)
-        self._put(dest, tar_host_path(src, "."))
+        self._put(dest, tar)
 
-    def copy_out(self, src: str, dest: Path) -> None:
-        """A sandbox file to host path `dest`, or a directory's contents into directory `dest`."""
-        self._check_open()
-        safe_extract(self._get(check_abs(src)), Path(dest), strip_top=True)
-
-    # -- lifecycle -----------------------------------------------------------------------
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _destroy(self) -> None:
         try:
             self.container.remove(force=True)
         except Exception as e:  # noqa: BLE001 - gone already is fine; anything else is left to the reaper
             if "404" not in str(e) and "No such container" not in str(e):
                 self.provider._note(f"could not remove container {self.name}: {e}")
-        self.provider._forget(self)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxError(f"sandbox {self.name} is closed", "sandbox_closed")
-
-    def _infra(self, message: str) -> SandboxError:
-        return SandboxError(f"docker sandbox {self.name}: {message}", "sandbox_error")
 
 
-class DockerProvider(SandboxProvider):
+class DockerProvider(ContainerProvider):
     """Creates docker/podman containers. Options: the fields of `DockerSandboxConfig`."""
 
     name = "docker"
+    config_class = DockerSandboxConfig
+    config: DockerSandboxConfig
 
     def __init__(self, config: DockerSandboxConfig | dict[str, Any] | None = None, **options: Any):
-        if isinstance(config, DockerSandboxConfig):
-            config = config.model_dump()
-        self.config = DockerSandboxConfig(**{**(config or {}), **options})
+        super().__init__(config, **options)
         self.client = _client(self.config)
-        self.owner = Owner.current()
-        self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
         self.provider_id = uuid.uuid4().hex[:12]
-        self.notes: list[str] = []
-        self._live: set[DockerSandbox] = set()
-        self._lock = threading.Lock()
-        self._closed = False
         if self.config.reap_on_start:
             for name, reason in reap_containers(self.client):
                 self._note(f"removed leaked container {name} ({reason})")
@@ -337,16 +239,9 @@ class DockerProvider(SandboxProvider):
         ref = weakref.ref(self)
         atexit.register(lambda: (p := ref()) is not None and p.close())
 
-    def _note(self, msg: str) -> None:
-        self.notes.append(msg)
-
     def _image(self, spec: SandboxSpec) -> str:
-        image = spec.image or self.config.image
-        if not image:
-            raise SandboxError(
-                "the docker provider needs an image: the task names none and sandbox.docker.image is unset",
-                "bad_config",
-            )
+        """The image, pulled first as `sandbox.docker.pull` says."""
+        image = super()._image(spec)
         import docker.errors
 
         if self.config.pull == "always":
@@ -367,11 +262,10 @@ class DockerProvider(SandboxProvider):
         return image
 
     def create(self, spec: SandboxSpec | None = None) -> DockerSandbox:
-        if self._closed:
-            raise SandboxError("docker provider is closed", "sandbox_closed")
+        self._check_open()
         spec = spec or SandboxSpec()
         image = self._image(spec)
-        task_id = spec.labels.get("task_id") or spec.labels.get("task") or ""
+        task_id = task_id_of(spec)
         run_id = spec.labels.get("run_id") or self.run_id
         labels = {f"{LABEL}.{k.replace('_', '-')}": str(v) for k, v in spec.labels.items()}
         labels.update(owner_labels(self.owner, run_id, task_id, self.config.ttl_s, self.provider_id))
@@ -404,23 +298,11 @@ class DockerProvider(SandboxProvider):
                 pass
             raise SandboxError(f"cannot start a container from {image}: {e}", "sandbox_start") from None
         sb = DockerSandbox(self, spec, container)
-        with self._lock:
-            self._live.add(sb)
+        self._track(sb)
         return sb
 
-    def _forget(self, sb: DockerSandbox) -> None:
-        with self._lock:
-            self._live.discard(sb)
-
-    def close(self) -> None:
-        """Remove this provider's containers (any still open) and reap leaks. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._lock:
-            live = list(self._live)
-        for sb in live:
-            sb.close()
+    def _release(self) -> None:
+        """Remove any container of this provider still there, reap leaks, and close the engine client."""
         try:
             flt = {"label": [f"{LABEL}.provider-id={self.provider_id}"]}
             for c in self.client.containers.list(all=True, filters=flt):

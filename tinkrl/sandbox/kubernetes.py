@@ -24,32 +24,26 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
-from tinkrl.sandbox.scaleout import (
-    DEFAULT_MAX_OUTPUT,
+from tinkrl.config import KubernetesSandboxConfig
+from tinkrl.sandbox.base import SandboxError, SandboxSpec
+from tinkrl.sandbox.container import (
+    HARD_DEADLINE_GRACE_S,
     KEEPALIVE,
-    KILL_ALL_SCRIPT,
     Capture,
+    ContainerProvider,
+    ContainerSandbox,
     Owner,
-    check_abs,
     dns_name,
-    exec_script,
-    judge_timeout,
     label_value,
-    safe_extract,
     shell_argv,
-    tar_host_path,
+    task_id_of,
 )
 
 DOMAIN = "tinkrl.dev"
 MANAGED = {"app.kubernetes.io/managed-by": "tinkrl", "app.kubernetes.io/component": "sandbox"}
 CONTAINER = "sandbox"
-HARD_DEADLINE_GRACE_S = 15.0
 PULL_FAILURES = {"ErrImagePull", "ImagePullBackOff"}
 FATAL_WAITING = {
     "ErrImageNeverPull",
@@ -59,53 +53,6 @@ FATAL_WAITING = {
     "RunContainerError",
 }
 RETRY_STATUSES = {429, 500, 502, 503, 504}
-
-
-class KubernetesSandboxConfig(BaseModel):
-    """`sandbox.kubernetes.*`: where sandbox pods go and what they look like."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    namespace: str = "default"
-    """Namespace of the sandbox pods (the Helm chart's Role covers exactly this one)."""
-    kubeconfig: str | None = None
-    """Kubeconfig file; default: in-cluster config inside a pod, else ~/.kube/config."""
-    context: str | None = None
-    """Kubeconfig context (default: its current-context)."""
-    image: str | None = None
-    """Image for tasks that name none (a task's own image always wins)."""
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    """Names of docker-registry Secrets in the namespace (e.g. for a private mirror / ECR)."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    """e.g. {"tinkrl.dev/pool": "sandbox"}: keeps sandboxes on the sandbox node group."""
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    """Pod tolerations, as in a pod spec (to land on tainted sandbox nodes)."""
-    service_account: str | None = None
-    """Service account of sandbox pods; its token is never mounted."""
-    run_as_user: int | None = 0
-    """securityContext.runAsUser (0: task images expect root); None leaves the image's user."""
-    cpu_limit_factor: float = Field(default=2.0, ge=1.0)
-    """CPU limit = the task's CPU request × this (bursting helps builds and test runs)."""
-    memory_limit_factor: float = Field(default=1.0, ge=1.0)
-    """Memory limit = the task's memory request × this."""
-    ready_timeout_s: float = Field(default=600.0, gt=0)
-    """How long a pod may take to run (image pulls dominate: large images need minutes)."""
-    max_concurrent: int = Field(default=64, ge=1)
-    """At most this many live sandbox pods per provider; create() waits for a free slot."""
-    ttl_s: float = Field(default=6 * 3600, gt=0)
-    """Pods older than this are leaks: activeDeadlineSeconds and the reaper's expires-at."""
-    run_id: str | None = None
-    """Label of every pod of this run; default: a fresh id per provider."""
-    request_timeout_s: float = Field(default=60.0, gt=0)
-    """Timeout of one API request (not of commands)."""
-    poll_interval_s: float = Field(default=1.0, gt=0)
-    """Readiness polling period."""
-    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
-    reap_on_start: bool = False
-    """Reap leaked pods of dead runs in the namespace when the provider starts."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra labels on every sandbox pod (e.g. for NetworkPolicies or cost allocation)."""
 
 
 def _k8s():
@@ -166,7 +113,7 @@ def pod_manifest(
     cfg: KubernetesSandboxConfig, spec: SandboxSpec, name: str, image: str, run_id: str, owner: Owner
 ) -> dict[str, Any]:
     """The pod body for one sandbox (a plain dict, as the API takes it)."""
-    task_id = spec.labels.get("task_id") or spec.labels.get("task") or ""
+    task_id = task_id_of(spec)
     labels = {
         **cfg.labels,
         **MANAGED,
@@ -251,16 +198,15 @@ def not_ready_reason(pod) -> tuple[str, str] | None:
     return None
 
 
-class KubernetesSandbox(Sandbox):
+class KubernetesSandbox(ContainerSandbox):
     """One pod, with its own API client."""
 
+    provider: KubernetesProvider
+
     def __init__(self, provider: KubernetesProvider, spec: SandboxSpec, name: str):
-        self.provider = provider
-        self.spec = spec
-        self.name = name
+        super().__init__(provider, spec, name)
         self.namespace = provider.config.namespace
         self.api = new_api(provider.config)
-        self._closed = False
         self._lock = threading.Lock()  # one stream at a time per ApiClient (stream() patches it)
 
     # -- start ---------------------------------------------------------------------------
@@ -401,35 +347,10 @@ class KubernetesSandbox(Sandbox):
                 return int(cause["message"])
         raise self._infra(f"exec failed: {st.get('message') or st}")
 
-    def exec(
-        self,
-        command: str,
-        timeout: float = 60.0,
-        env: dict[str, str] | None = None,
-        workdir: str | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        self._check_open()
-        script = exec_script(command, timeout, env=env, workdir=workdir, default_workdir=self.spec.workdir)
-        argv = shell_argv(script)
+    def _run(self, argv: list[str], timeout: float, user: str | None = None) -> tuple[int, str, str, bool, bool, float]:
         if user and user not in ("root", "0"):  # the exec API has no user field
             argv = ["su", "-s", "/bin/sh", "-c", shlex.join(argv), user]
-        code, out, err, gave_up, cut, dur = self._stream(argv, timeout, limit=self.provider.config.max_output_bytes)
-        timed_out = gave_up or judge_timeout(code, dur, timeout)
-        if gave_up:
-            self.kill_all()
-        return ExecResult(
-            exit_code=-1 if timed_out else code,
-            stdout=out,
-            stderr=err,
-            timed_out=timed_out,
-            truncated=cut,
-            duration_s=dur,
-        )
-
-    def kill_all(self) -> None:
-        self._check_open()
-        self._stream(shell_argv(KILL_ALL_SCRIPT), 30.0, limit=4096)
+        return self._stream(argv, timeout, limit=self.provider.config.max_output_bytes)
 
     # -- files ---------------------------------------------------------------------------
     def _run_checked(self, script: str, stdin: bytes | None = None, timeout: float = 300.0) -> bytes:
@@ -446,20 +367,15 @@ class KubernetesSandbox(Sandbox):
         b64 = base64.b64encode(data)
         self._run_checked(f"head -c {len(b64)} | base64 -d {script_tail}", stdin=b64)
 
-    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        self._check_open()
-        path = check_abs(path)
-        if isinstance(data, str):
-            data = data.encode()
+    def _write(self, path: str, data: bytes, mode: int) -> None:
         q = shlex.quote
         tmp = f"{path}.tinkrl-{uuid.uuid4().hex[:6]}"
         parent = os.path.dirname(path) or "/"
         self._run_checked(f"mkdir -p {q(parent)}")
         self._upload(f"> {q(tmp)} && chmod {mode & 0o7777:o} {q(tmp)} && mv -f {q(tmp)} {q(path)}", data)
 
-    def read_file(self, path: str) -> bytes:
-        self._check_open()
-        q = shlex.quote(check_abs(path))
+    def _read(self, path: str) -> bytes:
+        q = shlex.quote(path)
         out = self._run_checked(
             f"if [ -d {q} ]; then exit 21; fi; [ -f {q} ] || {{ echo {q} >&2; exit 2; }}; base64 {q}"
         )
@@ -468,93 +384,57 @@ class KubernetesSandbox(Sandbox):
         except binascii.Error as e:
             raise self._infra(f"read of {path} returned bad data: {e}") from None
 
-    def copy_in(self, src: Path, dest: str) -> None:
-        """A host file to `dest`, or a host directory's contents into directory `dest`."""
-        self._check_open()
-        src, dest = Path(src), check_abs(dest)
-        if src.is_file():
-            self.write_file(dest, src.read_bytes(), src.stat().st_mode & 0o777)
-            return
-        if not src.is_dir():
-            raise FileNotFoundError(2, "No such file or directory", str(src))
+    def _put_tree(self, dest: str, tar: bytes) -> None:
         q = shlex.quote(dest)
         self._run_checked(f"mkdir -p {q}")
-        self._upload(f"| tar xf - -C {q}", tar_host_path(src, "."))
+        self._upload(f"| tar xf - -C {q}", tar)
 
-    def copy_out(self, src: str, dest: Path) -> None:
-        """A sandbox file to host path `dest`, or a directory's contents into directory `dest`."""
-        self._check_open()
-        src = check_abs(src)
+    def _get_tree(self, src: str) -> bytes:
         parent, name = os.path.split(src)
         q = shlex.quote
         out = self._run_checked(
             f"[ -e {q(src)} ] || {{ echo {q(src)} >&2; exit 2; }}; "
             f"cd {q(parent or '/')} && tar cf - {q(name or '.')} | base64"
         )
-        safe_extract(base64.b64decode(out), Path(dest), strip_top=True)
+        return base64.b64decode(out)
 
-    # -- lifecycle -----------------------------------------------------------------------
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _destroy(self) -> None:
         try:
             self.provider._delete_pod(self.api, self.name)
         finally:
-            self.provider._forget(self)
             try:
                 self.api.api_client.close()
             except Exception:  # noqa: BLE001
                 pass
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxError(f"sandbox {self.name} is closed", "sandbox_closed")
 
-    def _infra(self, message: str) -> SandboxError:
-        return SandboxError(f"kubernetes sandbox {self.name}: {message}", "sandbox_error")
-
-
-class KubernetesProvider(SandboxProvider):
+class KubernetesProvider(ContainerProvider):
     """Creates sandbox pods. Options: the fields of `KubernetesSandboxConfig`."""
 
     name = "kubernetes"
+    config_class = KubernetesSandboxConfig
+    config: KubernetesSandboxConfig
 
     def __init__(self, config: KubernetesSandboxConfig | dict[str, Any] | None = None, **options: Any):
-        if isinstance(config, KubernetesSandboxConfig):
-            config = config.model_dump()
-        self.config = KubernetesSandboxConfig(**{**(config or {}), **options})
+        super().__init__(config, **options)
         _k8s()
-        self.owner = Owner.current()
-        self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
-        self.notes: list[str] = []
         self._slots = threading.BoundedSemaphore(self.config.max_concurrent)
-        self._live: set[KubernetesSandbox] = set()
-        self._lock = threading.Lock()
-        self._closed = False
         if self.config.reap_on_start:
             for name, reason in reap_pods(self.config):
-                self.notes.append(f"deleted leaked pod {name} ({reason})")
+                self._note(f"deleted leaked pod {name} ({reason})")
 
     def create(self, spec: SandboxSpec | None = None) -> KubernetesSandbox:
-        if self._closed:
-            raise SandboxError("kubernetes provider is closed", "sandbox_closed")
+        self._check_open()
         spec = spec or SandboxSpec()
-        image = spec.image or self.config.image
-        if not image:
-            raise SandboxError(
-                "the kubernetes provider needs an image: the task names none and sandbox.kubernetes.image is unset",
-                "bad_config",
-            )
+        image = self._image(spec)
         run_id = spec.labels.get("run_id") or self.run_id
-        task = spec.labels.get("task_id") or spec.labels.get("task") or "sbx"
+        task = task_id_of(spec) or "sbx"
         name = f"tinkrl-{dns_name(run_id, 12)}-{dns_name(task, 24)}-{uuid.uuid4().hex[:6]}"
         self._slots.acquire()
         sb = None
         try:
             sb = KubernetesSandbox(self, spec, name)
-            with self._lock:
-                self._live.add(sb)
+            self._track(sb)
             sb._create(pod_manifest(self.config, spec, name, image, run_id, self.owner))
             sb._wait_ready()
             return sb
@@ -582,24 +462,15 @@ class KubernetesProvider(SandboxProvider):
                     return
                 if attempt == 3:
                     # labels + expires-at let `tinkrl sandbox reap` collect it later
-                    self.notes.append(f"could not delete pod {name}: {_api_message(e)}")
+                    self._note(f"could not delete pod {name}: {_api_message(e)}")
                     return
                 time.sleep(delay)
                 delay *= 2
 
-    def _forget(self, sb: KubernetesSandbox) -> None:
-        with self._lock:
-            if sb in self._live:
-                self._live.discard(sb)
-                self._slots.release()
-
-    def close(self) -> None:
-        """Delete every pod this provider still has. Idempotent."""
-        self._closed = True
-        with self._lock:
-            live = list(self._live)
-        for sb in live:
-            sb.close()
+    def _forget(self, sb: KubernetesSandbox) -> bool:
+        if forgotten := super()._forget(sb):
+            self._slots.release()
+        return forgotten
 
 
 # -- the reaper ------------------------------------------------------------------------------
@@ -626,12 +497,7 @@ def leak_reason(pod, api, now: float | None = None) -> str | None:
         if opod.status and opod.status.phase in ("Succeeded", "Failed"):
             return f"owner pod {owner} finished"
         return None
-    proc = Owner(
-        host=ann.get(f"{DOMAIN}/owner-host", ""),
-        pid=int(ann.get(f"{DOMAIN}/owner-pid") or 0),
-        start=ann.get(f"{DOMAIN}/owner-start", ""),
-    )
-    if proc.process_alive() is False:
+    if Owner.recorded(ann, f"{DOMAIN}/").process_alive() is False:
         return "owner process is gone"
     return None
 

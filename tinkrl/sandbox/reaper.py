@@ -25,7 +25,8 @@ def reap(
     """Delete leaked sandboxes of `provider`; returns (name, reason) for each one deleted."""
     options = dict(options or {})
     if provider == "docker":
-        from tinkrl.sandbox.docker import DockerSandboxConfig, _client, reap_containers
+        from tinkrl.config import DockerSandboxConfig
+        from tinkrl.sandbox.docker import _client, reap_containers
 
         client = _client(DockerSandboxConfig(**options))
         try:
@@ -33,7 +34,8 @@ def reap(
         finally:
             client.close()
     if provider == "kubernetes":
-        from tinkrl.sandbox.kubernetes import KubernetesSandboxConfig, reap_pods
+        from tinkrl.config import KubernetesSandboxConfig
+        from tinkrl.sandbox.kubernetes import reap_pods
 
         return reap_pods(KubernetesSandboxConfig(**options), run_id=run_id, dry_run=dry_run)
     raise ValueError(f"reap: provider must be docker or kubernetes, got {provider!r}")

@@ -1,7 +1,7 @@
 /* tinkrl bwrap sandbox: a small native pid 1 and a root-side launcher (one binary).
  *
- * Why native: starting Debian's python3 as the sandbox's pid 1 costs ~10 ms of the
- * ~20 ms sandbox budget on a small VM; this program starts in well under a millisecond.
+ * Why native: starting Debian's python3 as the sandbox's pid 1 is a large share of a
+ * sandbox's start-up time; this program starts almost at once.
  * It speaks exactly the protocol of bwrap_server.py (see that file) and runs exec, write,
  * read, killall and ping itself; the rare tar/untar requests are handed to a one-shot
  * `python3 -I -S bwrap_server.pyc --one` child that gets the request on a pipe.
@@ -16,7 +16,7 @@
  * pid 1 is non-dumpable (the agent, same uid, cannot ptrace it or open /proc/1/mem|fd),
  * installs no signal handlers (so the kernel drops every signal the agent sends it) and
  * ignores SIGPIPE itself only; children get default signal dispositions back.
- * Built by tinkrl.sandbox.bwrap with `cc -O2 [-static]`; it needs only libc.
+ * Built by tinkrl.sandbox.bwrap.build with `cc -O2 [-static]`; it needs only libc.
  */
 #define _GNU_SOURCE
 #include <dirent.h>

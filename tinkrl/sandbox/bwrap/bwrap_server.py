@@ -3,8 +3,8 @@
 Started by `tinkrl.sandbox.bwrap` with Debian's `/usr/bin/python3 -I -S` when no C compiler
 is available; normally pid 1 is the native `bwrap_init.c`, which speaks the same protocol
 and runs this file with `--one` only for tar/untar requests. It speaks a tiny framed
-protocol on stdin/stdout (no json: every import costs start-up time, and the sandbox
-budget is ~20 ms). Each request runs to completion before the next is read.
+protocol on stdin/stdout (no json: every import adds to the start-up time every sandbox
+pays). Each request runs to completion before the next is read.
 
 Why pid 1: the kernel ignores signals that other processes of the namespace send to
 init unless it installed a handler, so the agent cannot kill its own supervisor; the
@@ -50,6 +50,7 @@ def _read_exact(fd, n):
 
 
 def recv(fd=0):
+    """One request frame from `fd`, as a list of bytes fields (EOFError when the host is gone)."""
     count = int.from_bytes(_read_exact(fd, 4), "big")
     fields = []
     for _ in range(count):
@@ -59,6 +60,7 @@ def recv(fd=0):
 
 
 def send(fields, fd=1):
+    """One reply frame to `fd` (str fields as UTF-8, ints as decimal text)."""
     parts = [len(fields).to_bytes(4, "big")]
     for f in fields:
         if isinstance(f, str):
@@ -83,6 +85,7 @@ class Capture:
         self.total = 0
 
     def add(self, b):
+        """Take the next chunk of the stream."""
         self.total += len(b)
         room = self.half - len(self.head)
         if room > 0:
@@ -94,6 +97,7 @@ class Capture:
                 del self.tail[: len(self.tail) - self.half]
 
     def result(self):
+        """(bytes kept, with a marker where the middle was cut; whether anything was cut)."""
         if len(self.tail) > self.half:
             del self.tail[: len(self.tail) - self.half]
         omitted = self.total - len(self.head) - len(self.tail)
@@ -104,6 +108,8 @@ class Capture:
 
 
 class Server:
+    """The sandbox's state between requests (the shell's cwd and environment) and the request handlers."""
+
     def __init__(self, workdir, env):
         self.cwd = workdir
         self.env = env
@@ -111,6 +117,7 @@ class Server:
 
     # -- process bookkeeping -------------------------------------------------------------
     def reap(self):
+        """Reap every exited child (pid 1 adopts orphans), keeping statuses for wait_child."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -121,6 +128,7 @@ class Server:
             self.statuses[pid] = status
 
     def wait_child(self, pid):
+        """`pid`'s wait status, whether `reap` already collected it or not."""
         if pid in self.statuses:
             return self.statuses.pop(pid)
         try:
@@ -129,10 +137,12 @@ class Server:
             return self.statuses.pop(pid, 0)
 
     def others_alive(self):
+        """The pids in the sandbox other than this one."""
         me = str(os.getpid())
         return [p for p in os.listdir("/proc") if p.isdigit() and p != me]
 
     def killall(self):
+        """SIGKILL every other process of the sandbox and wait until they are gone."""
         for _ in range(200):
             try:
                 os.kill(-1, signal.SIGKILL)  # pid 1 is exempt: everything but us
@@ -147,6 +157,7 @@ class Server:
 
     # -- commands ------------------------------------------------------------------------
     def exec(self, cmd, timeout_ms, cwd, env_blob, mode, max_out):
+        """Run `cmd` with bash in its own session under a deadline; the reply carries exit code and capped output."""
         self.reap()
         persist = mode == b"persist"
         env = dict(self.env) if mode != b"fresh" else {}
@@ -245,6 +256,7 @@ class Server:
         return ["ok", code, int(timed_out), int(out_cut or err_cut), out_b, err_b, f"{duration:.6f}"]
 
     def load_state(self):
+        """Take the cwd and exported env the last persistent command saved, if it saved a sane file."""
         try:  # the agent may have swapped the file for a fifo or a link: never block or follow
             fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
             with open(fd, "rb") as f:
@@ -268,6 +280,7 @@ class Server:
 
     # -- files ---------------------------------------------------------------------------
     def write(self, path, mode, data):
+        """Write a regular file (never through a planted fifo or device), creating its parent."""
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
@@ -285,6 +298,7 @@ class Server:
         return ["ok"]
 
     def read(self, path):
+        """A regular file's bytes (IsADirectoryError for a directory, EINVAL for anything else)."""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
         try:
             mode = os.fstat(fd).st_mode
@@ -299,6 +313,7 @@ class Server:
             return ["ok", f.read()]
 
     def untar(self, dest, data):
+        """Unpack a tar stream from the host into `dest`, owned by root inside."""
         import io
         import tarfile
 
@@ -311,6 +326,7 @@ class Server:
         return ["ok"]
 
     def tar(self, src):
+        """A tar stream of `src` (a directory as ".", a file under its own name) for the host."""
         import io
         import tarfile
 
@@ -323,6 +339,7 @@ class Server:
         return ["ok", buf.getvalue()]
 
     def handle(self, req):
+        """Dispatch one request to its handler; the reply is a list of fields."""
         op = req[0]
         if op == b"exec":
             return self.exec(req[1], int(req[2]), req[3], req[4], req[5], int(req[6]))
@@ -342,6 +359,7 @@ class Server:
 
 
 def oserror_reply(e):
+    """An `err ERRNO MESSAGE` reply for an OSError, naming the file when there is one."""
     name = e.filename
     where = ": %s" % (os.fsdecode(name) if isinstance(name, (str, bytes)) else name) if name is not None else ""
     return ["err", str(e.errno or 0), f"{e.strerror or e}{where}"]
@@ -360,6 +378,7 @@ def serve_one():
 
 
 def main():
+    """As pid 1: harden this process, set the rlimits, say ready, answer requests until EOF (`--one`: one request)."""
     if sys.argv[1:] == ["--one"]:
         return serve_one()
     # pid 1 only receives signals it has handlers for: drop Python's SIGINT handler.
