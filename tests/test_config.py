@@ -193,3 +193,24 @@ def test_sandbox_provider_options_reach_the_provider():
         load_config(None, ["env=arithmetic", "sandbox.bwrap.server=rust"])
     docker = load_config(None, ["env=arithmetic", "sandbox.provider=docker"]).sandbox.provider_options()
     assert "pool" not in docker
+
+
+def test_help_and_config_errors_answer_without_torch(in_tmp):
+    """`tinkrl train --help` documents every key, and a config error is reported, without importing torch."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, tinkrl.cli\n"
+        "try:\n    code = tinkrl.cli.main(sys.argv[1:])\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print('TORCH', 'torch' in sys.modules, 'CODE', code)\n"
+    )
+    help_out = subprocess.run([sys.executable, "-c", probe, "train", "--help"], capture_output=True, text=True)
+    assert "TORCH False CODE 0" in help_out.stdout, help_out.stdout + help_out.stderr
+    assert "learning_rate = 0.0004\n      Adam learning rate." in help_out.stdout
+    assert "environments.<key>" not in help_out.stdout and "wandb.project = None" in help_out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-c", probe, "train", "env=arithmetic", "lora_rank=0"], capture_output=True, text=True
+    )
+    assert "TORCH False CODE 2" in bad.stdout and "lora_rank" in bad.stderr, bad.stdout + bad.stderr

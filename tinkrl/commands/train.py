@@ -80,9 +80,10 @@ def _section_model(annotation) -> type[BaseModel] | None:
 
 def load(config_path: str | None, overrides: list[str]) -> TrainConfig:
     """The run config with its environments checked and their defaults applied (ConfigError if bad)."""
-    from tinkrl.envs import resolve_config
+    config = load_config(config_path, overrides)
+    from tinkrl.envs import resolve_config  # after the config loads: a bad key never waits for imports
 
-    return resolve_config(load_config(config_path, overrides))
+    return resolve_config(config)
 
 
 def run(config: TrainConfig) -> dict[str, float]:

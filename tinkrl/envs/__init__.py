@@ -14,13 +14,15 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from tinkrl.config import EnvEntry, TrainConfig
 from tinkrl.errors import ConfigError
-from tinkrl.rl.types import EnvDatasets
+
+if TYPE_CHECKING:  # the registry itself stays light: the SDK's types import torch
+    from tinkrl.rl.types import EnvDatasets
 
 # type name -> "module:ConfigClass"; presets add fixed field values.
 ENV_TYPES: dict[str, str] = {
