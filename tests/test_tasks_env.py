@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tinkrl.errors import ConfigError, InfraFailure
-from tinkrl.tasks import iter_tasks, load_task
+from tinkrl.taskdirs import iter_tasks, load_task
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

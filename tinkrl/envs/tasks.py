@@ -1,7 +1,7 @@
 """The agent-task environment: a multi-turn tool-using agent in a sandbox, graded by the task's tests.
 
 `env=tasks env.path=tasks` trains on task directories (Harbor, terminal-bench) and row files
-(R2E-Gym, SWE-bench) loaded by `tinkrl.tasks`. One episode: a fresh sandbox with the task's
+(R2E-Gym, SWE-bench) loaded by `tinkrl.taskdirs`. One episode: a fresh sandbox with the task's
 workspace; a system prompt listing the tools (`tinkrl.agents.tools`) and the instruction as
 the user turn; each turn the policy's action is parsed for tool calls, which run in the
 sandbox, and their results are appended as the next turn. The task's tests grade the
@@ -42,7 +42,7 @@ from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
 from tinkrl.errors import ConfigError, InfraFailure
 from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
-from tinkrl.tasks import Task, TaskLoadError, grade, iter_tasks, run_gate, start_sandbox
+from tinkrl.taskdirs import Task, TaskLoadError, grade, iter_tasks, run_gate, start_sandbox
 
 if TYPE_CHECKING:
     from tinkrl.envs import EnvContext, EnvDatasets

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tinkrl.errors import InfraFailure, TinkrlError
-from tinkrl.tasks.model import Task
+from tinkrl.taskdirs.model import Task
 
 log = logging.getLogger(__name__)
 
