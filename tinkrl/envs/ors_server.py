@@ -68,7 +68,7 @@ def _context(key: str, entry: Any, seed: int, eval_problems: int, groups_per_bat
 def math_problems(cfg: Any, key: str, train_size: int, eval_problems: int, seed: int):
     """(train, test) problem lists exactly as the math env builds them, and its episode spec."""
     from tinkrl.config import EnvEntry
-    from tinkrl.envs.math import ProblemListDataset
+    from tinkrl.envs.math.env import ProblemListDataset
 
     datasets = cfg.build(_context(key, EnvEntry(), seed, eval_problems))
     train_ds, test_ds = datasets.train, datasets.test
@@ -89,7 +89,7 @@ def math_problems(cfg: Any, key: str, train_size: int, eval_problems: int, seed:
 
 async def grade_answer(answer: str, reference: str, style: str, timeout_s: float) -> bool:
     """The math env's grading applied to an `answer` tool argument."""
-    from tinkrl import grading
+    from tinkrl.envs.math import grading
 
     if style == "number":
         given = grading.extract_last_number(answer)
