@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # type name -> "module:ConfigClass"; presets add fixed field values.
 ENV_TYPES: dict[str, str] = {
     "math": "tinkrl.envs.math.env:MathEnvConfig",
-    "erdos": "tinkrl.envs.erdos:ErdosEnvConfig",
+    "erdos": "tinkrl.envs.erdos.env:ErdosEnvConfig",
     "tasks": "tinkrl.envs.tasks:TasksEnvConfig",
     "openreward": "tinkrl.envs.openreward:OpenRewardEnvConfig",
 }
