@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 ENV_TYPES: dict[str, str] = {
     "math": "tinkrl.envs.math.env:MathEnvConfig",
     "erdos": "tinkrl.envs.erdos.env:ErdosEnvConfig",
-    "tasks": "tinkrl.envs.tasks:TasksEnvConfig",
+    "tasks": "tinkrl.envs.agent_tasks:TasksEnvConfig",
     "openreward": "tinkrl.envs.openreward:OpenRewardEnvConfig",
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
