@@ -27,7 +27,7 @@ ENV_TYPES: dict[str, str] = {
     "math": "tinkrl.envs.math.env:MathEnvConfig",
     "erdos": "tinkrl.envs.erdos.env:ErdosEnvConfig",
     "tasks": "tinkrl.envs.agent_tasks:TasksEnvConfig",
-    "openreward": "tinkrl.envs.openreward:OpenRewardEnvConfig",
+    "openreward": "tinkrl.envs.ors.env:OpenRewardEnvConfig",
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "arithmetic": ("math", {"dataset": "arithmetic"}),
