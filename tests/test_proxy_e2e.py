@@ -19,7 +19,7 @@ from tinker import types
 from tinkrl.agents.tools import run_tool
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.proxy.agents import AgentSession, CommandAgent, ExternalAgentRunner
+from tinkrl.proxy.external_agents import AgentSession, CommandAgent, ExternalAgentRunner
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
 from tinkrl.rl.data import trajectory_to_sequences
 from tinkrl.taskdirs import load_task
