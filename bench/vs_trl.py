@@ -48,7 +48,7 @@ def last_number(text: str) -> int | None:
 
 
 def arithmetic_split():
-    from tinkrl.envs.math import ArithmeticProblems
+    from tinkrl.envs.math.arithmetic import ArithmeticProblems
 
     return ArithmeticProblems(10, 99, ["+"])  # the default `arithmetic` env: 2-digit addition, 10 % held out
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from tinkrl.envs import erdos_math as em
-from tinkrl.envs.erdos_buffer import ReuseBuffer
+from tinkrl.envs.erdos import overlap as em
+from tinkrl.envs.erdos.buffer import ReuseBuffer
 
 
 def _child(rng: np.random.Generator, n: int = 20):

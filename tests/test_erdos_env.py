@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tinkrl.envs import erdos_math as em
-from tinkrl.envs.erdos import ErdosConfig, ErdosEnvConfig, build_erdos_dataset
+from tinkrl.envs.erdos import overlap as em
+from tinkrl.envs.erdos.env import ErdosConfig, ErdosEnvConfig, build_erdos_dataset
 from tinkrl.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("erdos_scripted.py")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinkrl.envs import erdos_math as em
-from tinkrl.envs import erdos_runner as er
+from tinkrl.envs.erdos import overlap as em
+from tinkrl.envs.erdos import runner as er
 
 N = 100
 

@@ -10,13 +10,14 @@ import pytest
 
 from tinkrl.config import EnvEntry
 from tinkrl.envs import EnvContext, make_env_config
-from tinkrl.envs import math as m
+from tinkrl.envs.math import env as m
+from tinkrl.envs.math.datasets import SAMPLE_DIR, load_problems
 from tinkrl.errors import ConfigError
 from tinkrl.local.models import load_tokenizer
 from tinkrl.renderers import get_renderer
 
 MODEL = "tinkrl/tiny-llama"
-SAMPLES = m.SAMPLE_DIR
+SAMPLES = SAMPLE_DIR
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +271,7 @@ def test_hf_repo_layout_with_parquet_and_config_folders(tmp_path):
         (tmp_path / config).mkdir()
         datasets.Dataset.from_list(keep).to_parquet(str(tmp_path / config / "train-00000-of-00001.parquet"))
         datasets.Dataset.from_list(keep[:2]).to_parquet(str(tmp_path / config / "test-00000-of-00001.parquet"))
-    train, test = m.load_problems(m.MathEnvConfig(dataset="gsm8k", data_path=str(tmp_path)), 10)
+    train, test = load_problems(m.MathEnvConfig(dataset="gsm8k", data_path=str(tmp_path)), 10)
     assert [p.answer for p in train] == ["34", "315", "488", "37440"] and len(test) == 2
 
 

@@ -16,14 +16,8 @@ from ors_helpers import start_toy_server, stop
 
 from tinkrl.config import EnvEntry, SplitConfig
 from tinkrl.envs import EnvContext
-from tinkrl.envs.openreward import (
-    OpenRewardEnv,
-    OpenRewardEnvConfig,
-    RemoteEnvSpec,
-    open_session_count,
-    reduce_rewards,
-    resolve_client,
-)
+from tinkrl.envs.ors.client import open_session_count
+from tinkrl.envs.ors.env import OpenRewardEnv, OpenRewardEnvConfig, RemoteEnvSpec, reduce_rewards, resolve_client
 from tinkrl.errors import ConfigError, InfraFailure
 
 
@@ -203,7 +197,7 @@ def test_hosted_environment_needs_a_key(monkeypatch, renderer, tmp_path: Path):
 
 def test_key_is_never_sent_to_a_self_hosted_server(monkeypatch):
     monkeypatch.setenv("OPENREWARD_API_KEY", "secret")
-    from tinkrl.envs.openreward import ORSClient
+    from tinkrl.envs.ors.client import ORSClient
 
     assert ORSClient("adder", "http://127.0.0.1:1", None, "secret").api_key is None
     assert ORSClient("Owner/Env", None, None, "secret").api_key == "secret"
@@ -234,7 +228,7 @@ def test_upload_sends_each_finished_episode_to_the_rollout_api(toy_server, rende
 
     from aiohttp import web
 
-    from tinkrl.envs.openreward import close_uploads, upload_rollouts
+    from tinkrl.envs.ors.upload import close_uploads, upload_rollouts
     from tinkrl.rl.types import Trajectory, TrajectoryGroup, Transition
 
     received: list[dict] = []
@@ -286,7 +280,7 @@ def test_sessions_left_open_by_an_interrupted_run_are_deleted_at_exit(toy_server
     import urllib.error
     import urllib.request
 
-    from tinkrl.envs.openreward import ORSSession, _delete_leftover_sessions
+    from tinkrl.envs.ors.client import ORSSession, _delete_leftover_sessions
 
     client = resolve_client("adder", "adder", toy_server, OpenRewardEnvConfig())
 

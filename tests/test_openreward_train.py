@@ -13,7 +13,7 @@ import pytest
 import yaml
 from ors_helpers import start_toy_server, stop
 
-from tinkrl.envs.openreward import open_session_count
+from tinkrl.envs.ors.client import open_session_count
 
 BASE = {
     "model_name": "tinkrl/tiny-llama",

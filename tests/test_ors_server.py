@@ -76,7 +76,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
     """The ORS env (client side) drives the served arithmetic env: prompt, tool call, reward."""
     from tinkrl.config import EnvEntry, SplitConfig
     from tinkrl.envs import EnvContext
-    from tinkrl.envs.openreward import OpenRewardEnvConfig
+    from tinkrl.envs.ors.env import OpenRewardEnvConfig
     from tinkrl.local.models import load_tokenizer
     from tinkrl.renderers import get_renderer
 
@@ -118,7 +118,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
 
 
 def test_unknown_or_unsupported_env_is_a_config_error():
-    from tinkrl.envs.ors_server import build_environments, cli_main, parse_env_args
+    from tinkrl.envs.ors.server import build_environments, cli_main, parse_env_args
 
     with pytest.raises(ConfigError, match="unknown environment"):
         build_environments(parse_env_args(["nosuchenv"]))

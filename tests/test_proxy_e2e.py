@@ -19,10 +19,10 @@ from tinker import types
 from tinkrl.agents.tools import run_tool
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.proxy.agents import AgentSession, CommandAgent, ExternalAgentRunner
+from tinkrl.proxy.external_agents import AgentSession, CommandAgent, ExternalAgentRunner
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
 from tinkrl.rl.data import trajectory_to_sequences
-from tinkrl.tasks import load_task
+from tinkrl.taskdirs import load_task
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 

@@ -42,7 +42,7 @@ _cache: dict[str, tuple] = {}
 
 def hello_instruction() -> str:
     """The instruction of the shipped hello-file task, exactly as the task loader gives it to agents."""
-    from tinkrl.tasks import load_task
+    from tinkrl.taskdirs import load_task
 
     return load_task(Path(__file__).resolve().parents[1] / "tasks" / "hello-file").instruction
 

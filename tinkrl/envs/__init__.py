@@ -26,10 +26,10 @@ if TYPE_CHECKING:  # the registry itself stays light: the SDK's types import tor
 
 # type name -> "module:ConfigClass"; presets add fixed field values.
 ENV_TYPES: dict[str, str] = {
-    "math": "tinkrl.envs.math:MathEnvConfig",
-    "erdos": "tinkrl.envs.erdos:ErdosEnvConfig",
-    "tasks": "tinkrl.envs.tasks:TasksEnvConfig",
-    "openreward": "tinkrl.envs.openreward:OpenRewardEnvConfig",
+    "math": "tinkrl.envs.math.env:MathEnvConfig",
+    "erdos": "tinkrl.envs.erdos.env:ErdosEnvConfig",
+    "tasks": "tinkrl.envs.agent_tasks:TasksEnvConfig",
+    "openreward": "tinkrl.envs.ors.env:OpenRewardEnvConfig",
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "arithmetic": ("math", {"dataset": "arithmetic"}),

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tinkrl.errors import InfraFailure, TinkrlError
-from tinkrl.tasks.model import Task
+from tinkrl.taskdirs.model import Task
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ class EnginePolicy:
         self.renderer, self.provider, self.temperature = renderer, provider, temperature
 
     async def run(self, task: Task, attempt: int) -> Trial:
-        from tinkrl.envs.tasks import TaskEnv, TaskSession
+        from tinkrl.agents.session import TaskSession
+        from tinkrl.envs.agent_tasks import TaskEnv
         from tinkrl.rl.rollouts import do_rollout
 
         session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
@@ -223,7 +224,7 @@ class OpenAIPolicy:
             raise InfraFailure(f"the model endpoint failed: {type(e).__name__}: {e}", "model_error") from None
 
     async def episode(self, session) -> None:
-        from tinkrl.envs.tasks import MIN_ACTION_TOKENS
+        from tinkrl.agents.session import MIN_ACTION_TOKENS
         from tinkrl.renderers import tool_call
 
         await session.start()
@@ -260,7 +261,7 @@ class OpenAIPolicy:
         await session.finish()
 
     async def run(self, task: Task, attempt: int) -> Trial:
-        from tinkrl.envs.tasks import TaskSession
+        from tinkrl.agents.session import TaskSession
 
         session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
         t0 = time.monotonic()
@@ -475,7 +476,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from tinkrl.envs.tasks import LazyProvider, TasksEnvConfig
+    from tinkrl.envs.agent_tasks import LazyProvider, TasksEnvConfig
     from tinkrl.sandbox import get_provider
 
     cfg = TasksEnvConfig(

@@ -1,9 +1,9 @@
 """Test-time RL for discovery: the Erdős minimum-overlap environment (TTT-Discover style).
 
 One run attacks one open problem. Every group of rollouts starts from a construction in the
-reuse buffer (erdos_buffer), sees its code, its C₅ and the tail of its output, and writes a
+reuse buffer (buffer.py), sees its code, its C₅ and the tail of its output, and writes a
 Python program that returns a better step function h. The program runs in a sandbox
-(erdos_runner); tinkrl validates the returned h and computes C₅ itself (erdos_math);
+(runner.py); tinkrl validates the returned h and computes C₅ itself (overlap.py);
 reward = 1/C₅, 0 for invalid output with the reason in the step's logs. The group's best
 valid children enter the buffer, which is saved in the run directory with `best.json` and a
 plot of the best h (`best_h.png`), so a restarted run resumes its search.
@@ -34,9 +34,9 @@ import numpy as np
 import tinker
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinkrl.envs import erdos_math as em
-from tinkrl.envs.erdos_buffer import Entry, ReuseBuffer
-from tinkrl.envs.erdos_runner import NO_CODE, ProgramRunner, RunOutcome, extract_code, invalid
+from tinkrl.envs.erdos import overlap as em
+from tinkrl.envs.erdos.buffer import Entry, ReuseBuffer
+from tinkrl.envs.erdos.runner import NO_CODE, ProgramRunner, RunOutcome, extract_code, invalid
 from tinkrl.errors import ConfigError
 from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 from tinkrl.sandbox.base import SandboxProvider
@@ -69,7 +69,7 @@ class ErdosEnvConfig(BaseModel):
     context_window_tokens: int = Field(4096, ge=256)
     """Prompt + response (both phases) must fit in this many tokens."""
     sampler: Literal["greedy", "puct"] = "greedy"
-    """How groups pick their starting construction (see erdos_buffer)."""
+    """How groups pick their starting construction (see buffer.py)."""
     puct_c: float = Field(1.0, ge=0.0)
     """Exploration constant of the PUCT rule."""
     children_per_parent: int = Field(2, ge=1)

@@ -1,6 +1,6 @@
 """tinkrl's agent tasks as an ORS environment (`tinkrl serve env tasks tasks.path=DIR`).
 
-One ORS session is one `TaskSession` (tinkrl.envs.tasks): `setup()` builds the task's
+One ORS session is one `TaskSession` (tinkrl.agents.session): `setup()` builds the task's
 sandbox, the prompt is tinkrl's agent system prompt and the task instruction, the tools are
 tinkrl's agent tools with their own JSON schemas, and every tool call runs in the sandbox
 through the session (same limits, timeouts and clipping as local training). `submit`, or
@@ -18,8 +18,9 @@ from typing import Any
 from openreward.environments import Environment, Message, TextBlock, ToolOutput, tool
 from pydantic import BaseModel, ConfigDict
 
+from tinkrl.agents.session import TaskSession
 from tinkrl.agents.tools import TOOL_SCHEMAS
-from tinkrl.envs.tasks import LazyProvider, TasksEnvConfig, TaskSession, gated, select_tasks
+from tinkrl.envs.agent_tasks import LazyProvider, TasksEnvConfig, gated, select_tasks
 from tinkrl.errors import ConfigError
 
 

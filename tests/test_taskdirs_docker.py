@@ -24,7 +24,7 @@ if podman_helper.unavailable_reason():
     pytest.skip(podman_helper.unavailable_reason(), allow_module_level=True)
 
 from tinkrl.sandbox.docker import DockerProvider  # noqa: E402
-from tinkrl.tasks import grade, load_task, run_gate, start_sandbox  # noqa: E402
+from tinkrl.taskdirs import grade, load_task, run_gate, start_sandbox  # noqa: E402
 
 IMAGE = "localhost/tinkrl-test-task:1"
 # busybox has no bash; task scripts and the grader call bash with bash-only options
@@ -114,7 +114,7 @@ def test_the_gate_passes_on_the_image(provider, task_dir, tmp_path, monkeypatch)
 
 
 def test_restore_paths_and_hidden_tests_come_from_the_image(provider, tmp_path):
-    from tinkrl.tasks.model import Task
+    from tinkrl.taskdirs.model import Task
 
     # as an R2E/SWE-bench row from an image: hidden tests kept in the image are taken out
     # before the agent starts and copied to /tests at grading; restore paths go back to

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tinkrl.sandbox import get_provider
-from tinkrl.tasks import apply_solution, grade, iter_tasks, load_task, start_sandbox
+from tinkrl.taskdirs import apply_solution, grade, iter_tasks, load_task, start_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 TASKS = Path(__file__).resolve().parents[1] / "tasks"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tinkrl.tasks import TaskLoadError, iter_tasks, load_task
-from tinkrl.tasks.dockerfile import build_dockerfile
+from tinkrl.taskdirs import TaskLoadError, iter_tasks, load_task
+from tinkrl.taskdirs.dockerfile import build_dockerfile
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 
@@ -148,8 +148,8 @@ def test_harbor_docker_image_is_carried(tmp_path):
 def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
     from tinkrl.errors import ConfigError
     from tinkrl.sandbox import get_provider
-    from tinkrl.tasks import run_gate, start_sandbox
-    from tinkrl.tasks.grading import sandbox_spec
+    from tinkrl.taskdirs import run_gate, start_sandbox
+    from tinkrl.taskdirs.verifier import sandbox_spec
 
     swe = json.loads((TASKS / "swebench_rows.jsonl").read_text().splitlines()[0])
     rows = tmp_path / "rows.jsonl"

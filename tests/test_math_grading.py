@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tinkrl import grading as g
+from tinkrl.envs.math import grading as g
 
 
 @pytest.mark.parametrize(

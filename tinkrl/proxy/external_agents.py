@@ -36,7 +36,7 @@ from tinkrl.proxy.capture import MergeStats, captured_to_trajectory
 from tinkrl.proxy.server import ProxyServer
 from tinkrl.rl.types import Trajectory, TrajectoryGroup
 
-log = logging.getLogger("tinkrl.proxy.agents")
+log = logging.getLogger("tinkrl.proxy.external_agents")
 
 
 @dataclass
@@ -185,7 +185,7 @@ class ExternalAgentRunner:
         self, agent: Agent, task: Any, provider: Any, *, timeout_s: float | None = None
     ) -> ExternalRollout:
         """One rollout on a tinkrl task: fresh sandbox, the agent acts on it, the task's grader scores it."""
-        from tinkrl.tasks.grading import grade, start_sandbox
+        from tinkrl.taskdirs.verifier import grade, start_sandbox
 
         try:
             sandbox = await asyncio.to_thread(start_sandbox, task, provider)

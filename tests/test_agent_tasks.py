@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tinkrl.errors import ConfigError, InfraFailure
-from tinkrl.tasks import iter_tasks, load_task
+from tinkrl.taskdirs import iter_tasks, load_task
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -32,7 +32,7 @@ def renderer():
 
 @pytest.fixture(scope="module")
 def provider():
-    from tinkrl.envs.tasks import LazyProvider
+    from tinkrl.envs.agent_tasks import LazyProvider
     from tinkrl.sandbox import get_provider
 
     p = get_provider("bwrap")
@@ -50,7 +50,8 @@ def call(name: str, args: dict) -> str:
 
 
 def make_env(renderer, provider, task="hello-file", capture_patch=False, **cfg):
-    from tinkrl.envs.tasks import TaskEnv, TasksEnvConfig, TaskSession, renderer_for
+    from tinkrl.agents.session import TaskSession
+    from tinkrl.envs.agent_tasks import TaskEnv, TasksEnvConfig, renderer_for
 
     config = TasksEnvConfig(**cfg)
     task = load_task(TASKS / task) if isinstance(task, str) else task
@@ -183,8 +184,9 @@ def test_time_limit_caps_commands_ends_the_episode_and_it_is_graded(renderer, pr
 
 
 def test_context_overflow_ends_the_episode_with_reward_0(renderer, provider):
+    from tinkrl.agents.session import TaskSession
     from tinkrl.agents.tools import TOOL_SCHEMAS
-    from tinkrl.envs.tasks import TasksEnvConfig, TaskSession
+    from tinkrl.envs.agent_tasks import TasksEnvConfig
 
     task = load_task(TASKS / "hello-file")
     first = TaskSession(task, TasksEnvConfig(), provider).first_messages()

@@ -1,6 +1,6 @@
 """Graders on passing and failing outputs, including faked PASSED lines."""
 
-from tinkrl.tasks.grading import grade_pytest, grade_r2e, grade_reward_file, grade_swebench, parse_pytest_summary
+from tinkrl.taskdirs.verifier import grade_pytest, grade_r2e, grade_reward_file, grade_swebench, parse_pytest_summary
 
 
 def summary(*lines, before="", after="===== 1 passed in 0.1s ====="):

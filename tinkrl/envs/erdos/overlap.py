@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-# Why a construction is rejected (reward 0). Execution problems live in erdos_runner.
+# Why a construction is rejected (reward 0). Execution problems live in runner.py.
 WRONG_SHAPE = "wrong_shape"  # not a flat sequence of numbers
 WRONG_LENGTH = "wrong_length"  # not n_points values
 NOT_FINITE = "not_finite"  # NaN or ±inf

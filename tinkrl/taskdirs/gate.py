@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import SandboxError, SandboxProvider
-from tinkrl.tasks.grading import apply_solution, grade, start_sandbox
-from tinkrl.tasks.model import Task, TaskLoadError
+from tinkrl.taskdirs.model import Task, TaskLoadError
+from tinkrl.taskdirs.verifier import apply_solution, grade, start_sandbox
 
 GATE_VERSION = "1"
 

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tinkrl.tasks.model import BuildStep, FileCopy, TaskLoadError
+from tinkrl.taskdirs.model import BuildStep, FileCopy, TaskLoadError
 
 # Base images that are "an OS plus maybe python": the sandbox's Debian userland stands in.
 GENERIC_BASES = re.compile(

@@ -1,4 +1,4 @@
-"""Preparing a task's sandbox and grading what the agent left in it.
+"""The verifier: preparing a task's sandbox and grading what the agent left in it.
 
 Grading integrity, in order: every agent process is killed; files that steer test runs
 (conftest.py, pytest/tox/setup.cfg/pyproject configs, sitecustomize.py, a `pytest.py`
@@ -27,8 +27,8 @@ from pathlib import PurePosixPath
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
-from tinkrl.tasks.loaders import PROTECTED_NAMES
-from tinkrl.tasks.model import BuildStep, FileCopy, Task, TaskLoadError
+from tinkrl.taskdirs.loaders import PROTECTED_NAMES
+from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError
 
 PINNED_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinkrl.envs import erdos_math as em
+from tinkrl.envs.erdos import overlap as em
 from tinkrl.sandbox.base import SandboxProvider, SandboxSpec
 
-# Reasons of execution failures (validation reasons are in erdos_math).
+# Reasons of execution failures (validation reasons are in overlap.py).
 NO_CODE = "no_code"  # the response has no ```python block
 NO_RUN_FUNCTION = "no_run_function"  # the program defines no callable run()
 RUNTIME_ERROR = "runtime_error"  # the program raised

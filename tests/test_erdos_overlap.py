@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinkrl.envs import erdos_math as em
-from tinkrl.envs.erdos_runner import score_values
+from tinkrl.envs.erdos import overlap as em
+from tinkrl.envs.erdos.runner import score_values
 
 HAUGLAND_51 = Path(__file__).parent / "data" / "erdos_haugland_51.json"
 

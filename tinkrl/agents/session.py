@@ -1,0 +1,268 @@
+"""The agent-task episode on chat messages: sandbox, tool calls, limits, grading, metrics.
+
+`TaskSession` is one attempt at one task. It exists once and has three drivers: the
+token-level training env (`tinkrl.envs.agent_tasks.TaskEnv`, which parses sampled tokens into
+tool calls), the OpenAI-endpoint evaluator (`tinkrl eval --base-url`, fed chat messages) and
+the ORS task server (`tinkrl serve env tasks`, one session per ORS session).
+
+What the policy causes shapes or ends the episode and is trained on: a malformed tool call
+becomes an error observation, a command that hangs a timeout observation; `submit`, the
+turn, token or time limit end the episode and it is graded; overflowing the context ends it
+with reward 0. Only infrastructure failures (the sandbox died, a task cannot be built or
+graded) raise `InfraFailure`, so the rollout leaves the episode out of its group.
+
+The session reads its limits from any object with the `SessionConfig` fields (the tasks
+env's config has them) and its sandbox provider from any object with `get()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shlex
+import time
+from typing import Any, Protocol
+
+from tinkrl.agents.tools import TOOL_NAMES, run_tool
+from tinkrl.errors import InfraFailure
+from tinkrl.rl.types import Metrics
+from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
+from tinkrl.taskdirs import Task, TaskLoadError, grade, start_sandbox
+
+Message = dict[str, Any]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent in a Linux sandbox (bash, python3 and git; no network). Your working "
+    "directory is {workdir}. Solve the user's task by calling the tools: one or a few calls per turn, then "
+    "read their results before you continue. When the task is done, call submit. You have at most "
+    "{max_turns} turns."
+)
+NO_TOOL_CALL = (
+    "You did not call a tool. Call one of the tools ({tools}) in the format given in the system "
+    "prompt, or call submit when the task is done."
+)
+TRUNCATED = (
+    "Your response was cut off at the token limit before it finished a tool call. Write shorter "
+    "responses and put the tool call first."
+)
+TIMEOUT_MARKER = "[the command timed out after"  # execute_bash's timeout observation
+MIN_ACTION_TOKENS = 16  # an observation that leaves less room than this overflows the context
+REPO_FORMATS = ("swebench", "r2e")  # tasks whose workspace diff is a SWE-bench `model_patch`
+END_REASONS = ("submit", "max_turns", "max_tokens", "time_limit", "context_overflow")
+
+
+class SessionConfig(Protocol):
+    """The episode limits and prompt a session reads (fields of the tasks env's config)."""
+
+    max_turns: int
+    max_context_tokens: int  # read by the token-level env over the session
+    max_total_tokens: int | None
+    episode_timeout_s: float | None
+    timeout_includes_sampling: bool
+    command_timeout_s: float
+    max_observation_chars: int
+    system_prompt: str | None
+
+
+class SandboxSource(Protocol):
+    """Where a session gets its sandbox provider (shared by all episodes, made on first use)."""
+
+    def get(self) -> SandboxProvider: ...
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping its head and tail."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+class TaskSession:
+    """One attempt at one task: its sandbox, the transcript, the limits, and the grade.
+
+    `start()` builds the sandbox and returns the first messages; `act()` runs one assistant
+    turn's tool calls and returns the observation messages and whether the episode ended;
+    `finish()` grades (or scores 0 after a context overflow); `close()` destroys the sandbox.
+    """
+
+    def __init__(self, task: Task, cfg: SessionConfig, provider: SandboxSource, capture_patch: bool = False):
+        self.task, self.cfg, self.provider = task, cfg, provider
+        self.capture_patch = capture_patch and task.format in REPO_FORMATS
+        self.sandbox: Sandbox | None = None
+        self.messages: list[Message] = []  # the transcript (OpenAI-style messages)
+        self.turns = self.tool_calls = self.malformed_calls = self.no_tool_calls = 0
+        self.truncated_turns = self.command_timeouts = self.sampled_tokens = 0
+        self.end_reason: str | None = None
+        self.reward: float | None = None
+        self.grade_detail = ""
+        self.patch: str | None = None  # git diff of the workspace (repo tasks, when captured)
+        self._base_commit = ""
+        self._started = math.inf
+        self._sandbox_s = 0.0  # time spent running tool calls
+        self._closed = False
+
+    @property
+    def timeout_s(self) -> float:
+        return self.cfg.episode_timeout_s or self.task.agent_timeout_s
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    def first_messages(self) -> list[Message]:
+        template = self.cfg.system_prompt if self.cfg.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+        system = template.replace("{workdir}", self.task.workdir).replace("{max_turns}", str(self.cfg.max_turns))
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.task.instruction}]
+
+    async def start(self) -> list[Message]:
+        try:
+            provider = await asyncio.to_thread(self.provider.get)
+            self.sandbox = await asyncio.to_thread(start_sandbox, self.task, provider)
+        except SandboxError:
+            raise
+        except (TaskLoadError, OSError) as e:
+            raise InfraFailure(
+                f"task {self.task.id}: the workspace could not be built: {e}", "task_build_error"
+            ) from None
+        if self.capture_patch:
+            r = await asyncio.to_thread(self.sandbox.exec, "git rev-parse HEAD", timeout=30, workdir=self.task.workdir)
+            self._base_commit = r.stdout.strip() if r.exit_code == 0 else ""
+        self._started = time.monotonic()
+        self.messages = self.first_messages()
+        return list(self.messages)
+
+    def elapsed_s(self) -> float:
+        """Time counted against the episode's limit."""
+        if self.cfg.timeout_includes_sampling:
+            return max(0.0, time.monotonic() - self._started)
+        return self._sandbox_s
+
+    def _command_timeout(self, requested: Any) -> float:
+        ceiling = self.cfg.command_timeout_s
+        if isinstance(requested, (int, float)) and not isinstance(requested, bool) and requested > 0:
+            ceiling = min(ceiling, float(requested))
+        left = self.timeout_s - self.elapsed_s()
+        return max(1.0, min(ceiling, left))
+
+    async def _run_call(self, call: dict) -> tuple[str, bool]:
+        fn = call.get("function", {})
+        name, arguments = fn.get("name", ""), fn.get("arguments")
+        if name == "execute_bash":  # the episode's command ceiling, whatever the model asked for
+            args = arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    args = arguments  # run_tool answers with the JSON error
+            if isinstance(args, dict):
+                arguments = {**args, "timeout": self._command_timeout(args.get("timeout"))}
+        assert self.sandbox is not None
+        t0 = time.monotonic()
+        try:
+            obs, done = await asyncio.to_thread(run_tool, self.sandbox, name, arguments)
+        finally:
+            self._sandbox_s += time.monotonic() - t0
+        if name == "execute_bash" and TIMEOUT_MARKER in obs:
+            self.command_timeouts += 1
+        return clip(obs, self.cfg.max_observation_chars), done
+
+    async def act(
+        self, assistant: Message, calls: list[dict], errors: list[str], truncated: bool, sampled_tokens: int
+    ) -> tuple[list[Message], bool]:
+        """Run one assistant turn. `assistant` goes into the transcript as given; `calls` are its
+        well-formed tool calls (OpenAI-style), `errors` one line per malformed one. Returns the
+        observation messages (tool results, then notes as user turns) and whether the episode ended."""
+        if self.sandbox is None or self.done:
+            raise RuntimeError("TaskSession.act before start() or after the episode ended")
+        self.turns += 1
+        self.sampled_tokens += sampled_tokens
+        self.truncated_turns += int(truncated)
+        self.messages.append(assistant)
+        observations: list[Message] = []
+        submitted = False
+        for call in calls:
+            self.tool_calls += 1
+            obs, submitted = await self._run_call(call)
+            observations.append(
+                {"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"], "content": obs}
+            )
+            if submitted:  # nothing after submit is run
+                break
+        notes = [f"Error: {e}" for e in errors]
+        self.malformed_calls += len(errors)
+        if not calls and not errors:
+            self.no_tool_calls += 1
+            notes.append(TRUNCATED if truncated else NO_TOOL_CALL.format(tools=", ".join(TOOL_NAMES)))
+        if notes:
+            observations.append({"role": "user", "content": "\n".join(notes)})
+        self.messages.extend(observations)
+        if submitted:
+            self.end_reason = "submit"
+        elif self.turns >= self.cfg.max_turns:
+            self.end_reason = "max_turns"
+        elif self.cfg.max_total_tokens is not None and self.sampled_tokens >= self.cfg.max_total_tokens:
+            self.end_reason = "max_tokens"
+        elif self.elapsed_s() >= self.timeout_s:
+            self.end_reason = "time_limit"
+        return observations, self.done
+
+    def overflow(self) -> None:
+        """The next observation does not fit the context: the episode ends, scored 0."""
+        self.end_reason = "context_overflow"
+
+    async def _git_patch(self) -> str:
+        assert self.sandbox is not None
+        base = shlex.quote(self._base_commit or "HEAD")
+        script = (
+            'idx=$(mktemp) && trap \'rm -f "$idx"\' EXIT && { cp .git/index "$idx" 2>/dev/null || true; } && '
+            f'GIT_INDEX_FILE="$idx" git add -A && GIT_INDEX_FILE="$idx" git diff --cached {base}'
+        )
+        r = await asyncio.to_thread(self.sandbox.exec, script, timeout=60, workdir=self.task.workdir)
+        return r.stdout if r.exit_code == 0 else ""
+
+    async def finish(self) -> float:
+        """Grade the sandbox (reward 0 after a context overflow, without running the tests)."""
+        if self.end_reason is None:
+            raise RuntimeError("TaskSession.finish before the episode ended")
+        if self.reward is not None:
+            return self.reward
+        assert self.sandbox is not None
+        if self.capture_patch:
+            self.patch = await self._git_patch()
+        if self.end_reason == "context_overflow":
+            self.reward, self.grade_detail = 0.0, "context overflow: not graded, scored 0"
+            return self.reward
+        try:
+            result = await asyncio.to_thread(grade, self.task, self.sandbox)
+        except SandboxError:
+            raise
+        except (TaskLoadError, OSError) as e:
+            raise InfraFailure(f"task {self.task.id}: grading failed: {e}", "grade_error") from None
+        self.reward, self.grade_detail = float(result.reward), result.detail
+        return self.reward
+
+    def metrics(self) -> Metrics:
+        m: Metrics = {
+            "tasks/turns": float(self.turns),
+            "tasks/tool_calls": float(self.tool_calls),
+            "tasks/malformed_calls": float(self.malformed_calls),
+            "tasks/no_tool_call_turns": float(self.no_tool_calls),
+            "tasks/truncated_turns": float(self.truncated_turns),
+            "tasks/command_timeouts": float(self.command_timeouts),
+            "tasks/sampled_tokens": float(self.sampled_tokens),
+        }
+        if self.reward is not None:
+            m["tasks/reward"] = self.reward
+            m["tasks/resolved"] = float(self.reward >= 1.0)
+        for reason in END_REASONS:
+            m[f"tasks/end/{reason}"] = float(self.end_reason == reason)
+        return m
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.sandbox is not None:
+            await asyncio.to_thread(self.sandbox.close)

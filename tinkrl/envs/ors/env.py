@@ -1,0 +1,447 @@
+"""Remote environments over the Open Reward Standard (ORS), through the `openreward` SDK.
+
+An ORS server exposes tasks in splits, a prompt per task and tools; a session is one
+episode, and each tool call may return a reward and a `finished` flag. Here one session is
+one token-level `Env`: the server's prompt and tools are rendered with the run's renderer,
+each sampled action is parsed for tool calls, the calls go to the server, and the results
+come back as tool turns that extend the previous tokens. The episode reward is the
+`reward_reduction` (sum/mean/max/min) of the rewards its calls returned, with
+`nonterminal_reward` added to them when the episode never finished (turn or token limit).
+
+What is unusual:
+- Failures are split by cause. A malformed or unknown tool call is the policy's doing: it
+  goes back to the model as an error result. A dead server, a lost session, a tool that
+  raised on the server, or a transport error is `InfraFailure` (see `client.py`): recorded,
+  left out of the group; opening a session is retried (`session_retries`).
+- Sessions are always closed: `Env.close()` (which the rollout code calls once, also on
+  errors and cancellation), eagerly when the episode ends, and at interpreter exit (`client.py`).
+- The episode's transcript goes into the final step's logs under `LOG_KEY`, which is what
+  `upload.py` sends to OpenReward's rollout API (`openreward.upload: true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import tinker
+from pydantic import BaseModel, ConfigDict, Field
+
+from tinkrl.envs.ors.client import ORSClient, ORSSession
+from tinkrl.errors import ConfigError
+from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
+
+if TYPE_CHECKING:
+    from tinkrl.envs import EnvContext, EnvDatasets
+
+EVAL_SPLIT_NAMES = ("test", "validation", "eval")
+LOG_KEY = "openreward.rollout"  # key of the final step's logs holding the transcript (for upload)
+
+
+class OpenRewardEnvConfig(BaseModel):
+    """Fields under `env:` of a remote ORS environment (`environments: {Owner/Env: {env: {...}}}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str | None = None
+    """Environment on the server: a hosted variant, or a self-hosted server's environment
+    (its lower-cased class name). Default for a self-hosted server: the entry's name if the
+    server serves it, else the server's only/default environment."""
+    max_turns: int = Field(8, ge=1)
+    """Assistant turns per episode; an episode that has not finished by then is non-terminal."""
+    max_tool_calls_per_turn: int = Field(4, ge=1)
+    """Tool calls run per assistant turn; further calls are answered with an error."""
+    max_total_tokens: int | None = Field(None, ge=32)
+    """Prompt + all turns must fit in this many tokens (None: no limit beyond max_turns)."""
+    system_prompt: str | None = None
+    """Text put before the tool list in the system turn (default: the model family's)."""
+    no_tool_call_message: str = (
+        'No tool call found. Call one of the tools with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+    )
+    """Sent back when a turn has no tool call (environments without a terminal tool)."""
+    secrets: dict[str, str | None] = Field(default_factory=dict)
+    """Secrets for the environment's sessions; null takes the value of the same-named env var."""
+    session_retries: int = Field(2, ge=0)
+    """Extra attempts to open a session after a transport failure."""
+    call_timeout_s: float = Field(600.0, gt=0)
+    """Wall-clock limit of one server request (a tool call included); past it: infra failure."""
+    api_key_env: str = "OPENREWARD_API_KEY"
+    """Environment variable holding the OpenReward API key (hosted environments only)."""
+
+    def build(self, ctx: EnvContext) -> EnvDatasets:
+        return build_datasets(self, ctx)
+
+
+# ---------------------------------------------------------------------------------------------
+# The episode.
+
+
+def reduce_rewards(
+    rewards: Sequence[float], finished: bool, reduction: Literal["sum", "mean", "max", "min"], nonterminal_reward: float
+) -> float:
+    """The episode reward: tool-call rewards (+ nonterminal_reward if never finished), reduced."""
+    values = list(rewards) + ([] if finished else [nonterminal_reward])
+    if not values:
+        return 0.0
+    if reduction == "sum":
+        return float(sum(values))
+    if reduction == "mean":
+        return float(sum(values) / len(values))
+    if reduction == "max":
+        return float(max(values))
+    return float(min(values))
+
+
+def chat_tool(spec: Any) -> dict:
+    """An ORS ToolSpec as a Chat Completions tool (what the renderer shows the model)."""
+    from openreward.api.environments.client import sanitize_tool_schema
+
+    params = (
+        sanitize_tool_schema(spec.input_schema, "openai") if spec.input_schema else {"type": "object", "properties": {}}
+    )
+    return {
+        "type": "function",
+        "function": {"name": spec.name, "description": spec.description or "", "parameters": params},
+    }
+
+
+def blocks_text(blocks: Sequence[Any]) -> str:
+    parts = []
+    for b in blocks:
+        text = getattr(b, "text", None)
+        parts.append(text if text is not None else f"[{getattr(b, 'type', 'block')} omitted]")
+    return "\n".join(parts)
+
+
+@dataclass
+class RemoteEnvSpec:
+    """Everything the episodes of one `environments:` entry share."""
+
+    key: str
+    client: ORSClient
+    renderer: Any
+    cfg: OpenRewardEnvConfig
+    reward_reduction: Literal["sum", "mean", "max", "min"] = "sum"
+    nonterminal_reward: float = 0.0
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+class OpenRewardEnv(Env):
+    """One ORS session driven as a multi-turn tool-calling episode."""
+
+    def __init__(self, spec: RemoteEnvSpec, split: str, index: int):
+        self.spec, self.split, self.index = spec, split, index
+        self.session = ORSSession(
+            spec.client, split, index, spec.secrets, spec.cfg.session_retries, spec.cfg.call_timeout_s
+        )
+        self.tokens: list[int] = []
+        self.messages: list[dict] = []
+        self.tools: list[dict] = []
+        self.terminal: Any = None
+        self.rewards: list[float] = []
+        self.finished = False
+        self.turns = self.tool_calls = self.tool_errors = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.spec.key} {self.split}[{self.index}]"
+
+    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+        await self.session.open()
+        messages = await self.session.call(lambda s: s.get_messages(format="openai"), f"{self.where}: prompt")
+        specs = await self.session.call(lambda s: s.list_tools(), f"{self.where}: tools")
+        self.terminal = await self.session.call(lambda s: s.terminal_tool(), f"{self.where}: tools")
+        self.tools = [chat_tool(s) for s in specs]
+        system = self.spec.cfg.system_prompt
+        if system is not None and not (messages and messages[0].get("role") == "system"):
+            messages = [{"role": "system", "content": system}] + list(messages)
+        self.messages = [dict(m) for m in messages]
+        prompt = self.spec.renderer.build_generation_prompt(self.messages, self.tools or None)
+        self.tokens = prompt.to_ints()
+        return prompt, self.spec.renderer.stop_sequences()
+
+    def max_tokens(self, default: int) -> int:
+        budget = self.spec.cfg.max_total_tokens
+        return default if budget is None else max(1, min(default, budget - len(self.tokens)))
+
+    async def _run_tool(self, name: str, args: dict) -> tuple[str, bool]:
+        """Call one tool. Returns (result text, whether it was an error the model made)."""
+        from openreward.api.errors import ToolCallError
+
+        self.tool_calls += 1
+        try:
+            out = await self.session.call(lambda s: s.call_tool(name, args), f"{self.where}: tool {name!r}")
+        except ToolCallError as e:
+            if e.reason == "episode_finished":
+                self.finished = True
+            self.tool_errors += 1
+            return f"Error ({e.reason}): {e.detail}", True
+        if out.reward is not None:
+            self.rewards.append(float(out.reward))
+        if out.finished:
+            self.finished = True
+        return blocks_text(out.blocks), False
+
+    async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
+        renderer, cfg = self.spec.renderer, self.spec.cfg
+        parsed = renderer.parse_response(action)
+        self.turns += 1
+        self.messages.append(parsed.message)
+        new_messages: list[dict] = []
+        calls = parsed.message.get("tool_calls") or []
+        for i, call in enumerate(calls):
+            fn = call["function"]
+            if self.finished:
+                text = "Not run: the episode has already finished."
+            elif i >= cfg.max_tool_calls_per_turn:
+                text = f"Not run: at most {cfg.max_tool_calls_per_turn} tool calls per turn."
+                self.tool_errors += 1
+            else:
+                text, _ = await self._run_tool(fn["name"], json.loads(fn["arguments"] or "{}"))
+            new_messages.append({"role": "tool", "tool_call_id": call["id"], "name": fn["name"], "content": text})
+        for err in parsed.tool_call_errors:
+            self.tool_errors += 1
+            new_messages.append({"role": "tool", "content": f"Error: {err}"})
+        if not calls and not parsed.tool_call_errors and not self.finished:
+            if self.terminal is not None:  # the plain answer goes to the environment's terminal tool
+                text, _ = await self._run_tool(
+                    self.terminal.name,
+                    {} if self.terminal.arg is None else {self.terminal.arg: parsed.message.get("content") or ""},
+                )
+                new_messages.append({"role": "tool", "content": text})
+            else:
+                new_messages.append({"role": "user", "content": cfg.no_tool_call_message})
+        self.messages += new_messages
+
+        done = self.finished or self.turns >= cfg.max_turns
+        if not done:
+            next_tokens = self.tokens + list(action) + renderer.continuation(new_messages, parsed.ended_cleanly)
+            if cfg.max_total_tokens is not None and len(next_tokens) + 8 > cfg.max_total_tokens:
+                done = True  # no room left for a meaningful next action
+            else:
+                self.tokens = next_tokens
+                return StepResult(0.0, False, tinker.ModelInput.from_ints(next_tokens), renderer.stop_sequences())
+        await self.session.close()
+        reward = reduce_rewards(self.rewards, self.finished, self.spec.reward_reduction, self.spec.nonterminal_reward)
+        metrics: Metrics = {
+            "finished": float(self.finished),
+            "turns": float(self.turns),
+            "tool_calls": float(self.tool_calls),
+            "tool_errors": float(self.tool_errors),
+            "num_rewards": float(len(self.rewards)),
+        }
+        record = {
+            "env": self.spec.key,
+            "name": self.spec.client.name,
+            "variant": self.spec.client.variant,
+            "split": self.split,
+            "index": self.index,
+            "messages": self.messages,
+            "rewards": self.rewards,
+            "reward": reward,
+            "finished": self.finished,
+        }
+        return StepResult(
+            reward,
+            True,
+            tinker.ModelInput.empty(),
+            renderer.stop_sequences(),
+            metrics=metrics,
+            logs={LOG_KEY: json.dumps(record, ensure_ascii=False)},
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class OpenRewardGroupBuilder(EnvGroupBuilder):
+    """`group_size` sessions on one task of a remote environment."""
+
+    def __init__(
+        self,
+        spec: RemoteEnvSpec,
+        split: str,
+        index: int,
+        group_size: int,
+        temperature: float | None,
+        max_failing_rollouts: int,
+    ):
+        self.spec, self.split, self.index, self.group_size = spec, split, index, group_size
+        self.temperature = temperature
+        self.max_failing_rollouts = max_failing_rollouts
+
+    async def make_envs(self) -> Sequence[Env]:
+        return [OpenRewardEnv(self.spec, self.split, self.index) for _ in range(self.group_size)]
+
+    def logging_tags(self) -> list[str]:
+        return [self.spec.key]
+
+
+class OpenRewardDataset(RLDataset):
+    """Batches of groups over a list of (split, task index); later epochs reshuffle when asked to."""
+
+    def __init__(
+        self,
+        spec: RemoteEnvSpec,
+        items: list[tuple[str, int]],
+        group_size: int,
+        groups_per_batch: int,
+        shuffle: bool,
+        seed: int,
+        temperature: float | None,
+        max_failing_rollouts: int,
+        wrap: bool = True,
+    ):
+        if not items:
+            raise ConfigError(f"environments.{spec.key}: the selected splits have no tasks")
+        self.spec, self.items, self.group_size = spec, items, group_size
+        self.groups_per_batch, self.shuffle, self.seed, self.wrap = groups_per_batch, shuffle, seed, wrap
+        self.temperature, self.max_failing_rollouts = temperature, max_failing_rollouts
+        self._epochs: dict[int, list[tuple[str, int]]] = {}
+
+    def _epoch(self, e: int) -> list[tuple[str, int]]:
+        if e not in self._epochs:
+            order = list(self.items)
+            if self.shuffle and e > 0:  # epoch 0 keeps the order the splits were sampled in
+                random.Random(f"{self.seed}/{e}").shuffle(order)
+            self._epochs = {e: order}
+        return self._epochs[e]
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        n = len(self.items)
+        start = index * self.groups_per_batch
+        if not self.wrap:
+            picks = [self.items[i] for i in range(start, min(n, start + self.groups_per_batch))]
+        else:
+            picks = [self._epoch(p // n)[p % n] for p in range(start, start + self.groups_per_batch)]
+        return [
+            OpenRewardGroupBuilder(self.spec, split, idx, self.group_size, self.temperature, self.max_failing_rollouts)
+            for split, idx in picks
+        ]
+
+    def __len__(self) -> int:
+        return max(1, -(-len(self.items) // self.groups_per_batch))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the datasets of one `environments:` entry.
+
+
+def _run_sync(coro_factory):
+    """Run a coroutine to completion on a fresh loop in a worker thread (safe inside a running loop)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro_factory()).result()
+
+
+def _list_self_hosted(base_url: str) -> list[str]:
+    with urllib.request.urlopen(base_url.rstrip("/") + "/list_environments", timeout=30) as resp:
+        return [str(x) for x in json.loads(resp.read())]
+
+
+def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnvConfig) -> ORSClient:
+    """The client for an entry, checking that the server answers and serves the environment."""
+    api_key = os.environ.get(cfg.api_key_env) or None
+    variant = cfg.variant
+    if base_url is None:
+        if "/" not in name:
+            raise ConfigError(
+                f"environments.{key}: hosted OpenReward environments are named Owner/Env; "
+                f"give base_url for a self-hosted server"
+            )
+        if not api_key:
+            raise ConfigError(
+                f"environments.{key}: {cfg.api_key_env} is not set (needed for hosted "
+                f"OpenReward environments; a self-hosted server takes base_url)"
+            )
+    else:
+        try:
+            served = _list_self_hosted(base_url)
+        except Exception as e:
+            raise ConfigError(f"environments.{key}: cannot reach the ORS server at {base_url}: {e}") from None
+        if variant is None:
+            wanted = name.split("/")[-1].lower()
+            if wanted in served:
+                variant = wanted
+            elif len(served) != 1:
+                raise ConfigError(
+                    f"environments.{key}: the server at {base_url} serves "
+                    f"{', '.join(served)}; pick one with env.variant or name"
+                )
+        elif variant.lower() not in served:
+            raise ConfigError(
+                f"environments.{key}.env.variant: {variant!r} is not served at {base_url} "
+                f"(it serves {', '.join(served)})"
+            )
+    return ORSClient(name, base_url, variant, api_key)
+
+
+def build_datasets(cfg: OpenRewardEnvConfig, ctx: EnvContext) -> EnvDatasets:
+    from tinkrl.envs import EnvDatasets
+
+    entry = ctx.entry
+    name = entry.name or ctx.key
+    client = resolve_client(ctx.key, name, entry.base_url, cfg)
+    secrets = {}
+    for k, v in cfg.secrets.items():
+        value = v if v is not None else os.environ.get(k)
+        if value is None:
+            raise ConfigError(f"environments.{ctx.key}.env.secrets.{k}: null means 'from ${k}', which is not set")
+        secrets[k] = value
+
+    async def survey() -> tuple[list[str], dict[str, int]]:
+        api, env = client.connect()
+        try:
+            splits = await env.list_splits()
+            counts = {s: await env.num_tasks(s) for s in entry.splits if s in splits}
+            return splits, counts
+        except Exception as e:
+            raise ConfigError(
+                f"environments.{ctx.key}: listing {name} at {client.where} failed: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from None
+        finally:
+            await api.aclose()
+
+    splits, counts = _run_sync(survey)
+    missing = [s for s in entry.splits if s not in splits]
+    if missing:
+        raise ConfigError(
+            f"environments.{ctx.key}.splits: {', '.join(missing)} not offered by {name} (it has {', '.join(splits)})"
+        )
+    spec = RemoteEnvSpec(ctx.key, client, ctx.renderer, cfg, entry.reward_reduction, entry.nonterminal_reward, secrets)
+
+    def pick(split: str, limit: int | None) -> list[tuple[str, int]]:
+        sc = entry.splits[split]
+        idx = list(range(counts[split]))
+        if sc.shuffle:
+            random.Random(f"{ctx.seed}/{ctx.key}/{split}").shuffle(idx)
+        n = sc.num_samples if sc.num_samples is not None else limit
+        return [(split, i) for i in (idx[:n] if n is not None else idx)]
+
+    eval_split = next((s for s in EVAL_SPLIT_NAMES if s in entry.splits), None)
+    train_items = [it for s in entry.splits if s != eval_split for it in pick(s, None)]
+    if not train_items:
+        raise ConfigError(f"environments.{ctx.key}.splits: no training split (only {eval_split!r})")
+    shuffle = any(entry.splits[s].shuffle for s in entry.splits if s != eval_split)
+    train = OpenRewardDataset(
+        spec,
+        train_items,
+        ctx.group_size,
+        ctx.groups_per_batch,
+        shuffle,
+        ctx.seed,
+        entry.temperature,
+        entry.max_failing_rollouts,
+    )
+    test = None
+    if eval_split is not None:  # one batch of every eval task, one rollout each (the trainer's eval)
+        items = pick(eval_split, ctx.eval_problems)
+        test = OpenRewardDataset(spec, items, 1, max(1, len(items)), False, ctx.seed, entry.temperature, 0, wrap=False)
+    return EnvDatasets(train=train, test=test)

@@ -1,0 +1,219 @@
+"""`tinkrl serve env [--host H] [--port P] ENV...`: tinkrl's own environments over ORS.
+
+Each ENV (a name from the environment registry, e.g. `arithmetic`, `gsm8k`, `tasks`, with
+optional fields as `ENV.field=value`) becomes an environment class of the `openreward` SDK
+and all are served by its `Server` (HTTP + SSE, the Open Reward Standard), so any ORS
+client — another trainer, `openreward`'s own client, another machine — can train on them.
+The first ENV is the server's default; the others are at `/<name>/...` (an SDK client picks
+one with `environments.get(name, variant=name, base_url=...)`; do so for `tasks`, whose bare
+`/tasks` path is the server's task-list route).
+
+Mapping onto ORS (splits, tasks, prompt, tools; a session is one episode):
+- math (`arithmetic`, `gsm8k`, `math500`, `hendrycks`, `polaris`): splits `train` and
+  `test`, built by the math environment itself (same problems, same held-out set); the
+  prompt is the question; one tool, `answer(answer)`, grades with the math env's grader
+  (last number for arithmetic, math-verify otherwise) and finishes the episode with
+  reward 1 or 0. Tasks carry an id and the question, never the reference answer.
+  Arithmetic's unbounded train space is served as `--train-size` fixed problems.
+- tasks (`tasks`, with `tasks.path=DIR`): splits `train` (and `test` when
+  `tasks.test_task_ids` is set); a session owns a sandbox built in `setup()`; the prompt is
+  the agent system prompt + the task instruction; tools are tinkrl's agent tools
+  (execute_bash, file_editor, search, submit); `submit` — or the turn limit — grades the
+  sandbox with the task's tests and finishes with that reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from openreward.environments import Environment, Message, Server, TextBlock, ToolOutput, tool
+from pydantic import BaseModel
+
+from tinkrl.errors import ConfigError
+
+ANSWER_INSTRUCTION = "\n\nSubmit your final answer with the `answer` tool."
+
+
+class AnswerParams(BaseModel):
+    answer: str
+
+
+def _context(key: str, entry: Any, seed: int, eval_problems: int, groups_per_batch: int = 64):
+    from tinkrl.envs import EnvContext
+
+    return EnvContext(
+        key=key,
+        entry=entry,
+        renderer=None,
+        model_name="",
+        group_size=1,
+        groups_per_batch=groups_per_batch,
+        max_tokens=0,
+        run_dir=Path("."),
+        seed=seed,
+        eval_problems=eval_problems,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# math
+
+
+def math_problems(cfg: Any, key: str, train_size: int, eval_problems: int, seed: int):
+    """(train, test) problem lists exactly as the math env builds them, and its episode spec."""
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs.math.env import ProblemListDataset
+
+    datasets = cfg.build(_context(key, EnvEntry(), seed, eval_problems))
+    train_ds, test_ds = datasets.train, datasets.test
+    if isinstance(train_ds, ProblemListDataset):
+        train = list(train_ds.problems)[:train_size]
+    else:  # arithmetic: an unbounded stream; serve its first distinct problems
+        train, seen, i = [], set(), 0
+        while len(train) < train_size and i < 10 * train_size:
+            for b in train_ds.get_batch(i):
+                if b.problem.id not in seen and len(train) < train_size:
+                    seen.add(b.problem.id)
+                    train.append(b.problem)
+            i += 1
+    test = list(test_ds.problems) if test_ds is not None else []
+    spec = (train_ds.get_batch(0)[0]).spec
+    return train, test, spec
+
+
+async def grade_answer(answer: str, reference: str, style: str, timeout_s: float) -> bool:
+    """The math env's grading applied to an `answer` tool argument."""
+    from tinkrl.envs.math import grading
+
+    if style == "number":
+        given = grading.extract_last_number(answer)
+        return given is not None and grading.to_number(given) == grading.to_number(reference)
+    given = grading.extract_final_answer(answer) if "\\boxed" in answer else answer.strip()
+    result = await grading.grade_async(given, reference, grading.pool_for(timeout_s))
+    return bool(result.correct)
+
+
+def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, seed: int) -> type:
+    train, test, spec = math_problems(cfg, key, train_size, eval_problems, seed)
+    splits = {"train": train, "test": test} if test else {"train": train}
+    by_id = {f"{s}-{i}": p for s, probs in splits.items() for i, p in enumerate(probs)}
+
+    class MathORSEnvironment(Environment):
+        def __init__(self, task_spec: dict = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006 - the SDK's signature
+            super().__init__(task_spec, secrets)
+            problem = by_id.get(str(task_spec.get("id")))
+            if problem is None:
+                raise ValueError(f"unknown task {task_spec.get('id')!r}: create sessions by split and index")
+            self.problem = problem
+
+        @classmethod
+        def name(cls) -> str:
+            return key
+
+        @classmethod
+        def list_splits(cls):
+            return list(splits)
+
+        @classmethod
+        def list_tasks(cls, split: str) -> list[dict]:
+            return [{"id": f"{split}-{i}", "question": p.question} for i, p in enumerate(splits[split])]
+
+        def get_messages(self):
+            msgs = [Message(role="system", blocks=[TextBlock(text=spec.system_prompt)])] if spec.system_prompt else []
+            return msgs + [Message(role="user", blocks=[TextBlock(text=self.problem.question + ANSWER_INSTRUCTION)])]
+
+        def get_prompt(self):
+            return [TextBlock(text=self.problem.question + ANSWER_INSTRUCTION)]
+
+        @tool
+        async def answer(self, params: AnswerParams) -> ToolOutput:
+            """Submit the final answer (a number or expression). Ends the episode."""
+            correct = await grade_answer(params.answer, self.problem.answer, spec.style, spec.grade_timeout_s)
+            return ToolOutput(
+                blocks=[TextBlock(text="Correct." if correct else "Incorrect.")],
+                reward=1.0 if correct else 0.0,
+                finished=True,
+                metadata={"correct": correct},
+            )
+
+    MathORSEnvironment.__name__ = MathORSEnvironment.__qualname__ = f"{key}_ors"
+    return MathORSEnvironment
+
+
+# ---------------------------------------------------------------------------------------------
+# assembling the server
+
+
+def parse_env_args(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`arithmetic arithmetic.max_value=999 tasks tasks.path=tasks` -> {name: {field: value}}."""
+    from tinkrl.config import _set_dotted, parse_value
+
+    envs: dict[str, dict[str, Any]] = {}
+    for item in items:
+        if "=" in item:
+            dotted, text = item.split("=", 1)
+            name, _, field = dotted.partition(".")
+            if not field:
+                raise ConfigError(f"{item!r}: give fields as ENV.field=value")
+            _set_dotted(envs.setdefault(name, {}), field, parse_value(text))
+        else:
+            envs.setdefault(item, {})
+    return envs
+
+
+def build_environments(
+    envs: dict[str, dict[str, Any]], train_size: int = 1000, eval_problems: int = 100, seed: int = 0
+) -> list[type]:
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs import make_env_config, resolve_type
+
+    classes = []
+    for key, fields in envs.items():
+        entry = EnvEntry(env=fields)
+        type_name, _ = resolve_type(key, entry)
+        cfg = make_env_config(key, entry)
+        if type_name == "math":
+            classes.append(math_environment(key, cfg, train_size, eval_problems, seed))
+        elif type_name == "tasks":
+            from tinkrl.envs.ors.task_server import tasks_environment
+
+            classes.append(tasks_environment(key, cfg))
+        else:
+            raise ConfigError(
+                f"{key}: serving {type_name!r} environments over ORS is not supported (math presets and tasks are)"
+            )
+    return classes
+
+
+def make_app(classes: list[type]):
+    return Server(classes).app
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tinkrl serve env", description="Serve tinkrl environments over the Open Reward Standard."
+    )
+    parser.add_argument("envs", nargs="+", metavar="ENV", help="environment names, and ENV.field=value settings")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--train-size", type=int, default=1000, help="train problems served for arithmetic (an unbounded generator)"
+    )
+    parser.add_argument("--eval-problems", type=int, default=100, help="problems in the test split")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        classes = build_environments(parse_env_args(args.envs), args.train_size, args.eval_problems, args.seed)
+        app = make_app(classes)
+    except ConfigError as e:
+        print(f"tinkrl serve env: {e}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    names = ", ".join(c.name().lower() for c in classes)
+    print(f"serving {names} over ORS at http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=60)
+    return 0

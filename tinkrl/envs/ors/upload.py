@@ -1,0 +1,172 @@
+"""Upload of finished ORS trajectories to OpenReward's rollout API (`openreward.upload: true`).
+
+The trainer calls `upload_rollouts` after each step and `close_uploads` when the run ends; one
+module-level uploader per run name sends, on worker threads, every trajectory whose last
+step carries the episode record the ORS env writes under `LOG_KEY` (`OPENREWARD_API_KEY`
+needed). An upload problem is logged and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from tinkrl.envs.ors.env import LOG_KEY
+from tinkrl.errors import ConfigError
+from tinkrl.rl.types import Metrics
+
+
+def _upload_events(messages: list[dict]) -> list[Any]:
+    """OpenAI-style transcript -> the SDK's upload message types (every tool call kept)."""
+    from openreward.api.rollouts.serializers.base import (
+        AssistantMessage,
+        SystemMessage,
+        ToolCall,
+        ToolResult,
+        UserMessage,
+    )
+
+    out: list[Any] = []
+    for m in messages:
+        content = m.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        role = m.get("role")
+        if role == "system":
+            out.append(SystemMessage(content))
+        elif role == "user":
+            out.append(UserMessage(content))
+        elif role == "assistant":
+            if content:
+                out.append(AssistantMessage(content))
+            for c in m.get("tool_calls") or []:
+                out.append(ToolCall(c["function"]["name"], c["function"].get("arguments") or "{}", c.get("id") or ""))
+        elif role == "tool":
+            out.append(ToolResult(content, m.get("tool_call_id") or ""))
+    return out
+
+
+class RolloutUploader:
+    """Sends each finished ORS episode of a step to OpenReward as one rollout of run `run_name`.
+
+    Uploads run on worker threads (the SDK's `create` is a blocking POST) so training does not
+    wait; failures are logged and counted, never raised. `close()` waits for what is queued.
+    """
+
+    def __init__(
+        self,
+        run_name: str,
+        model_name: str,
+        api_key: str | None = None,
+        *,
+        lora_rank: int | None = None,
+        batch_size: int | None = None,
+        lr: float | None = None,
+    ):
+        from openreward import OpenReward
+        from openreward.models import RunInfo
+
+        key = api_key or os.environ.get("OPENREWARD_API_KEY")
+        if not key:
+            raise ConfigError("openreward.upload: OPENREWARD_API_KEY is not set")
+        self.run_name = run_name
+        info = RunInfo(
+            model_name=model_name,
+            run_type="train",
+            training_stage="rl",
+            peft_type="lora",
+            peft_rank=lora_rank,
+            batch_size=batch_size,
+            lr=lr,
+            rl_algorithm="grpo",
+            framework="tinkrl",
+        )
+        self.client = OpenReward(api_key=key, run_info=info)
+        self.pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="openreward-upload")
+        self.futures: list[concurrent.futures.Future] = []
+        self.uploaded = self.errors = 0
+        self._lock = threading.Lock()
+
+    def submit(self, keyed_groups: Sequence[tuple[str, Any]], step: int) -> int:
+        """Queue every ORS trajectory of the step's groups; returns how many were queued."""
+        n = 0
+        for _, group in keyed_groups:
+            for i, traj in enumerate(group.trajectories_G):
+                raw = traj.transitions[-1].logs.get(LOG_KEY) if traj.transitions else None
+                if raw:
+                    self.futures.append(self.pool.submit(self._upload, json.loads(raw), step, i))
+                    n += 1
+        return n
+
+    def _upload(self, record: dict, step: int, i: int) -> None:
+        try:
+            name = record["name"]
+            rollout = self.client.rollout.create(
+                self.run_name,
+                rollout_name=f"{record['env']}-{record['split']}-{record['index']}-step{step}-r{i}",
+                environment=name if "/" in name else None,
+                variant=record.get("variant"),
+                split=record["split"],
+                metadata={
+                    "step": step,
+                    "env": record["env"],
+                    "task_index": record["index"],
+                    "rollout": i,
+                    "reward": record["reward"],
+                    "tool_rewards": record["rewards"],
+                    "finished": record["finished"],
+                },
+            )
+            events = _upload_events(record["messages"])
+            for j, ev in enumerate(events):
+                last = j == len(events) - 1
+                rollout.log(ev, reward=record["reward"] if last else None, is_finished=last and record["finished"])
+            with self._lock:
+                self.uploaded += 1
+        except Exception as e:  # an upload problem must never stop training
+            import logging
+
+            logging.getLogger(__name__).warning("rollout upload failed: %s: %s", type(e).__name__, e)
+            with self._lock:
+                self.errors += 1
+
+    def metrics(self) -> Metrics:
+        with self._lock:
+            return {"openreward/uploaded": float(self.uploaded), "openreward/upload_errors": float(self.errors)}
+
+    def close(self) -> None:
+        """Wait for queued uploads and flush the SDK's background sender."""
+        self.pool.shutdown(wait=True)
+        self.client.rollout.close()
+
+
+_UPLOADER: RolloutUploader | None = None
+
+
+def upload_rollouts(
+    keyed_groups: Sequence[tuple[str, Any]], *, step: int, run_name: str, model_name: str, **run_info: Any
+) -> Metrics:
+    """The trainer's per-step hook (`openreward.upload: true`): queue the step's ORS trajectories.
+
+    `keyed_groups` is the step's [(env key, TrajectoryGroup)]; `run_info` may carry lora_rank,
+    batch_size, lr. Returns cumulative upload metrics. Call `close_uploads()` when the run ends.
+    """
+    global _UPLOADER
+    if _UPLOADER is None or _UPLOADER.run_name != run_name:
+        _UPLOADER = RolloutUploader(run_name, model_name, **run_info)
+    _UPLOADER.submit(keyed_groups, step)
+    return _UPLOADER.metrics()
+
+
+def close_uploads() -> Metrics:
+    """Flush and stop the uploader (no-op when nothing was uploaded); returns the final counts."""
+    global _UPLOADER
+    if _UPLOADER is None:
+        return {}
+    uploader, _UPLOADER = _UPLOADER, None
+    uploader.close()
+    return uploader.metrics()
