@@ -77,7 +77,8 @@ async def play_step(dataset, step: int, renderer, response: str = HILL_CLIMB_RES
 
 
 def build(run_dir: Path, renderer, *, n_points: int = 60, seed: int = 0):
-    from tinkrl.envs.erdos.env import ErdosEnvConfig, build_erdos_dataset
+    from tinkrl.envs.erdos.config import ErdosEnvConfig
+    from tinkrl.envs.erdos.env import build_erdos_dataset
     from tinkrl.sandbox import get_provider
 
     cfg = ErdosEnvConfig(n_points=n_points, buffer_size=4, epsilon=0.0, timeout_s=10, initial_states=1, parallel_runs=2)

@@ -32,8 +32,7 @@ def renderer():
 
 @pytest.fixture(scope="module")
 def provider():
-    from tinkrl.envs.agent_tasks import LazyProvider
-    from tinkrl.sandbox import get_provider
+    from tinkrl.sandbox import LazyProvider, get_provider
 
     p = get_provider("bwrap")
     yield LazyProvider(p)
@@ -51,7 +50,8 @@ def call(name: str, args: dict) -> str:
 
 def make_env(renderer, provider, task="hello-file", capture_patch=False, **cfg):
     from tinkrl.agents.session import TaskSession
-    from tinkrl.envs.agent_tasks import TaskEnv, TasksEnvConfig, renderer_for
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+    from tinkrl.envs.agent_tasks.env import TaskEnv, renderer_for
 
     config = TasksEnvConfig(**cfg)
     task = load_task(TASKS / task) if isinstance(task, str) else task
@@ -186,7 +186,7 @@ def test_time_limit_caps_commands_ends_the_episode_and_it_is_graded(renderer, pr
 def test_context_overflow_ends_the_episode_with_reward_0(renderer, provider):
     from tinkrl.agents.session import TaskSession
     from tinkrl.agents.tools import TOOL_SCHEMAS
-    from tinkrl.envs.agent_tasks import TasksEnvConfig
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
 
     task = load_task(TASKS / "hello-file")
     first = TaskSession(task, TasksEnvConfig(), provider).first_messages()
@@ -309,7 +309,7 @@ def test_dataset_cycles_through_tasks_deterministically_in_groups(renderer, tmp_
     cfg = make_env_config(
         "tasks", EnvEntry(env={"path": str(TASKS), "gate": False, "epochs": 2, "test_task_ids": ["calc__*"]})
     )
-    ctx = _ctx(renderer, tmp_path, sandbox_provider=provider.get)
+    ctx = _ctx(renderer, tmp_path, sandbox=provider)
     ds = cfg.build(ctx)
     n_train = len(cfg.load_tasks()) - 2
     assert len(ds.train) == -(-2 * n_train // 3)
@@ -318,7 +318,7 @@ def test_dataset_cycles_through_tasks_deterministically_in_groups(renderer, tmp_
     assert not any(i.startswith("calc__") for i in ids)
     again = cfg.build(ctx)
     assert [b.task.id for b in again.train.get_batch(1)] == ids[3:6]
-    other = cfg.build(_ctx(renderer, tmp_path, seed=8, sandbox_provider=provider.get))
+    other = cfg.build(_ctx(renderer, tmp_path, seed=8, sandbox=provider))
     assert [b.task.id for i in range(3) for b in other.train.get_batch(i)] != ids[:9]
     builder = ds.train.get_batch(0)[0]
     envs = run(builder.make_envs())
@@ -345,5 +345,5 @@ def test_config_errors_and_the_gate(renderer, tmp_path, provider, monkeypatch):
     (bad / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
     (bad / "task.toml").write_text((bad / "task.toml").read_text().replace("hello-file", "hello-unsolved"))
     cfg = make_env_config("tasks", EnvEntry(env={"path": str(tmp_path / "tasks")}))
-    ds = cfg.build(_ctx(renderer, tmp_path, groups_per_batch=2, sandbox_provider=provider.get))
+    ds = cfg.build(_ctx(renderer, tmp_path, groups_per_batch=2, sandbox=provider))
     assert [b.task.id for b in ds.train.get_batch(0)] == ["hello-file", "hello-file"]

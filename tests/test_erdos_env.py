@@ -14,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from tinkrl.envs.erdos import overlap as em
-from tinkrl.envs.erdos.env import ErdosConfig, ErdosEnvConfig, build_erdos_dataset
+from tinkrl.envs.erdos.config import ErdosConfig, ErdosEnvConfig
+from tinkrl.envs.erdos.env import build_erdos_dataset
 from tinkrl.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("erdos_scripted.py")
@@ -157,6 +158,7 @@ def test_resume_refuses_a_buffer_of_another_size(tmp_path, renderer, provider):
 def test_the_documented_launch_keys_build_the_env_through_the_registry(tmp_path, renderer, provider):
     from tinkrl.config import load_config
     from tinkrl.envs import EnvContext, make_env_config
+    from tinkrl.sandbox import LazyProvider
 
     config = load_config(
         None,
@@ -196,7 +198,7 @@ def test_the_documented_launch_keys_build_the_env_through_the_registry(tmp_path,
         max_tokens=config.max_tokens,
         run_dir=tmp_path,
         seed=0,
-        sandbox_provider=lambda: provider,
+        sandbox=LazyProvider(provider),
     )
     datasets = cfg.build(ctx)
     batch = datasets.train.get_batch(0)

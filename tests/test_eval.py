@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tinkrl.tasks.eval import cli_main, pass_at_k
+from tinkrl.commands.eval import cli_main
+from tinkrl.envs.agent_tasks.evaluation import pass_at_k
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

@@ -17,7 +17,8 @@ from ors_helpers import start_toy_server, stop
 from tinkrl.config import EnvEntry, SplitConfig
 from tinkrl.envs import EnvContext
 from tinkrl.envs.ors.client import open_session_count
-from tinkrl.envs.ors.env import OpenRewardEnv, OpenRewardEnvConfig, RemoteEnvSpec, reduce_rewards, resolve_client
+from tinkrl.envs.ors.config import OpenRewardEnvConfig
+from tinkrl.envs.ors.env import OpenRewardEnv, RemoteEnvSpec, reduce_rewards, resolve_client
 from tinkrl.errors import ConfigError, InfraFailure
 
 
@@ -148,7 +149,7 @@ def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
     seen = [(b.split, b.index) for i in range(3) for b in ds.train.get_batch(i)]
     assert {s for s, _ in seen} == {"train"} and len({i for _, i in seen[:5]}) == 5
     first = ds.train.get_batch(0)[0]
-    assert first.group_size == 3 and first.temperature == 0.7 and first.max_failing_rollouts == 1
+    assert first.group_size == 3
     assert first.logging_tags() == ["adder"]
     assert len(run(first.make_envs())) == 3
     assert len(ds.test) == 1  # every eval task in one batch, one rollout each
@@ -228,7 +229,7 @@ def test_upload_sends_each_finished_episode_to_the_rollout_api(toy_server, rende
 
     from aiohttp import web
 
-    from tinkrl.envs.ors.upload import close_uploads, upload_rollouts
+    from tinkrl.envs.ors.upload import RolloutUploader
     from tinkrl.rl.types import Trajectory, TrajectoryGroup, Transition
 
     received: list[dict] = []
@@ -260,8 +261,10 @@ def test_upload_sends_each_finished_episode_to_the_rollout_api(toy_server, rende
     try:
         traj = run(episode())
         group = TrajectoryGroup([traj], [0.0], [{}], ["adder"])
-        upload_rollouts([("adder", group)], step=4, run_name="ors-test", model_name="tinkrl/tiny-llama")
-        final = close_uploads()
+        uploader = RolloutUploader("ors-test", "tinkrl/tiny-llama")
+        uploader.submit([group], step=4)
+        uploader.close()
+        final = uploader.metrics()
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

@@ -76,7 +76,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
     """The ORS env (client side) drives the served arithmetic env: prompt, tool call, reward."""
     from tinkrl.config import EnvEntry, SplitConfig
     from tinkrl.envs import EnvContext
-    from tinkrl.envs.ors.env import OpenRewardEnvConfig
+    from tinkrl.envs.ors.config import OpenRewardEnvConfig
     from tinkrl.local.models import load_tokenizer
     from tinkrl.renderers import get_renderer
 

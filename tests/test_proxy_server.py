@@ -220,10 +220,11 @@ def test_cli_refuses_a_missing_checkpoint(capsys):
 def test_tinker_backend_serves_the_same_api():
     """`--backend tinker`: the proxy over the official SDK, talking to `tinkrl serve tinker`."""
     from tinkrl.backends import make_service_client
+    from tinkrl.config import BackendConfig
     from tinkrl.tinker_server.cli import serve_in_thread as serve_tinker
 
     with serve_tinker(ServiceClient()) as tinker_url:
-        service = make_service_client("tinker", base_url=tinker_url, api_key="tml-local")
+        service = make_service_client(BackendConfig(backend="tinker", base_url=tinker_url), api_key="tml-local")
         sampler = service.create_sampling_client(base_model=TINY_MODEL)
         server = ProxyServer(sampler, model_name=TINY_MODEL, service_client=service)
         with serve_in_thread(server) as url:

@@ -16,15 +16,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "cli_main",
         "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
     ),
-    "eval": ("tinkrl.tasks.eval", "cli_main", "run an agent on task dirs: tinkrl eval --tasks DIR --n K"),
+    "eval": ("tinkrl.commands.eval", "cli_main", "run an agent on task dirs: tinkrl eval --tasks DIR --n K"),
     "export": ("tinkrl.local.export", "cli_main", "export a checkpoint as a PEFT adapter or merged HF model"),
-    "tasks": ("tinkrl.tasks.cli", "cli_main", "task directories: tinkrl tasks check DIR..."),
+    "tasks": ("tinkrl.taskdirs.cli", "cli_main", "task directories: tinkrl tasks check DIR..."),
     "sandbox": ("tinkrl.sandbox.cli", "cli_main", "sandboxes: tinkrl sandbox run -- CMD, tinkrl sandbox reap"),
 }
 SERVE: dict[str, tuple[str, str, str]] = {
     "tinker": ("tinkrl.tinker_server.cli", "cli_main", "the Tinker HTTP protocol over the embedded engine"),
     "openai": ("tinkrl.proxy.cli", "cli_main", "an OpenAI-compatible server over the policy, with token capture"),
-    "env": ("tinkrl.envs.ors_server", "cli_main", "serve tinkrl environments over the Open Reward Standard"),
+    "env": ("tinkrl.envs.ors.server", "cli_main", "serve tinkrl environments over the Open Reward Standard"),
 }
 
 

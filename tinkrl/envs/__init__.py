@@ -11,7 +11,6 @@ errors stay instant.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,16 +19,17 @@ from pydantic import ValidationError
 
 from tinkrl.config import EnvEntry, TrainConfig
 from tinkrl.errors import ConfigError
+from tinkrl.sandbox import LazyProvider, get_provider
 
 if TYPE_CHECKING:  # the registry itself stays light: the SDK's types import torch
     from tinkrl.rl.types import EnvDatasets
 
 # type name -> "module:ConfigClass"; presets add fixed field values.
 ENV_TYPES: dict[str, str] = {
-    "math": "tinkrl.envs.math.env:MathEnvConfig",
-    "erdos": "tinkrl.envs.erdos.env:ErdosEnvConfig",
-    "tasks": "tinkrl.envs.agent_tasks:TasksEnvConfig",
-    "openreward": "tinkrl.envs.ors.env:OpenRewardEnvConfig",
+    "math": "tinkrl.envs.math.config:MathEnvConfig",
+    "erdos": "tinkrl.envs.erdos.config:ErdosEnvConfig",
+    "tasks": "tinkrl.envs.agent_tasks.config:TasksEnvConfig",
+    "openreward": "tinkrl.envs.ors.config:OpenRewardEnvConfig",
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "arithmetic": ("math", {"dataset": "arithmetic"}),
@@ -54,8 +54,9 @@ class EnvContext:
     max_tokens: int
     run_dir: Path
     seed: int
-    sandbox_provider: Callable[[], Any] = field(default=lambda: None)  # lazily made SandboxProvider
+    sandbox: LazyProvider = field(default_factory=LazyProvider)  # the run's sandboxes, made on first use
     eval_problems: int = 100
+    train_config: TrainConfig | None = None  # the whole run's config (e.g. for uploads naming the run)
 
 
 def resolve_type(key: str, entry: EnvEntry) -> tuple[str, dict[str, Any]]:
@@ -114,9 +115,6 @@ def resolve_config(config: TrainConfig) -> TrainConfig:
 
 def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dict[str, EnvDatasets]:
     """Every environment of the run, by key, with datasets of its share of each step's groups."""
-    from tinkrl.envs.tasks import LazyProvider
-    from tinkrl.sandbox import get_provider
-
     sandbox = LazyProvider(lambda: get_provider(config.sandbox.provider, **config.sandbox.provider_options()))
     envs = {}
     for key, groups in config.groups_per_env().items():
@@ -131,8 +129,9 @@ def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dic
             max_tokens=config.max_tokens,
             run_dir=run_dir,
             seed=config.seed,
-            sandbox_provider=sandbox.get,
+            sandbox=sandbox,
             eval_problems=config.eval_problems,
+            train_config=config,
         )
         envs[key] = make_env_config(key, entry).build(ctx)
     return envs

@@ -3,7 +3,7 @@
 What the policy causes (turn/token limits, a stop for length, a broken tool call) is part of
 the episode. Only infrastructure failures (`InfraFailure`: a dead sandbox or env server, a
 transport error) become a trajectory's `failure_mode`: recorded, left out of the group, never
-scored as reward 0. A group with more failures than its builder's `max_failing_rollouts`
+scored as reward 0. A group with more failures than its environment's `max_failing_rollouts`
 is dropped by the trainer and counted.
 """
 
@@ -66,7 +66,8 @@ async def do_group_rollout(
     top_p: float = 1.0,
     semaphore: asyncio.Semaphore | None = None,
 ) -> TrajectoryGroup:
-    temperature = builder.temperature if builder.temperature is not None else temperature
+    """The `group_size` episodes of one task, run concurrently (at most `semaphore`'s count at once),
+    with group-level rewards; episodes with an infrastructure failure go to `failures`."""
 
     async def one(env: Env) -> Trajectory:
         if semaphore is None:

@@ -114,10 +114,6 @@ class EnvGroupBuilder(abc.ABC):
         """Metric namespaces for this group, e.g. ["arithmetic"] → env/arithmetic/..."""
         return []
 
-    # Per-group sampling overrides (the `environments:` map sets these).
-    temperature: float | None = None
-    max_failing_rollouts: int = 0
-
 
 class RLDataset(abc.ABC):
     @abc.abstractmethod

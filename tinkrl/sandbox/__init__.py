@@ -1,12 +1,15 @@
 """Sandboxes for agent tasks: `get_provider(name, **options)` picks a backend by name.
 
 Backends are imported lazily (docker and kubernetes pull in client libraries); a new one
-registers with one line in PROVIDERS: name -> "module:Class".
+registers with one line in PROVIDERS: name -> "module:Class". `LazyProvider` makes a run's
+provider on first use and shares it between all its episodes.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
+from collections.abc import Callable
 
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 
@@ -33,4 +36,32 @@ def get_provider(name: str = "bwrap", **options) -> SandboxProvider:
     return getattr(mod, cls)(**options)
 
 
-__all__ = ["ExecResult", "PROVIDERS", "Sandbox", "SandboxError", "SandboxProvider", "SandboxSpec", "get_provider"]
+class LazyProvider:
+    """A sandbox provider made on first use (from any thread) and then shared by every episode of a run.
+
+    `source` is a provider, a function making one, or None for the default (bwrap)."""
+
+    def __init__(self, source: Callable[[], SandboxProvider | None] | SandboxProvider | None = None):
+        self._factory = source
+        self._provider: SandboxProvider | None = source if isinstance(source, SandboxProvider) else None
+        self._lock = threading.Lock()
+
+    def get(self) -> SandboxProvider:
+        """The provider, made now if this is the first call."""
+        with self._lock:
+            if self._provider is None:
+                made = self._factory() if callable(self._factory) else None
+                self._provider = made if made is not None else get_provider("bwrap")
+            return self._provider
+
+
+__all__ = [
+    "ExecResult",
+    "LazyProvider",
+    "PROVIDERS",
+    "Sandbox",
+    "SandboxError",
+    "SandboxProvider",
+    "SandboxSpec",
+    "get_provider",
+]

@@ -27,7 +27,7 @@ from tinkrl.envs.math.problems import TEST_SHUFFLE_SEED, Problem, seeded_rng
 from tinkrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tinkrl.envs.math.env import MathEnvConfig
+    from tinkrl.envs.math.config import MathEnvConfig
 
 
 @dataclass(frozen=True)

@@ -36,116 +36,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import tinker
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tinkrl.envs.math import grading
 from tinkrl.envs.math.arithmetic import ArithmeticProblems
+from tinkrl.envs.math.config import MathEnvConfig
 from tinkrl.envs.math.datasets import load_problems
 from tinkrl.envs.math.problems import Problem, seeded_rng
 from tinkrl.errors import ConfigError
-from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
+from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 
 if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext, EnvDatasets
+    from tinkrl.envs import EnvContext
 
-DatasetName = Literal["arithmetic", "gsm8k", "math500", "hendrycks", "polaris"]
 ARITHMETIC_LEN = 10**9  # "unbounded": the trainer stops at max_steps
 BOXED_INSTRUCTION = " Write your final answer in \\boxed{} format."
 GSM8K_INSTRUCTION = " Provide a numerical answer without units, written inside \\boxed{}."
-
-
-class MathEnvConfig(BaseModel):
-    """`env=arithmetic env.max_value=999 ...`: single-turn math problems graded on the final answer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dataset: DatasetName = "arithmetic"
-    # -- arithmetic --------------------------------------------------------------------------------
-    min_value: int = 10
-    """Smallest operand (arithmetic)."""
-    max_value: int = 99
-    """Largest operand (arithmetic)."""
-    operations: list[Literal["+", "-", "*", "/"]] = Field(default_factory=lambda: ["+"], min_length=1)
-    """Operators to draw from; "/" problems always divide exactly (a = b * q, operands b, q in range)."""
-    test_fraction: float = Field(0.1, gt=0, lt=1)
-    """Share of the arithmetic problem space held out for eval (by a hash of the problem)."""
-    # -- datasets ----------------------------------------------------------------------------------
-    data_path: str | None = None
-    """Local copy of the dataset (file or directory); None = the local HF cache."""
-    test_data_path: str | None = None
-    """hendrycks only: local copy of MATH-500 (the test set, excluded from training)."""
-    # -- prompting and reward ----------------------------------------------------------------------
-    instruction: str | None = None
-    """Appended as is to each question (start it with a space); None = nothing for arithmetic, a \\boxed{}
-    request otherwise."""
-    system_prompt: str | None = None
-    """Optional system turn before the question (None = the renderer's default)."""
-    format_coef: float = Field(0.0, ge=0)
-    """Penalty for a badly formed reply: reward = correct + format_coef * (format - 1)."""
-    grade_timeout_s: float = Field(10.0, gt=0)
-    """Per-answer time limit for math-verify; a timed-out grade is incorrect."""
-
-    @field_validator("max_value")
-    @classmethod
-    def _max_at_least_min(cls, v: int, info: ValidationInfo) -> int:
-        if "min_value" in info.data and v < info.data["min_value"]:
-            raise ValueError(f"must be >= min_value ({info.data['min_value']})")
-        return v
-
-    @field_validator("operations")
-    @classmethod
-    def _division_needs_nonzero(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        if "/" in v and info.data.get("min_value") == info.data.get("max_value") == 0:
-            raise ValueError("'/' needs a non-zero operand in [min_value, max_value]")
-        return v
-
-    @field_validator("data_path", "test_data_path")
-    @classmethod
-    def _only_for_datasets(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.data.get("dataset") == "arithmetic":
-            raise ValueError("does not apply to the synthetic arithmetic dataset")
-        return v
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        from tinkrl.envs import EnvDatasets
-
-        instruction = self.instruction
-        if instruction is None and self.dataset != "arithmetic":
-            instruction = GSM8K_INSTRUCTION if self.dataset == "gsm8k" else BOXED_INSTRUCTION
-        spec = EpisodeSpec(
-            renderer=ctx.renderer,
-            instruction=instruction or "",
-            system_prompt=self.system_prompt,
-            style="number" if self.dataset == "arithmetic" else "boxed",
-            format_coef=self.format_coef,
-            grade_timeout_s=self.grade_timeout_s,
-            tag=ctx.key,
-        )
-        if self.dataset == "arithmetic":
-            gen = ArithmeticProblems(self.min_value, self.max_value, list(self.operations), self.test_fraction)
-            gen.sample(seeded_rng("probe"), test=False)  # an empty train split fails now, not at step 0
-            train: RLDataset = ArithmeticDataset(gen, spec, ctx.group_size, ctx.groups_per_batch, ctx.seed)
-            test_problems = gen.test_problems(ctx.eval_problems)
-        else:
-            try:
-                train_problems, test_problems = load_problems(self, ctx.eval_problems)
-            except ConfigError as e:
-                raise ConfigError(f"environments.{ctx.key}.env: {e}") from None
-            split = ctx.entry.splits.get("train") if ctx.entry is not None else None
-            if split is not None and split.num_samples is not None:
-                train_problems = train_problems[: split.num_samples]
-            if not train_problems:
-                raise ConfigError(f"environments.{ctx.key}: the {self.dataset} train split is empty")
-            train = ProblemListDataset(
-                train_problems,
-                spec,
-                ctx.group_size,
-                ctx.groups_per_batch,
-                ctx.seed,
-                shuffle=split.shuffle if split is not None else True,
-            )
-        test = TestDataset(test_problems, spec) if test_problems else None
-        return EnvDatasets(train=train, test=test)
 
 
 @dataclass(frozen=True)
@@ -307,3 +212,44 @@ class TestDataset(RLDataset):
 
     def __len__(self) -> int:
         return 1
+
+
+def build_datasets(cfg: MathEnvConfig, ctx: EnvContext) -> EnvDatasets:
+    """Training and held-out datasets of a math config."""
+    instruction = cfg.instruction
+    if instruction is None and cfg.dataset != "arithmetic":
+        instruction = GSM8K_INSTRUCTION if cfg.dataset == "gsm8k" else BOXED_INSTRUCTION
+    spec = EpisodeSpec(
+        renderer=ctx.renderer,
+        instruction=instruction or "",
+        system_prompt=cfg.system_prompt,
+        style="number" if cfg.dataset == "arithmetic" else "boxed",
+        format_coef=cfg.format_coef,
+        grade_timeout_s=cfg.grade_timeout_s,
+        tag=ctx.key,
+    )
+    if cfg.dataset == "arithmetic":
+        gen = ArithmeticProblems(cfg.min_value, cfg.max_value, list(cfg.operations), cfg.test_fraction)
+        gen.sample(seeded_rng("probe"), test=False)  # an empty train split fails now, not at step 0
+        train: RLDataset = ArithmeticDataset(gen, spec, ctx.group_size, ctx.groups_per_batch, ctx.seed)
+        test_problems = gen.test_problems(ctx.eval_problems)
+    else:
+        try:
+            train_problems, test_problems = load_problems(cfg, ctx.eval_problems)
+        except ConfigError as e:
+            raise ConfigError(f"environments.{ctx.key}.env: {e}") from None
+        split = ctx.entry.splits.get("train") if ctx.entry is not None else None
+        if split is not None and split.num_samples is not None:
+            train_problems = train_problems[: split.num_samples]
+        if not train_problems:
+            raise ConfigError(f"environments.{ctx.key}: the {cfg.dataset} train split is empty")
+        train = ProblemListDataset(
+            train_problems,
+            spec,
+            ctx.group_size,
+            ctx.groups_per_batch,
+            ctx.seed,
+            shuffle=split.shuffle if split is not None else True,
+        )
+    test = TestDataset(test_problems, spec) if test_problems else None
+    return EnvDatasets(train=train, test=test)

@@ -32,51 +32,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import tinker
-from pydantic import BaseModel, ConfigDict, Field
 
 from tinkrl.envs.ors.client import ORSClient, ORSSession
+from tinkrl.envs.ors.config import OpenRewardEnvConfig
 from tinkrl.errors import ConfigError
-from tinkrl.rl.types import Action, Env, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
+from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 
 if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext, EnvDatasets
+    from tinkrl.envs import EnvContext
 
 EVAL_SPLIT_NAMES = ("test", "validation", "eval")
 LOG_KEY = "openreward.rollout"  # key of the final step's logs holding the transcript (for upload)
-
-
-class OpenRewardEnvConfig(BaseModel):
-    """Fields under `env:` of a remote ORS environment (`environments: {Owner/Env: {env: {...}}}`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    variant: str | None = None
-    """Environment on the server: a hosted variant, or a self-hosted server's environment
-    (its lower-cased class name). Default for a self-hosted server: the entry's name if the
-    server serves it, else the server's only/default environment."""
-    max_turns: int = Field(8, ge=1)
-    """Assistant turns per episode; an episode that has not finished by then is non-terminal."""
-    max_tool_calls_per_turn: int = Field(4, ge=1)
-    """Tool calls run per assistant turn; further calls are answered with an error."""
-    max_total_tokens: int | None = Field(None, ge=32)
-    """Prompt + all turns must fit in this many tokens (None: no limit beyond max_turns)."""
-    system_prompt: str | None = None
-    """Text put before the tool list in the system turn (default: the model family's)."""
-    no_tool_call_message: str = (
-        'No tool call found. Call one of the tools with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
-    )
-    """Sent back when a turn has no tool call (environments without a terminal tool)."""
-    secrets: dict[str, str | None] = Field(default_factory=dict)
-    """Secrets for the environment's sessions; null takes the value of the same-named env var."""
-    session_retries: int = Field(2, ge=0)
-    """Extra attempts to open a session after a transport failure."""
-    call_timeout_s: float = Field(600.0, gt=0)
-    """Wall-clock limit of one server request (a tool call included); past it: infra failure."""
-    api_key_env: str = "OPENREWARD_API_KEY"
-    """Environment variable holding the OpenReward API key (hosted environments only)."""
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        return build_datasets(self, ctx)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,12 +236,8 @@ class OpenRewardGroupBuilder(EnvGroupBuilder):
         split: str,
         index: int,
         group_size: int,
-        temperature: float | None,
-        max_failing_rollouts: int,
     ):
         self.spec, self.split, self.index, self.group_size = spec, split, index, group_size
-        self.temperature = temperature
-        self.max_failing_rollouts = max_failing_rollouts
 
     async def make_envs(self) -> Sequence[Env]:
         return [OpenRewardEnv(self.spec, self.split, self.index) for _ in range(self.group_size)]
@@ -295,15 +257,12 @@ class OpenRewardDataset(RLDataset):
         groups_per_batch: int,
         shuffle: bool,
         seed: int,
-        temperature: float | None,
-        max_failing_rollouts: int,
         wrap: bool = True,
     ):
         if not items:
             raise ConfigError(f"environments.{spec.key}: the selected splits have no tasks")
         self.spec, self.items, self.group_size = spec, items, group_size
         self.groups_per_batch, self.shuffle, self.seed, self.wrap = groups_per_batch, shuffle, seed, wrap
-        self.temperature, self.max_failing_rollouts = temperature, max_failing_rollouts
         self._epochs: dict[int, list[tuple[str, int]]] = {}
 
     def _epoch(self, e: int) -> list[tuple[str, int]]:
@@ -321,10 +280,7 @@ class OpenRewardDataset(RLDataset):
             picks = [self.items[i] for i in range(start, min(n, start + self.groups_per_batch))]
         else:
             picks = [self._epoch(p // n)[p % n] for p in range(start, start + self.groups_per_batch)]
-        return [
-            OpenRewardGroupBuilder(self.spec, split, idx, self.group_size, self.temperature, self.max_failing_rollouts)
-            for split, idx in picks
-        ]
+        return [OpenRewardGroupBuilder(self.spec, split, idx, self.group_size) for split, idx in picks]
 
     def __len__(self) -> int:
         return max(1, -(-len(self.items) // self.groups_per_batch))
@@ -383,8 +339,9 @@ def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnv
 
 
 def build_datasets(cfg: OpenRewardEnvConfig, ctx: EnvContext) -> EnvDatasets:
-    from tinkrl.envs import EnvDatasets
-
+    """The datasets of one `environments:` entry served over ORS (the server is asked for its splits
+    now, so a wrong name or split fails before training), and, with `openreward.upload`, the hooks
+    that upload each step's episodes."""
     entry = ctx.entry
     name = entry.name or ctx.key
     client = resolve_client(ctx.key, name, entry.base_url, cfg)
@@ -430,18 +387,26 @@ def build_datasets(cfg: OpenRewardEnvConfig, ctx: EnvContext) -> EnvDatasets:
     if not train_items:
         raise ConfigError(f"environments.{ctx.key}.splits: no training split (only {eval_split!r})")
     shuffle = any(entry.splits[s].shuffle for s in entry.splits if s != eval_split)
-    train = OpenRewardDataset(
-        spec,
-        train_items,
-        ctx.group_size,
-        ctx.groups_per_batch,
-        shuffle,
-        ctx.seed,
-        entry.temperature,
-        entry.max_failing_rollouts,
-    )
+    train = OpenRewardDataset(spec, train_items, ctx.group_size, ctx.groups_per_batch, shuffle, ctx.seed)
     test = None
     if eval_split is not None:  # one batch of every eval task, one rollout each (the trainer's eval)
         items = pick(eval_split, ctx.eval_problems)
-        test = OpenRewardDataset(spec, items, 1, max(1, len(items)), False, ctx.seed, entry.temperature, 0, wrap=False)
-    return EnvDatasets(train=train, test=test)
+        test = OpenRewardDataset(spec, items, 1, max(1, len(items)), False, ctx.seed, wrap=False)
+    run = ctx.train_config
+    if run is None or not run.openreward.upload:
+        return EnvDatasets(train=train, test=test)
+    from tinkrl.envs.ors.upload import RolloutUploader
+
+    uploader = RolloutUploader(
+        run.openreward.run_name or run.run_name or ctx.run_dir.name,
+        run.model_name,
+        lora_rank=run.lora_rank,
+        batch_size=run.batch_size,
+        lr=run.learning_rate,
+    )
+
+    def upload(step: int, groups: list) -> Metrics:
+        uploader.submit(groups, step)
+        return uploader.metrics()
+
+    return EnvDatasets(train=train, test=test, on_step=upload, close=uploader.close)

@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict
 
 from tinkrl.agents.session import TaskSession
 from tinkrl.agents.tools import TOOL_SCHEMAS
-from tinkrl.envs.agent_tasks import LazyProvider, TasksEnvConfig, gated, select_tasks
+from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
+from tinkrl.envs.agent_tasks.env import gated
 from tinkrl.errors import ConfigError
+from tinkrl.sandbox import LazyProvider
 
 
 def _arguments_model(name: str, schema: dict) -> type[BaseModel]:

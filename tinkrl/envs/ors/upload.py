@@ -1,9 +1,9 @@
 """Upload of finished ORS trajectories to OpenReward's rollout API (`openreward.upload: true`).
 
-The trainer calls `upload_rollouts` after each step and `close_uploads` when the run ends; one
-module-level uploader per run name sends, on worker threads, every trajectory whose last
-step carries the episode record the ORS env writes under `LOG_KEY` (`OPENREWARD_API_KEY`
-needed). An upload problem is logged and counted, never raised.
+Each ORS environment of a run owns one `RolloutUploader`, called from the environment's hooks:
+after each step it queues every trajectory whose last step carries the episode record the
+ORS env writes under `LOG_KEY`, sent on worker threads (`OPENREWARD_API_KEY` needed); when
+the run ends it waits for them. An upload problem is logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ class RolloutUploader:
         self.uploaded = self.errors = 0
         self._lock = threading.Lock()
 
-    def submit(self, keyed_groups: Sequence[tuple[str, Any]], step: int) -> int:
+    def submit(self, groups: Sequence[Any], step: int) -> int:
         """Queue every ORS trajectory of the step's groups; returns how many were queued."""
         n = 0
-        for _, group in keyed_groups:
+        for group in groups:
             for i, traj in enumerate(group.trajectories_G):
                 raw = traj.transitions[-1].logs.get(LOG_KEY) if traj.transitions else None
                 if raw:
@@ -142,31 +142,3 @@ class RolloutUploader:
         """Wait for queued uploads and flush the SDK's background sender."""
         self.pool.shutdown(wait=True)
         self.client.rollout.close()
-
-
-_UPLOADER: RolloutUploader | None = None
-
-
-def upload_rollouts(
-    keyed_groups: Sequence[tuple[str, Any]], *, step: int, run_name: str, model_name: str, **run_info: Any
-) -> Metrics:
-    """The trainer's per-step hook (`openreward.upload: true`): queue the step's ORS trajectories.
-
-    `keyed_groups` is the step's [(env key, TrajectoryGroup)]; `run_info` may carry lora_rank,
-    batch_size, lr. Returns cumulative upload metrics. Call `close_uploads()` when the run ends.
-    """
-    global _UPLOADER
-    if _UPLOADER is None or _UPLOADER.run_name != run_name:
-        _UPLOADER = RolloutUploader(run_name, model_name, **run_info)
-    _UPLOADER.submit(keyed_groups, step)
-    return _UPLOADER.metrics()
-
-
-def close_uploads() -> Metrics:
-    """Flush and stop the uploader (no-op when nothing was uploaded); returns the final counts."""
-    global _UPLOADER
-    if _UPLOADER is None:
-        return {}
-    uploader, _UPLOADER = _UPLOADER, None
-    uploader.close()
-    return uploader.metrics()

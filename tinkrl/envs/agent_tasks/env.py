@@ -21,124 +21,27 @@ infrastructure failures raise `InfraFailure`, so the rollout leaves the episode 
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
-import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tinker
-from pydantic import BaseModel, ConfigDict, Field
 
 from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
 from tinkrl.agents.tools import TOOL_SCHEMAS
+from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
 from tinkrl.errors import ConfigError, InfraFailure
-from tinkrl.rl.types import Action, Env, EnvGroupBuilder, RLDataset, StepResult, StopCondition
+from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, RLDataset, StepResult, StopCondition
+from tinkrl.sandbox import LazyProvider
 from tinkrl.sandbox.base import SandboxProvider
-from tinkrl.taskdirs import Task, TaskLoadError, iter_tasks, run_gate
+from tinkrl.taskdirs import Task, run_gate
 
 if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext, EnvDatasets
+    from tinkrl.envs import EnvContext
 
 log = logging.getLogger(__name__)
-
-
-class TasksEnvConfig(BaseModel):
-    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str | list[str] = "tasks"
-    """Task directories, directories of them, or .json/.jsonl row files (R2E-Gym, SWE-bench)."""
-    task_ids: list[str] | None = None
-    """Only these tasks (ids or shell globs); None = every task found."""
-    test_task_ids: list[str] | None = None
-    """Tasks held out of training and rolled out once each as the test set (ids or globs)."""
-    max_turns: int = Field(10, ge=1)
-    """Assistant turns per episode; the last one ends the episode and it is graded."""
-    max_tokens_per_turn: int | None = Field(None, ge=1)
-    """Tokens sampled per turn (None: the trainer's max_tokens)."""
-    max_context_tokens: int = Field(8192, ge=64)
-    """Prompt + all turns must fit; an episode that overflows ends with reward 0."""
-    max_total_tokens: int | None = Field(None, ge=1)
-    """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
-    episode_timeout_s: float | None = Field(None, gt=0)
-    """Time limit of an episode (None: the task's agent timeout); see `timeout_includes_sampling`."""
-    timeout_includes_sampling: bool = False
-    """Count the model's sampling time against the limit (wall clock, as terminal-bench does). Off by
-    default: sampling latency depends on the trainer's batch and hardware, not on the policy, so only
-    the time the agent's commands take in the sandbox is counted."""
-    command_timeout_s: float = Field(60.0, gt=0)
-    """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
-    max_observation_chars: int = Field(8000, ge=200)
-    """A tool result longer than this keeps its head and tail."""
-    tool_format: Literal["hermes", "xml"] = "hermes"
-    """Tool-call syntax: Hermes `<tool_call>` JSON (Qwen2.5) or R2E-Gym's `<function=...>` XML."""
-    system_prompt: str | None = None
-    """System prompt before the tool list; `{workdir}` and `{max_turns}` are filled in."""
-    gate: bool = True
-    """Train only on tasks whose solution scores 1 and whose no-op scores 0 (cached per task)."""
-    epochs: int = Field(100, ge=1)
-    """Passes over the tasks the training dataset offers (the run's max_steps usually stops first)."""
-
-    def load_tasks(self) -> list[Task]:
-        """The selected tasks; broken ones are skipped with a warning, none at all is a ConfigError."""
-        paths = [self.path] if isinstance(self.path, str) else list(self.path)
-        tasks: list[Task] = []
-        for item in iter_tasks(paths):
-            if isinstance(item, TaskLoadError):
-                log.warning("skipping a task that does not load: %s", item)
-            else:
-                tasks.append(item)
-        if self.task_ids is not None:
-            tasks = select_tasks(tasks, self.task_ids)
-        if not tasks:
-            raise ConfigError(f"env.path: no loadable tasks in {', '.join(paths)}")
-        ids = [t.id for t in tasks]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ConfigError(f"env.path: task ids occur more than once: {', '.join(dupes)}")
-        return tasks
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        from tinkrl.envs import EnvDatasets
-
-        tasks = self.load_tasks()
-        test = select_tasks(tasks, self.test_task_ids) if self.test_task_ids else []
-        held_out = {t.id for t in test}
-        train = [t for t in tasks if t.id not in held_out]
-        provider = LazyProvider(ctx.sandbox_provider)
-        if self.gate:
-            train = gated(train, provider.get())
-        if not train:
-            raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
-        renderer = renderer_for(ctx.renderer, self.tool_format)
-
-        def builder(task: Task, group_size: int) -> TaskGroupBuilder:
-            b = TaskGroupBuilder(task, self, renderer, provider, group_size, ctx.key)
-            b.temperature = ctx.entry.temperature
-            b.max_failing_rollouts = ctx.entry.max_failing_rollouts
-            return b
-
-        n_batches = math.ceil(self.epochs * len(train) / ctx.groups_per_batch)
-        train_ds = TasksDataset(train, ctx.groups_per_batch, n_batches, ctx.seed, lambda t: builder(t, ctx.group_size))
-        test_ds = TasksDataset(test, len(test), 1, ctx.seed, lambda t: builder(t, 1), shuffle=False) if test else None
-        return EnvDatasets(train=train_ds, test=test_ds)
-
-
-TasksConfig = TasksEnvConfig  # the name users type: env=TasksConfig
-
-
-def select_tasks(tasks: list[Task], patterns: list[str]) -> list[Task]:
-    """Tasks whose id matches one of `patterns` (exact ids or shell globs); unmatched ones are an error."""
-    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(t.id, p) for t in tasks)]
-    if unmatched:
-        raise ConfigError(
-            f"task_ids: no task matches {', '.join(map(repr, unmatched))}; known: {', '.join(t.id for t in tasks)}"
-        )
-    return [t for t in tasks if any(fnmatch.fnmatchcase(t.id, p) for p in patterns)]
 
 
 def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
@@ -157,26 +60,6 @@ def renderer_for(renderer, tool_format: str):
     if renderer.tool_format == tool_format:
         return renderer
     return type(renderer)(renderer.tokenizer, renderer.default_system, tool_format)
-
-
-class LazyProvider:
-    """The run's sandbox provider, made on first use (from any thread) and shared by all episodes."""
-
-    def __init__(self, factory: Callable[[], SandboxProvider | None] | SandboxProvider | None = None):
-        self._factory = factory
-        self._provider: SandboxProvider | None = factory if isinstance(factory, SandboxProvider) else None
-        self._lock = threading.Lock()
-
-    def get(self) -> SandboxProvider:
-        with self._lock:
-            if self._provider is None:
-                made = self._factory() if callable(self._factory) else None
-                if made is None:
-                    from tinkrl.sandbox import get_provider
-
-                    made = get_provider("bwrap")
-                self._provider = made
-            return self._provider
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,3 +187,25 @@ class TasksDataset(RLDataset):
 
     def __len__(self) -> int:
         return self.n_batches
+
+
+def build_datasets(cfg: TasksEnvConfig, ctx: EnvContext) -> EnvDatasets:
+    """The training tasks that pass the gate, and the held-out tasks, as datasets of groups."""
+    tasks = cfg.load_tasks()
+    test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
+    held_out = {t.id for t in test}
+    train = [t for t in tasks if t.id not in held_out]
+    provider = ctx.sandbox
+    if cfg.gate:
+        train = gated(train, provider.get())
+    if not train:
+        raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
+    renderer = renderer_for(ctx.renderer, cfg.tool_format)
+
+    def builder(task: Task, group_size: int) -> TaskGroupBuilder:
+        return TaskGroupBuilder(task, cfg, renderer, provider, group_size, ctx.key)
+
+    n_batches = math.ceil(cfg.epochs * len(train) / ctx.groups_per_batch)
+    train_ds = TasksDataset(train, ctx.groups_per_batch, n_batches, ctx.seed, lambda t: builder(t, ctx.group_size))
+    test_ds = TasksDataset(test, len(test), 1, ctx.seed, lambda t: builder(t, 1), shuffle=False) if test else None
+    return EnvDatasets(train=train_ds, test=test_ds)

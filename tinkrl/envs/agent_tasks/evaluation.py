@@ -1,29 +1,23 @@
-"""`tinkrl eval`: run an agent K times on each task and report pass@1 / pass@K.
+"""Evaluating an agent on tasks: K trials per task, pass@1 / pass@K, transcripts and SWE-bench predictions.
 
-    tinkrl eval --tasks tasks --model HuggingFaceTB/SmolLM2-135M-Instruct --n 4
-    tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --n 4
-    tinkrl eval --dataset-path tasks --task-id 'tb-*' --base-url http://localhost:8000/v1 --served-model M
+The policy is a Tinker SamplingClient (the embedded engine or the Tinker service: the token-level
+`TaskEnv` through the trainer's own rollout loop) or any OpenAI-compatible endpoint (the same
+`TaskSession` fed chat messages, tools sent as `tools=`, tool calls read from `tool_calls` or,
+when a server leaves them in the text, parsed with the renderer). Either way the episode, its
+limits and its grading are the training environment's. `tinkrl eval` (`tinkrl.commands.eval`)
+is the command.
 
-The policy is the embedded engine (`--model`, `--checkpoint`: the token-level `TaskEnv`
-through the trainer's own rollout loop) or any OpenAI-compatible endpoint (`--base-url`:
-the same `TaskSession` fed chat messages, tools sent as `tools=`, tool calls read from
-`tool_calls` or, when a server leaves them in the text, parsed with the renderer). Either
-way the episode, its limits and its grading are the training environment's.
-
-Written to `<output-path>/<run-id>/`: `results.jsonl` (one line per trial: reward, turns,
-end reason, failure_mode, grade detail, transcript), `results.json` and `results.md` (the
-per-task table with unbiased pass@k), and for SWE tasks (SWE-bench, R2E-Gym rows)
-`predictions.jsonl` in SWE-bench's format (`instance_id`, `model_name_or_path`,
-`model_patch` = the git diff of the workspace), one file per attempt when K > 1.
-Infrastructure failures are recorded per trial and left out of pass@k; the run goes on.
-While it runs, finished trials are appended to `results.partial.jsonl` (an interrupted run keeps them).
+Written to an output directory: `results.jsonl` (one line per trial: reward, turns, end reason,
+failure_mode, grade detail, transcript), `results.json` and `results.md` (the per-task table
+with unbiased pass@k), and for SWE tasks (SWE-bench, R2E-Gym rows) `predictions.jsonl` in
+SWE-bench's format (`instance_id`, `model_name_or_path`, `model_patch` = the git diff of the
+workspace), one file per attempt when K > 1. Infrastructure failures are recorded per trial and
+left out of pass@k. While it runs, finished trials are appended to `results.partial.jsonl`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime as dt
 import json
 import logging
 import math
@@ -105,8 +99,9 @@ def trial_from_session(
 # Policies
 
 
-class EnginePolicy:
-    """The embedded engine (a base model or a checkpoint), through the token-level TaskEnv."""
+class SamplingClientPolicy:
+    """A Tinker SamplingClient (local engine or service: a base model or a checkpoint), through the
+    token-level TaskEnv."""
 
     def __init__(self, sampling_client, model_name: str, cfg, renderer, provider, temperature: float):
         self.sampling_client, self.model_name, self.cfg = sampling_client, model_name, cfg
@@ -114,7 +109,7 @@ class EnginePolicy:
 
     async def run(self, task: Task, attempt: int) -> Trial:
         from tinkrl.agents.session import TaskSession
-        from tinkrl.envs.agent_tasks import TaskEnv
+        from tinkrl.envs.agent_tasks.env import TaskEnv
         from tinkrl.rl.rollouts import do_rollout
 
         session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
@@ -411,159 +406,3 @@ def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall:
                         )
                         + "\n"
                     )
-
-
-# ---------------------------------------------------------------------------------------------
-# The command
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tinkrl eval", description="Run an agent on task directories and report pass@k.")
-    p.add_argument(
-        "--tasks",
-        "--dataset-path",
-        "-p",
-        dest="tasks",
-        action="append",
-        metavar="DIR",
-        help="task dirs, dirs of them, or .json/.jsonl row files (repeatable; default: tasks)",
-    )
-    p.add_argument(
-        "--task-id",
-        "-t",
-        dest="task_ids",
-        action="append",
-        metavar="ID",
-        help="only these tasks (ids or shell globs; repeatable)",
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="base model for the embedded engine (default: the default model)")
-    src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
-    src.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
-    p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
-    p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
-    p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
-    p.add_argument("--max-turns", type=int, default=10)
-    p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
-    p.add_argument("--max-context-tokens", type=int, default=8192)
-    p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
-    p.add_argument(
-        "--wall-clock-timeout",
-        action="store_true",
-        help="count the model's time against the episode timeout too (default: only commands')",
-    )
-    p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
-    p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--n-concurrent", type=int, default=4)
-    p.add_argument("--output-path", default="runs/eval", help="results go to OUTPUT_PATH/RUN_ID/")
-    p.add_argument("--run-id", default=None, help="default: the start time, YYYY-MM-DD__HH-MM-SS")
-    p.add_argument("--sandbox", default="bwrap", help="sandbox provider (bwrap, docker, kubernetes)")
-    p.add_argument("--device", default=None, help="embedded engine device (cuda/cpu; default: the best there is)")
-    return p
-
-
-def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    for name in ("n", "max_turns", "max_tokens", "n_concurrent"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_context_tokens < 64:
-        parser.error("--max-context-tokens must be at least 64")
-    if args.temperature < 0:
-        parser.error("--temperature must be >= 0")
-    if (args.api_key or args.served_model) and not args.base_url:
-        parser.error("--api-key and --served-model go with --base-url")
-
-
-async def _main(args: argparse.Namespace) -> int:
-    from tinkrl.envs.agent_tasks import LazyProvider, TasksEnvConfig
-    from tinkrl.sandbox import get_provider
-
-    cfg = TasksEnvConfig(
-        path=args.tasks or ["tasks"],
-        task_ids=args.task_ids,
-        max_turns=args.max_turns,
-        max_tokens_per_turn=args.max_tokens,
-        max_context_tokens=args.max_context_tokens,
-        episode_timeout_s=args.episode_timeout,
-        timeout_includes_sampling=args.wall_clock_timeout,
-        command_timeout_s=args.command_timeout,
-        tool_format=args.tool_format,
-        gate=False,
-    )
-    tasks = cfg.load_tasks()
-    provider = get_provider(args.sandbox)
-    policy: Any = None
-    try:
-        if args.base_url:
-            policy = OpenAIPolicy(
-                args.base_url,
-                args.api_key,
-                args.served_model,
-                cfg,
-                TextToolParser(args.tool_format),
-                LazyProvider(provider),
-                args.temperature,
-            )
-            model_name = await policy.resolve_model()
-            model_label = model_name
-        else:
-            from tinkrl.local import ServiceClient
-            from tinkrl.local.models import DEFAULT_MODEL
-            from tinkrl.renderers import get_renderer
-
-            service = ServiceClient(device=args.device)
-            if args.checkpoint:
-                sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
-                model_label = args.checkpoint
-            else:
-                sc = await asyncio.to_thread(service.create_sampling_client, base_model=args.model or DEFAULT_MODEL)
-                model_label = args.model or DEFAULT_MODEL
-            model_name = sc.get_base_model()
-            renderer = get_renderer(sc.get_tokenizer(), model_name, args.tool_format)
-            policy = EnginePolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
-        run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
-        out_dir = Path(args.output_path) / run_id
-        print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
-        t0 = time.monotonic()
-        trials = await evaluate(
-            tasks, policy, args.n, args.n_concurrent, partial_path=out_dir / "results.partial.jsonl"
-        )
-        seconds = time.monotonic() - t0
-    finally:
-        if isinstance(policy, OpenAIPolicy):
-            await policy.client.close()
-        provider.close()
-    rows, overall = summarize(trials, args.n)
-    table = format_table(rows, overall, args.n)
-    meta = {
-        "run_id": run_id,
-        "model": model_label,
-        "base_model": model_name,
-        "n_attempts": args.n,
-        "temperature": args.temperature,
-        "max_turns": args.max_turns,
-        "max_tokens": args.max_tokens,
-        "max_context_tokens": args.max_context_tokens,
-        "tool_format": args.tool_format,
-        "seconds": round(seconds, 1),
-        "base_url": args.base_url,
-    }
-    write_outputs(out_dir, trials, rows, overall, table, meta)
-    (out_dir / "results.partial.jsonl").unlink(missing_ok=True)  # results.jsonl has them all, in order
-    print(table)
-    print(f"results: {out_dir} ({seconds:.0f}s)", file=sys.stderr)
-    return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
-
-
-def cli_main(argv: list[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _check(args, parser)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="tinkrl eval: %(message)s")
-    try:
-        return asyncio.run(_main(args))
-    except TinkrlError as e:
-        print(f"tinkrl eval: {e}", file=sys.stderr)
-        return 2

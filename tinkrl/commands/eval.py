@@ -1,0 +1,197 @@
+"""`tinkrl eval`: run an agent K times on each task and report pass@1 / pass@K.
+
+    tinkrl eval --tasks tasks --model HuggingFaceTB/SmolLM2-135M-Instruct --n 4
+    tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --n 4
+    tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --backend tinker
+    tinkrl eval --dataset-path tasks --task-id 'tb-*' --base-url http://localhost:8000/v1 --served-model M
+
+`--model`/`--checkpoint` sample through the Tinker API (`--backend local`: the embedded engine,
+the default; `--backend tinker`: the Tinker service at $TINKER_BASE_URL); `--base-url` evaluates
+any OpenAI-compatible endpoint. Results go to `<output-path>/<run-id>/` (see
+`tinkrl.envs.agent_tasks.evaluation`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tinkrl.errors import TinkrlError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tinkrl eval", description="Run an agent on task directories and report pass@k.")
+    p.add_argument(
+        "--tasks",
+        "--dataset-path",
+        "-p",
+        dest="tasks",
+        action="append",
+        metavar="DIR",
+        help="task dirs, dirs of them, or .json/.jsonl row files (repeatable; default: tasks)",
+    )
+    p.add_argument(
+        "--task-id",
+        "-t",
+        dest="task_ids",
+        action="append",
+        metavar="ID",
+        help="only these tasks (ids or shell globs; repeatable)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="base model for the embedded engine (default: the default model)")
+    src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
+    src.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
+    p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
+    p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
+    p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
+    p.add_argument("--max-context-tokens", type=int, default=8192)
+    p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
+    p.add_argument(
+        "--wall-clock-timeout",
+        action="store_true",
+        help="count the model's time against the episode timeout too (default: only commands')",
+    )
+    p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
+    p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--n-concurrent", type=int, default=4)
+    p.add_argument("--output-path", default="runs/eval", help="results go to OUTPUT_PATH/RUN_ID/")
+    p.add_argument("--run-id", default=None, help="default: the start time, YYYY-MM-DD__HH-MM-SS")
+    p.add_argument("--sandbox", default="bwrap", help="sandbox provider (bwrap, docker, kubernetes)")
+    p.add_argument(
+        "--backend",
+        choices=("local", "tinker"),
+        default="local",
+        help="for --model/--checkpoint: local (the embedded engine) or tinker (the service at $TINKER_BASE_URL)",
+    )
+    p.add_argument("--device", default=None, help="embedded engine device (cuda/cpu; default: the best there is)")
+    return p
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    for name in ("n", "max_turns", "max_tokens", "n_concurrent"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_context_tokens < 64:
+        parser.error("--max-context-tokens must be at least 64")
+    if args.temperature < 0:
+        parser.error("--temperature must be >= 0")
+    if (args.api_key or args.served_model) and not args.base_url:
+        parser.error("--api-key and --served-model go with --base-url")
+    if args.device and args.backend != "local":
+        parser.error("--device goes with --backend local")
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+    from tinkrl.envs.agent_tasks.evaluation import (
+        OpenAIPolicy,
+        SamplingClientPolicy,
+        TextToolParser,
+        evaluate,
+        format_table,
+        summarize,
+        write_outputs,
+    )
+    from tinkrl.sandbox import LazyProvider, get_provider
+
+    cfg = TasksEnvConfig(
+        path=args.tasks or ["tasks"],
+        task_ids=args.task_ids,
+        max_turns=args.max_turns,
+        max_tokens_per_turn=args.max_tokens,
+        max_context_tokens=args.max_context_tokens,
+        episode_timeout_s=args.episode_timeout,
+        timeout_includes_sampling=args.wall_clock_timeout,
+        command_timeout_s=args.command_timeout,
+        tool_format=args.tool_format,
+        gate=False,
+    )
+    tasks = cfg.load_tasks()
+    provider = get_provider(args.sandbox)
+    policy: Any = None
+    try:
+        if args.base_url:
+            policy = OpenAIPolicy(
+                args.base_url,
+                args.api_key,
+                args.served_model,
+                cfg,
+                TextToolParser(args.tool_format),
+                LazyProvider(provider),
+                args.temperature,
+            )
+            model_name = await policy.resolve_model()
+            model_label = model_name
+        else:
+            from tinkrl.backends import make_service_client
+            from tinkrl.config import BackendConfig
+            from tinkrl.renderers import get_renderer
+
+            backend = BackendConfig(backend=args.backend, device=args.device)
+            if args.model:
+                backend.model_name = args.model
+            service = make_service_client(backend)
+            if args.checkpoint:
+                sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
+                model_label = args.checkpoint
+            else:
+                sc = await asyncio.to_thread(service.create_sampling_client, base_model=backend.model_name)
+                model_label = backend.model_name
+            model_name = sc.get_base_model()
+            renderer = get_renderer(sc.get_tokenizer(), model_name, args.tool_format)
+            policy = SamplingClientPolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
+        run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
+        out_dir = Path(args.output_path) / run_id
+        print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
+        t0 = time.monotonic()
+        trials = await evaluate(
+            tasks, policy, args.n, args.n_concurrent, partial_path=out_dir / "results.partial.jsonl"
+        )
+        seconds = time.monotonic() - t0
+    finally:
+        if isinstance(policy, OpenAIPolicy):
+            await policy.client.close()
+        provider.close()
+    rows, overall = summarize(trials, args.n)
+    table = format_table(rows, overall, args.n)
+    meta = {
+        "run_id": run_id,
+        "model": model_label,
+        "base_model": model_name,
+        "n_attempts": args.n,
+        "temperature": args.temperature,
+        "max_turns": args.max_turns,
+        "max_tokens": args.max_tokens,
+        "max_context_tokens": args.max_context_tokens,
+        "tool_format": args.tool_format,
+        "seconds": round(seconds, 1),
+        "base_url": args.base_url,
+    }
+    write_outputs(out_dir, trials, rows, overall, table, meta)
+    (out_dir / "results.partial.jsonl").unlink(missing_ok=True)  # results.jsonl has them all, in order
+    print(table)
+    print(f"results: {out_dir} ({seconds:.0f}s)", file=sys.stderr)
+    return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check(args, parser)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="tinkrl eval: %(message)s")
+    try:
+        return asyncio.run(_main(args))
+    except TinkrlError as e:
+        print(f"tinkrl eval: {e}", file=sys.stderr)
+        return 2
