@@ -670,13 +670,20 @@ def test_capabilities_list_default_and_tiny_models(service):
     assert {"tinkrl/tiny-llama", "tinkrl/tiny-qwen2", "tinkrl/tiny-qwen3"} <= set(names)
 
 
-def test_dtype_names():
+def test_dtype_names(monkeypatch):
     from tinkrl.errors import TinkrlError
+    from tinkrl.local.models import default_dtype
 
     assert ServiceClient(dtype="fp32").dtype == ServiceClient(dtype="float32").dtype == torch.float32
     assert ServiceClient(dtype="bf16").dtype == torch.bfloat16
     with pytest.raises(TinkrlError, match="float16.*float32 or bfloat16"):
         ServiceClient(dtype="float16")
+    # the environment override reads the same names, with the same error
+    monkeypatch.setenv("TINKRL_DTYPE", "bf16")
+    assert default_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv("TINKRL_DTYPE", "float16")
+    with pytest.raises(TinkrlError, match="float16.*float32 or bfloat16"):
+        default_dtype(torch.device("cpu"))
 
 
 def test_missing_model_is_one_clear_line(service, tmp_path, monkeypatch):

@@ -191,13 +191,26 @@ def cpu_has_bf16_math() -> bool:
         return False
 
 
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A precision name (float32/fp32, bfloat16/bf16) as a torch dtype; a torch dtype as itself."""
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype not in _DTYPES:  # checked up front: passed through, it would fail deep in the head
+        raise TinkrlError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
+    return _DTYPES[dtype]
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs)."""
+    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs).
+
+    `TINKRL_DTYPE` (a name `parse_dtype` accepts) overrides it.
+    """
     override = os.environ.get("TINKRL_DTYPE")
     if override:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[
-            override
-        ]
+        return parse_dtype(override)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_bf16_math() else torch.float32

@@ -40,6 +40,7 @@ from tinkrl.local.models import (
     default_dtype,
     known_models,
     load_model,
+    parse_dtype,
     pick_device,
     tinkrl_home,
 )
@@ -382,10 +383,7 @@ class ServiceClient:
     ):
         self.device = device
         self.compile = compile
-        names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-        if isinstance(dtype, str) and dtype not in names:  # was passed through and failed deep in the head
-            raise TinkrlError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
-        self.dtype = names.get(dtype, dtype) if dtype else None
+        self.dtype = parse_dtype(dtype) if dtype else None
 
     def _engine(self, model: str) -> Engine:
         return Engine.get(model, self.device, self.dtype)
