@@ -31,10 +31,10 @@ from engine_helpers import (  # noqa: F401
 from tinker import types
 
 from tinkrl.local import LocalFuture, ServiceClient
+from tinkrl.local.checkpoints import CheckpointNotFound
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import _inverse_cdf
-from tinkrl.local.service import CheckpointNotFound
 from tinkrl.local.transformer import frozen_linear, ieee_attention
 
 

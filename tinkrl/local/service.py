@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import json
 import math
 import threading
 import time
@@ -25,7 +24,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MethodType
 from typing import Any
 
 import torch
@@ -34,6 +32,8 @@ from torch import nn
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local import losses
+from tinkrl.local.checkpoints import read_lora, read_meta, read_optimizer, resolve_path, write_checkpoint
+from tinkrl.local.lora import LORA_ALPHA, LoraSpec, add_lora
 from tinkrl.local.models import (
     DEFAULT_MODEL,
     cpu_has_bf16_math,
@@ -42,15 +42,11 @@ from tinkrl.local.models import (
     load_model,
     parse_dtype,
     pick_device,
-    tinkrl_home,
 )
 from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers, lora_head_forward
+from tinkrl.local.transformer import CausalLM, build_causal_lm, compile_layers
 
-LORA_ALPHA = 32  # scaling = alpha / rank, as in Tinker: the best learning rate barely moves with rank
-ATTN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP_MODULES = ["gate_proj", "up_proj", "down_proj"]
 # Padded tokens per forward/backward micro-batch. On the 2-core CPU a 32x4 arithmetic batch
 # ran 14.1 s in one 3.5k-token micro-batch and 10.9 s in two; 16x4 is fastest whole (~1.7k).
 MAX_TOKENS_PER_MICROBATCH = 2048
@@ -81,22 +77,6 @@ def _done(value) -> LocalFuture:
     return fut
 
 
-class CheckpointNotFound(TinkrlError):
-    pass
-
-
-def resolve_path(path: str) -> Path:
-    """`tinker://<run>/<kind>/<name>` or an absolute directory -> the checkpoint directory."""
-    if path.startswith("tinker://"):
-        rest = path[len("tinker://") :]
-        local = tinkrl_home() / "checkpoints" / rest
-    else:
-        local = Path(path).expanduser()
-    if not (local / "tinkrl_meta.json").is_file():
-        raise CheckpointNotFound(f"checkpoint {path!r} not found (looked for {local}/tinkrl_meta.json)")
-    return local
-
-
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log_softmax(logits)[target] per row, without materialising the vocabulary-wide log_softmax."""
     return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
@@ -117,7 +97,7 @@ class _Snapshot:
 
     key: str
     lora: dict[str, torch.Tensor] | None
-    config: dict | None  # {"rank", "train_mlp", "train_attn", "train_unembed"}
+    config: LoraSpec | None
 
 
 @dataclass
@@ -186,8 +166,8 @@ class Engine:
         del loaded
         self.eos_id = self.tokenizer.eos_token_id
         self.max_context = int(getattr(self.config, "max_position_embeddings", 4096))
-        self._sampler_trees: dict[tuple, CausalLM] = {}
-        self._loaded_in_tree: dict[tuple, str] = {}
+        self._sampler_trees: dict[LoraSpec, CausalLM] = {}
+        self._loaded_in_tree: dict[LoraSpec, str] = {}
         self._merged_tree: CausalLM | None = None  # fp32: adapters merged into the weights (_merged_tree_for)
         self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
         self._merged_key: str | None = None
@@ -277,50 +257,24 @@ class Engine:
         tree.lm_head._fast_weight = self.base.lm_head._fast_weight
         return tree.requires_grad_(False)
 
-    def lora_tree(
-        self, rank: int, seed: int | None, train_mlp: bool, train_attn: bool, train_unembed: bool
-    ) -> CausalLM:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        targets = (
-            (ATTN_MODULES if train_attn else [])
-            + (MLP_MODULES if train_mlp else [])
-            + (["lm_head"] if train_unembed else [])
-        )
-        if not targets:
-            raise TinkrlError("LoRA needs at least one of train_attn, train_mlp, train_unembed")
-        tree = self.new_tree()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0 if seed is None else seed)
-            inject_adapter_in_model(
-                LoraConfig(r=rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets), tree
-            )
-        for name, p in tree.named_parameters():
-            if "lora_" in name:
-                p.data = p.data.float()  # adapters and their optimizer state stay fp32
-            p.requires_grad_("lora_" in name)
-        if train_unembed:
-            tree.lm_head.forward = MethodType(lora_head_forward, tree.lm_head)
-        return tree.to(self.device)
+    def lora_tree(self, spec: LoraSpec, seed: int | None) -> CausalLM:
+        """A fresh tree sharing the base weights, with new trainable adapters on this engine's device."""
+        return add_lora(self.new_tree(), spec, seed).to(self.device)
 
     def _tree_for(self, snap: _Snapshot) -> CausalLM:
         if snap.lora is None:
             return self.base
         if self.dtype == torch.float32:
             return self._merged_tree_for(snap)
-        cfg_key = tuple(sorted(snap.config.items()))
-        tree = self._sampler_trees.get(cfg_key)
+        tree = self._sampler_trees.get(snap.config)
         if tree is None:
-            c = snap.config
-            tree = self._sampler_trees[cfg_key] = self.lora_tree(
-                c["rank"], 0, c["train_mlp"], c["train_attn"], c["train_unembed"]
-            )
-        if self._loaded_in_tree.get(cfg_key) != snap.key:
+            tree = self._sampler_trees[snap.config] = self.lora_tree(snap.config, 0)
+        if self._loaded_in_tree.get(snap.config) != snap.key:
             params = dict(tree.named_parameters())
             with torch.no_grad():
                 for name, t in snap.lora.items():
                     params[name].copy_(t)
-            self._loaded_in_tree[cfg_key] = snap.key
+            self._loaded_in_tree[snap.config] = snap.key
         return tree
 
     def _merged_tree_for(self, snap: _Snapshot) -> CausalLM:
@@ -340,7 +294,7 @@ class Engine:
         if self._merged_key == snap.key:
             return tree
         modules, base_modules = dict(tree.named_modules()), dict(self.base.named_modules())
-        scale = LORA_ALPHA / snap.config["rank"]
+        scale = snap.config.scale
         adapted = set()
         with torch.no_grad():
             for name, a in snap.lora.items():
@@ -404,7 +358,8 @@ class ServiceClient:
         user_metadata: dict | None = None,
         **_ignored,
     ) -> TrainingClient:
-        return TrainingClient(self._engine(base_model), rank, seed, train_mlp, train_attn, train_unembed, self.compile)
+        spec = LoraSpec(rank, train_mlp, train_attn, train_unembed)
+        return TrainingClient(self._engine(base_model), spec, seed, self.compile)
 
     def create_training_client_from_state(self, path: str, **_ignored) -> TrainingClient:
         return self._from_state(path, with_optimizer=False)
@@ -414,17 +369,9 @@ class ServiceClient:
 
     def _from_state(self, path: str, with_optimizer: bool) -> TrainingClient:
         ckpt = resolve_path(path)
-        meta = json.loads((ckpt / "tinkrl_meta.json").read_text())
-        lora = meta["lora"]
-        tc = TrainingClient(
-            self._engine(meta["base_model"]),
-            lora["rank"],
-            lora.get("seed"),
-            lora["train_mlp"],
-            lora["train_attn"],
-            lora["train_unembed"],
-            self.compile,
-        )
+        meta = read_meta(ckpt)
+        spec = LoraSpec.from_meta(meta["lora"])
+        tc = TrainingClient(self._engine(meta["base_model"]), spec, meta["lora"].get("seed"), self.compile)
         tc._load(ckpt, with_optimizer).result()
         return tc
 
@@ -434,12 +381,10 @@ class ServiceClient:
         if model_path is None:
             return SamplingClient(self._engine(base_model or DEFAULT_MODEL), _Snapshot("base", None, None))
         ckpt = resolve_path(model_path)
-        meta = json.loads((ckpt / "tinkrl_meta.json").read_text())
-        from safetensors.torch import load_file
-
+        meta = read_meta(ckpt)
         engine = self._engine(meta["base_model"])
-        lora = {k: v.to(engine.device) for k, v in load_file(ckpt / "lora.safetensors").items()}
-        config = {k: meta["lora"][k] for k in ("rank", "train_mlp", "train_attn", "train_unembed")}
+        lora = {k: v.to(engine.device) for k, v in read_lora(ckpt).items()}
+        config = LoraSpec.from_meta(meta["lora"])
         # A key per client, not per path: a checkpoint name saved again holds new weights, and the
         # engine reloads a sampler tree only when the snapshot key changes.
         return SamplingClient(engine, _Snapshot(f"path:{ckpt}:{uuid.uuid4().hex[:12]}", lora, config))
@@ -480,19 +425,14 @@ class TrainingClient(_ClientHandle):
     def __init__(
         self,
         engine: Engine,
-        rank: int,
+        spec: LoraSpec,
         seed: int | None,
-        train_mlp: bool,
-        train_attn: bool,
-        train_unembed: bool,
         compile: bool = False,
     ):
         self.engine = engine
         self.run_id = f"local-{uuid.uuid4().hex[:12]}"
-        self.lora_config = dict(
-            rank=rank, seed=seed, train_mlp=train_mlp, train_attn=train_attn, train_unembed=train_unembed
-        )
-        self.model = engine.submit(lambda: engine.lora_tree(rank, seed, train_mlp, train_attn, train_unembed)).result()
+        self.spec, self.seed = spec, seed
+        self.model = engine.submit(lambda: engine.lora_tree(spec, seed)).result()
         if compile:
             compile_layers(self.model)
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -511,7 +451,7 @@ class TrainingClient(_ClientHandle):
             model_id=self.run_id,
             model_name=self.engine.model_name,
             is_lora=True,
-            lora_rank=self.lora_config["rank"],
+            lora_rank=self.spec.rank,
             model_data=types.ModelData(
                 arch=self.engine.config.model_type,
                 model_name=self.engine.model_name,
@@ -521,8 +461,7 @@ class TrainingClient(_ClientHandle):
 
     def _snapshot(self) -> _Snapshot:
         lora = {n: p.detach().clone() for n, p in self.params.items()}
-        config = {k: self.lora_config[k] for k in ("rank", "train_mlp", "train_attn", "train_unembed")}
-        return _Snapshot(f"{self.run_id}:{next(self._snapshot_seq)}", lora, config)
+        return _Snapshot(f"{self.run_id}:{next(self._snapshot_seq)}", lora, self.spec)
 
     # -- forward / backward ---------------------------------------------------------------------
     def forward(
@@ -680,41 +619,31 @@ class TrainingClient(_ClientHandle):
         )
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def _write(self, kind: str, name: str, with_optimizer: bool) -> Path:
-        from safetensors.torch import save_file
-
-        from tinkrl.local.checkpoints import write_peft_adapter
-
-        out = tinkrl_home() / "checkpoints" / self.run_id / kind / name
-        out.mkdir(parents=True, exist_ok=True)
-        lora = {n: p.detach().contiguous().cpu() for n, p in self.params.items()}
-        save_file(lora, out / "lora.safetensors")
+    def _write(self, kind: str, name: str, with_optimizer: bool) -> str:
+        s = self.spec
         meta = {
             "base_model": self.engine.model_name,
-            "lora": self.lora_config,
+            "lora": {
+                "rank": s.rank,
+                "seed": self.seed,
+                "train_mlp": s.train_mlp,
+                "train_attn": s.train_attn,
+                "train_unembed": s.train_unembed,
+            },
             "step": self.step,
             "kind": kind,
             "run_id": self.run_id,
             "lora_alpha": LORA_ALPHA,
         }
-        if with_optimizer:
-            torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
-        write_peft_adapter(out, lora, meta)
-        (out / "tinkrl_meta.json").write_text(json.dumps(meta, indent=2))
-        return out
+        lora = {n: p.detach().contiguous().cpu() for n, p in self.params.items()}
+        return write_checkpoint(name, meta, lora, self.optimizer.state_dict() if with_optimizer else None)
 
     def save_state(self, name: str, **_ignored) -> LocalFuture:
-        return self.engine.submit(
-            lambda: types.SaveWeightsResponse(
-                path=(self._write("weights", name, True), f"tinker://{self.run_id}/weights/{name}")[1]
-            )
-        )
+        return self.engine.submit(lambda: types.SaveWeightsResponse(path=self._write("weights", name, True)))
 
     def save_weights_for_sampler(self, name: str, **_ignored) -> LocalFuture:
         return self.engine.submit(
-            lambda: types.SaveWeightsForSamplerResponse(
-                path=(self._write("sampler_weights", name, False), f"tinker://{self.run_id}/sampler_weights/{name}")[1]
-            )
+            lambda: types.SaveWeightsForSamplerResponse(path=self._write("sampler_weights", name, False))
         )
 
     def save_weights_and_get_sampling_client(self, name: str | None = None, **_ignored) -> SamplingClient:
@@ -729,18 +658,13 @@ class TrainingClient(_ClientHandle):
 
     def _load(self, ckpt: Path, with_optimizer: bool) -> LocalFuture:
         def load():
-            from safetensors.torch import load_file
-
-            state = load_file(ckpt / "lora.safetensors")
+            state = read_lora(ckpt)
             with torch.no_grad():
                 for n, p in self.params.items():
                     p.copy_(state[n].to(p.device))
             if with_optimizer:
-                opt = ckpt / "optimizer.pt"
-                if not opt.is_file():
-                    raise CheckpointNotFound(f"{ckpt} holds no optimizer state (saved with save_weights_for_sampler?)")
-                self.optimizer.load_state_dict(torch.load(opt, map_location=self.engine.device))
-            self.step = json.loads((ckpt / "tinkrl_meta.json").read_text()).get("step", 0)
+                self.optimizer.load_state_dict(read_optimizer(ckpt, self.engine.device))
+            self.step = read_meta(ckpt).get("step", 0)
 
         return self.engine.submit(load)
 

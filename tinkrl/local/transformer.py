@@ -394,24 +394,3 @@ def compile_layers(model: CausalLM) -> bool:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     model.compiled = True
     return True
-
-
-def lora_head_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """peft's LoRA forward for the unembedding, without its vocabulary-sized temporaries.
-
-    peft computes `base + lora_B(lora_A(x)) * scaling`: three passes over [tokens, vocab]
-    (49k wide for SmolLM2) forward and more backward, a quarter of a training step. The
-    same sum as one fused `addmm` into the base logits, scaling applied on the rank-wide side.
-    Bound to peft's `lora.Linear` around `lm_head` (`self`); honours disabled/merged adapters.
-    """
-    result = self.base_layer(x)
-    if self.disable_adapters or self.merged:
-        return result
-    flat = result.reshape(-1, result.shape[-1])
-    for name in self.active_adapters:
-        if name not in self.lora_A:
-            continue
-        a, b = self.lora_A[name].weight, self.lora_B[name].weight
-        xa = F.linear(x.reshape(-1, x.shape[-1]).to(a.dtype), a) * self.scaling[name]
-        flat = torch.addmm(flat, xa, b.t())
-    return flat.reshape(result.shape)
