@@ -19,7 +19,7 @@ import torch
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local.lora import LoraSpec
-from tinkrl.local.models import tinkrl_home
+from tinkrl.local.models import load_model, load_tokenizer, tinkrl_home
 
 META = "tinkrl_meta.json"
 
@@ -109,8 +109,6 @@ def export_checkpoint(path: str, out: Path, merged: bool) -> Path:
             shutil.copy2(ckpt / f, out / f)
         return out
     from peft import PeftModel
-
-    from tinkrl.local.models import load_model, load_tokenizer
 
     # load_model, not from_pretrained: the tiny test models exist only in memory (no model directory)
     model = load_model(meta["base_model"], torch.device("cpu"), torch.float32).model
