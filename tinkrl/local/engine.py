@@ -51,8 +51,8 @@ def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> N
 
     Weights and activations stay fp32; only the multiplications run at reduced precision,
     and their fp32 accumulators are never rounded to bf16. Rounded bf16 activations make the
-    forward chaotic (one rounding flip at layer 12 moves logprobs by ~0.1 at the head), so the
-    sampler and trainer would disagree; this way they agree to ~1e-3 at about bf16 speed.
+    forward chaotic (a single rounding flip grows through the layers), so the sampler and the
+    trainer would disagree; this way they agree at about bf16 speed (docs/engine.md).
     The setting is process-wide, so each engine sets its own before each of its operations.
     """
     reduced = dtype != torch.float32
@@ -142,10 +142,9 @@ class Engine:
                         fut.set_exception(e)
 
     def _run_samples(self) -> None:
-        # Requests from many rollouts arrive over a few milliseconds (32 rollouts render and submit
-        # in ~10 ms, with pauses of up to ~3 ms): gather until none has come for SAMPLE_GATHER_GAP_S.
-        # A request that misses the batch waits for it to finish and then runs as a batch of its
-        # own, nearly as long as the whole batch (a 26 + 6 split cost 1.4 s of a 2.3 s step).
+        # Requests from many rollouts arrive spread over some milliseconds, with short pauses:
+        # gather until none has come for SAMPLE_GATHER_GAP_S. A request that misses the batch
+        # waits for it to finish and then runs as a batch of its own, nearly as long as the whole.
         deadline, last = time.monotonic() + SAMPLE_GATHER_MAX_S, -1
         while time.monotonic() < deadline:
             with self._cv:
@@ -215,9 +214,9 @@ class Engine:
         weight (W + scale * B @ A), once per weight version.
 
         A decode step then runs the base model's matrix products only: with the adapter apart,
-        LoRA's two extra small products per projection cost ~15-40 % of a CPU decode step. The
-        merge is exact to fp32 rounding (~1e-6 from the trainer's W x + scale * B (A x)) and takes
-        ~0.1 s. In reduced precision the adapter stays apart: a merged weight would round to bf16
+        LoRA's two extra small products per projection are a large share of a CPU decode step.
+        The merge is exact to fp32 rounding against the trainer's W x + scale * B (A x), and
+        cheap. In reduced precision the adapter stays apart: a merged weight would round to bf16
         (or TF32) differently from the trainer's W and B @ A, and the sampler and the trainer
         must compute the same logprobs.
         """

