@@ -64,10 +64,11 @@ _lock = threading.Lock()
 
 
 class ModelNotFoundError(TinkrlError):
-    pass
+    """A model name that resolves to nothing offline; the message says where it looked."""
 
 
 def tinkrl_home() -> Path:
+    """`$TINKRL_HOME`, default `~/.tinkrl`: cached models and checkpoints."""
     return Path(os.environ.get("TINKRL_HOME", Path.home() / ".tinkrl")).expanduser()
 
 
@@ -156,6 +157,7 @@ def resolve_model_dir(name: str) -> Path:
 
 
 def load_tokenizer(name: str):
+    """The model's tokenizer (SmolLM2's for the tiny models)."""
     from transformers import AutoTokenizer
 
     if name in _TINY_ARCHS:
@@ -165,6 +167,8 @@ def load_tokenizer(name: str):
 
 @dataclass
 class LoadedModel:
+    """A loaded transformers model with its tokenizer."""
+
     name: str
     model: torch.nn.Module  # a transformers *ForCausalLM, weights in `dtype`
     tokenizer: object
@@ -173,6 +177,7 @@ class LoadedModel:
 
 
 def pick_device(device: str | None = None) -> torch.device:
+    """`device` if given, else CUDA when present, else CPU."""
     if device:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -239,6 +244,7 @@ def _tiny_model(name: str, dtype: torch.dtype):
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A frozen transformers model for `name` (see the module docstring) on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     if name in _TINY_ARCHS:

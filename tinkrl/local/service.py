@@ -46,6 +46,7 @@ class ServiceClient:
         return Engine.get(model, self.device, self.dtype)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The models this engine can load without a download."""
         return types.GetServerCapabilitiesResponse(
             supported_models=[types.SupportedModel(model_name=m, max_context_length=None) for m in known_models()]
         )
@@ -61,13 +62,16 @@ class ServiceClient:
         user_metadata: dict | None = None,
         **_ignored,
     ) -> TrainingClient:
+        """A training client with a fresh LoRA adapter on `base_model` (B starts at 0, so it equals the base)."""
         spec = LoraSpec(rank, train_mlp, train_attn, train_unembed)
         return TrainingClient(self._engine(base_model), spec, seed, self.compile)
 
     def create_training_client_from_state(self, path: str, **_ignored) -> TrainingClient:
+        """A training client with a checkpoint's weights and step, and a fresh optimizer."""
         return self._from_state(path, with_optimizer=False)
 
     def create_training_client_from_state_with_optimizer(self, path: str, **_ignored) -> TrainingClient:
+        """A training client resumed from a `save_state` checkpoint: weights, step and optimizer."""
         return self._from_state(path, with_optimizer=True)
 
     def _from_state(self, path: str, with_optimizer: bool) -> TrainingClient:
@@ -81,6 +85,7 @@ class ServiceClient:
     def create_sampling_client(
         self, model_path: str | None = None, base_model: str | None = None, **_ignored
     ) -> SamplingClient:
+        """A sampling client for a checkpoint's weights (`model_path`) or a base model's."""
         if model_path is None:
             return SamplingClient(self._engine(base_model or DEFAULT_MODEL), Snapshot("base", None, None))
         ckpt = resolve_path(model_path)
@@ -100,6 +105,7 @@ class ServiceClient:
         return await asyncio.to_thread(self.create_sampling_client, *args, **kwargs)
 
     def close(self) -> None:
+        """Nothing to release: engines live as long as the process."""
         pass
 
     def __enter__(self):
@@ -113,6 +119,7 @@ class _ClientHandle:
     """Lets `client.result()` / `await client` work as on the SDK's client futures."""
 
     def result(self, timeout: float | None = None):
+        """The client itself (it is ready at once)."""
         return self
 
     def __await__(self):
@@ -135,9 +142,11 @@ class TrainingClient(_ClientHandle):
         return self.trainer.run_id
 
     def get_tokenizer(self):
+        """The base model's tokenizer."""
         return self.engine.tokenizer
 
     def get_info(self) -> types.GetInfoResponse:
+        """The training run's id, base model and LoRA rank."""
         return types.GetInfoResponse(
             model_id=self.run_id,
             model_name=self.engine.model_name,
@@ -154,11 +163,13 @@ class TrainingClient(_ClientHandle):
     def forward(
         self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None
     ) -> LocalFuture:
+        """Per-datum logprobs and the loss, without gradients."""
         return self.engine.submit(self.trainer.forward_backward, list(data), loss_fn, loss_fn_config, backward=False)
 
     def forward_backward(
         self, data: Sequence[types.Datum], loss_fn: str = "cross_entropy", loss_fn_config: dict | None = None
     ) -> LocalFuture:
+        """Per-datum logprobs and the loss; gradients accumulate until the next optim_step."""
         return self.engine.submit(self.trainer.forward_backward, list(data), loss_fn, loss_fn_config, backward=True)
 
     def forward_backward_custom(self, data: Sequence[types.Datum], loss_fn: Callable) -> LocalFuture:
@@ -166,14 +177,17 @@ class TrainingClient(_ClientHandle):
         return self.engine.submit(self.trainer.forward_backward_custom, list(data), loss_fn)
 
     def optim_step(self, adam_params: types.AdamParams | None = None, **kwargs) -> LocalFuture:
+        """One AdamW step on the accumulated gradients (AdamParams as `adam_params` or `optim_params`)."""
         params = adam_params or kwargs.get("optim_params") or types.AdamParams()
         return self.engine.submit(self.trainer.optim_step, params)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_state(self, name: str, **_ignored) -> LocalFuture:
+        """Save weights and optimizer state as `tinker://<run>/weights/<name>`."""
         return self.engine.submit(self.trainer.save_state, name)
 
     def save_weights_for_sampler(self, name: str, **_ignored) -> LocalFuture:
+        """Save weights as `tinker://<run>/sampler_weights/<name>` (also a PEFT adapter directory)."""
         return self.engine.submit(self.trainer.save_weights_for_sampler, name)
 
     def save_weights_and_get_sampling_client(self, name: str | None = None, **_ignored) -> SamplingClient:
@@ -184,6 +198,7 @@ class TrainingClient(_ClientHandle):
         return SamplingClient(self.engine, snap)
 
     def create_sampling_client(self, model_path: str, **kwargs) -> SamplingClient:
+        """A sampling client for a saved checkpoint, on this client's device and precision."""
         return ServiceClient(device=str(self.engine.device), dtype=self.engine.dtype).create_sampling_client(model_path)
 
     # SDK 0.38's deprecated async spellings: `await (await tc.forward_backward_async(...))`
@@ -214,9 +229,11 @@ class SamplingClient(_ClientHandle):
         self.snapshot = snapshot
 
     def get_tokenizer(self):
+        """The base model's tokenizer."""
         return self.engine.tokenizer
 
     def get_base_model(self) -> str:
+        """The base model's name."""
         return self.engine.model_name
 
     def sample(
@@ -228,6 +245,7 @@ class SamplingClient(_ClientHandle):
         topk_prompt_logprobs: int = 0,
         **options,
     ) -> LocalFuture:
+        """`num_samples` continuations of `prompt`; merged with the requests that arrive with it."""
         if num_samples < 1:
             raise ValueError("sample: num_samples must be >= 1")
         unsupported = sorted(k for k, v in options.items() if v not in (None, 0, False))
@@ -254,6 +272,7 @@ class SamplingClient(_ClientHandle):
         return self.engine.submit_sample(self.snapshot, job)
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture:
+        """The prompt's per-token logprobs (None for the first token)."""
         fut = self.sample(prompt, 1, types.SamplingParams(max_tokens=1, temperature=0.0), include_prompt_logprobs=True)
         out = LocalFuture()
         fut.add_done_callback(
