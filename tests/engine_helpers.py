@@ -44,7 +44,8 @@ def on_engine(tc, fn):
 def lora_grads(tc) -> dict[str, torch.Tensor]:
     def grab():
         return {
-            n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in tc.params.items()
+            n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in tc.trainer.params.items()
         }
 
     return on_engine(tc, grab)
@@ -52,14 +53,14 @@ def lora_grads(tc) -> dict[str, torch.Tensor]:
 
 def zero_grads(tc) -> None:
     def clear():
-        for p in tc.params.values():
+        for p in tc.trainer.params.values():
             p.grad = None
 
     on_engine(tc, clear)
 
 
 def lora_weights(tc) -> dict[str, torch.Tensor]:
-    return on_engine(tc, lambda: {n: p.detach().clone() for n, p in tc.params.items()})
+    return on_engine(tc, lambda: {n: p.detach().clone() for n, p in tc.trainer.params.items()})
 
 
 def randomize_lora(tc, scale: float = 0.05, seed: int = 0) -> None:
@@ -68,7 +69,7 @@ def randomize_lora(tc, scale: float = 0.05, seed: int = 0) -> None:
     def fill():
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            for _, p in sorted(tc.params.items()):
+            for _, p in sorted(tc.trainer.params.items()):
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
 
     on_engine(tc, fill)

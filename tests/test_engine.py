@@ -31,10 +31,10 @@ from engine_helpers import (  # noqa: F401
 from tinker import types
 
 from tinkrl.local import LocalFuture, ServiceClient
+from tinkrl.local.checkpoints import CheckpointNotFound
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import _inverse_cdf
-from tinkrl.local.service import CheckpointNotFound
 from tinkrl.local.transformer import frozen_linear, ieee_attention
 
 
@@ -210,7 +210,7 @@ def test_save_state_resume_continues_exactly(service, seqs, isolated_home):
     uninterrupted = tc.forward(data).result().metrics["loss:sum"]
 
     resumed = service.create_training_client_from_state_with_optimizer(path)
-    assert resumed.step == 1
+    assert resumed.trainer.step == 1
     _train_step(resumed, data)
     assert resumed.forward(data).result().metrics["loss:sum"] == pytest.approx(uninterrupted, rel=1e-6, abs=1e-6)
 
@@ -220,7 +220,7 @@ def test_save_state_resume_continues_exactly(service, seqs, isolated_home):
     other = service.create_training_client_from_state_with_optimizer(path)
     for n, w in lora_weights(other).items():
         torch.testing.assert_close(loaded[n], w, rtol=0, atol=0)
-    assert len(fresh.optimizer.state) == 0 and len(other.optimizer.state) > 0
+    assert len(fresh.trainer.optimizer.state) == 0 and len(other.trainer.optimizer.state) > 0
     _train_step(fresh, data)
     assert abs(fresh.forward(data).result().metrics["loss:sum"] - uninterrupted) > 1e-3
 
@@ -523,7 +523,7 @@ def test_static_decoding_samples_as_eager_decoding(sampler, seqs, static):
 
     def run(use_static):
         batch = jobs()
-        tree = engine._tree_for(sc.snapshot)
+        tree = engine.sampler_tree(sc.snapshot)
         engine.submit(
             lambda: sample_batch(tree, batch, engine.tokenizer, engine.eos_id, engine.max_context, static=use_static)
         ).result()
@@ -670,13 +670,20 @@ def test_capabilities_list_default_and_tiny_models(service):
     assert {"tinkrl/tiny-llama", "tinkrl/tiny-qwen2", "tinkrl/tiny-qwen3"} <= set(names)
 
 
-def test_dtype_names():
+def test_dtype_names(monkeypatch):
     from tinkrl.errors import TinkrlError
+    from tinkrl.local.models import default_dtype
 
     assert ServiceClient(dtype="fp32").dtype == ServiceClient(dtype="float32").dtype == torch.float32
     assert ServiceClient(dtype="bf16").dtype == torch.bfloat16
     with pytest.raises(TinkrlError, match="float16.*float32 or bfloat16"):
         ServiceClient(dtype="float16")
+    # the environment override reads the same names, with the same error
+    monkeypatch.setenv("TINKRL_DTYPE", "bf16")
+    assert default_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv("TINKRL_DTYPE", "float16")
+    with pytest.raises(TinkrlError, match="float16.*float32 or bfloat16"):
+        default_dtype(torch.device("cpu"))
 
 
 def test_missing_model_is_one_clear_line(service, tmp_path, monkeypatch):
@@ -720,7 +727,7 @@ def test_compiled_training_matches_eager(service, seqs, tok):
     """compile=True fuses the layers' elementwise work; losses, logprobs and gradients stay those of
     the eager forward, across batches of different shapes (dynamic shapes, no wrong cached graph)."""
     eager, compiled = new_tc(service), new_tc(ServiceClient(dtype=TEST_DTYPE, compile=True))
-    assert compiled.model.compiled and not eager.model.compiled
+    assert compiled.trainer.model.compiled and not eager.trainer.model.compiled
     for tc in (eager, compiled):
         randomize_lora(tc, scale=0.02)
     prompt = tok.encode("Shared prompt of a group")
@@ -749,7 +756,7 @@ def test_unembedding_lora_forward_equals_peft(service):
     """The fused unembedding LoRA (one addmm into the base logits) computes peft's sum, and its gradients."""
     tc = new_tc(service)
     randomize_lora(tc, scale=0.05)
-    head = tc.model.lm_head
+    head = tc.trainer.model.lm_head
     x = torch.randn(7, head.in_features).to(head.weight.device)
     grads = []
     for forward in (head.forward, lambda h: type(head).forward(head, h)):  # ours, then peft's own

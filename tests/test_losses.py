@@ -318,7 +318,7 @@ def test_gradient_is_the_derivative_of_the_reported_loss(seqs, loss_fn):
     def shift(step: float) -> None:
         def move():
             with torch.no_grad():
-                for n, p in tc.params.items():
+                for n, p in tc.trainer.params.items():
                     p.add_(grads[n].to(p.dtype) * (step / norm))
 
         on_engine(tc, move)

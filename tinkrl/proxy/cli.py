@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 def _base_model_of_checkpoint(path: str) -> str | None:
     """The base model recorded next to local sampler weights (the local engine's metadata)."""
     try:
-        from tinkrl.local.service import resolve_path
+        from tinkrl.local.checkpoints import resolve_path
 
         return json.loads((resolve_path(path) / "tinkrl_meta.json").read_text())["base_model"]
     except Exception:

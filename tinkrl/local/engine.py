@@ -1,0 +1,253 @@
+"""The engine: one worker thread per (base model, device, precision) that runs all of its work.
+
+Training operations run in submission order; `sample()` requests that arrive while the thread
+is busy, or within a short gathering window, are merged into one batch (`sampler.sample_batch`)
+per weight version. The engine owns the frozen base model and the module trees that share its
+weights: one per sampling LoRA config (adapter apart, in reduced precision), one with adapters
+merged into copies of the adapted weights (fp32), and the training trees it makes for
+`training.Trainer`. PyTorch's reduced-precision matmul setting is process-wide, so the thread
+sets its engine's own before every operation.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tinkrl.local.futures import LocalFuture
+from tinkrl.local.lora import LoraSpec, add_lora
+from tinkrl.local.models import cpu_has_bf16_math, default_dtype, load_model, pick_device
+from tinkrl.local.sampler import SampleJob, sample_batch
+from tinkrl.local.transformer import CausalLM, build_causal_lm
+
+# Concurrent sample() calls are batched: gathered until none arrives for GAP, at most MAX after the first.
+SAMPLE_GATHER_GAP_S = 0.01
+SAMPLE_GATHER_MAX_S = 0.1
+
+
+@dataclass
+class Snapshot:
+    """Frozen LoRA tensors (None for the base model) that a SamplingClient samples from.
+
+    `key` names one weight version: the engine reloads or re-merges a sampling tree only when
+    it changes.
+    """
+
+    key: str
+    lora: dict[str, torch.Tensor] | None
+    config: LoraSpec | None
+
+
+def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> None:
+    """bf16 compute with fp32 inputs and outputs: oneDNN's bf16 math mode on CPU, TF32 on CUDA.
+
+    Weights and activations stay fp32; only the multiplications run at reduced precision,
+    and their fp32 accumulators are never rounded to bf16. Rounded bf16 activations make the
+    forward chaotic (a single rounding flip grows through the layers), so the sampler and the
+    trainer would disagree; this way they agree at about bf16 speed (docs/engine.md).
+    The setting is process-wide, so each engine sets its own before each of its operations.
+    """
+    reduced = dtype != torch.float32
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if reduced else "ieee"
+    else:
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16" if reduced else "ieee"
+
+
+class Engine:
+    """One loaded base model and the worker thread that runs every operation on it."""
+
+    _engines: dict[tuple, Engine] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, model_name: str, device: str | None = None, dtype: torch.dtype | None = None) -> Engine:
+        """The process's engine for this model, device and precision (defaults: the hardware's best)."""
+        dev = pick_device(device)
+        dt = dtype or default_dtype(dev)
+        key = (model_name, str(dev), dt)
+        with cls._lock:
+            if key not in cls._engines:
+                cls._engines[key] = Engine(model_name, dev, dt)
+            return cls._engines[key]
+
+    def __init__(self, model_name: str, device: torch.device, dtype: torch.dtype):
+        if device.type == "cpu" and dtype != torch.float32 and not cpu_has_bf16_math():
+            warnings.warn(
+                "bfloat16 on a CPU without AMX: oneDNN keeps fp32 matrix products there, so this engine "
+                "computes in fp32; float32 is as fast and merges LoRA adapters for sampling",
+                stacklevel=3,
+            )
+        loaded = load_model(model_name, device, torch.float32)
+        self.model_name, self.device, self.dtype = model_name, device, dtype
+        self.tokenizer = loaded.tokenizer
+        self.config = loaded.model.config
+        use_reduced_precision_matmuls(device, dtype)
+        self.base = build_causal_lm(loaded.model, torch.float32, device)
+        del loaded
+        self.eos_id = self.tokenizer.eos_token_id
+        self.max_context = int(getattr(self.config, "max_position_embeddings", 4096))
+        self._sampler_trees: dict[LoraSpec, CausalLM] = {}
+        self._loaded_in_tree: dict[LoraSpec, str] = {}
+        self._merged_tree: CausalLM | None = None  # fp32: adapters merged into the weights (_merged_tree_for)
+        self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
+        self._merged_key: str | None = None
+        self._work: list[tuple[Callable, LocalFuture]] = []
+        self._samples: list[tuple[Snapshot, SampleJob, LocalFuture]] = []
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name=f"tinkrl-engine-{model_name}", daemon=True)
+        self._thread.start()
+
+    # -- scheduling -----------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> LocalFuture:
+        """Run `fn(*args, **kwargs)` on the engine thread after the work submitted before it."""
+        fut = LocalFuture()
+        with self._cv:
+            self._work.append((functools.partial(fn, *args, **kwargs), fut))
+            self._cv.notify()
+        return fut
+
+    def submit_sample(self, snapshot: Snapshot, job: SampleJob) -> LocalFuture:
+        """Sample `job` from `snapshot`'s weights, batched with the requests that arrive with it."""
+        fut = LocalFuture()
+        with self._cv:
+            self._samples.append((snapshot, job, fut))
+            self._cv.notify()
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._work and not self._samples:
+                    self._cv.wait()
+                samples = bool(self._samples)
+            use_reduced_precision_matmuls(self.device, self.dtype)
+            if samples:
+                self._run_samples()
+            else:
+                with self._cv:
+                    fn, fut = self._work.pop(0)
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # delivered to the caller through the future
+                        fut.set_exception(e)
+
+    def _run_samples(self) -> None:
+        # Requests from many rollouts arrive spread over some milliseconds, with short pauses:
+        # gather until none has come for SAMPLE_GATHER_GAP_S. A request that misses the batch
+        # waits for it to finish and then runs as a batch of its own, nearly as long as the whole.
+        deadline, last = time.monotonic() + SAMPLE_GATHER_MAX_S, -1
+        while time.monotonic() < deadline:
+            with self._cv:
+                n = len(self._samples)
+            if n == last:
+                break
+            last = n
+            time.sleep(SAMPLE_GATHER_GAP_S)
+        with self._cv:
+            batch, self._samples = self._samples, []
+        groups: dict[str, list] = {}
+        for item in batch:
+            groups.setdefault(item[0].key, []).append(item)
+        for items in groups.values():
+            live = [(s, j, f) for s, j, f in items if f.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            try:
+                tree = self.sampler_tree(live[0][0])
+                sample_batch(tree, [j for _, j, _ in live], self.tokenizer, self.eos_id, self.max_context)
+                for _, j, f in live:
+                    f.set_result(j.result)
+            except BaseException as e:
+                for _, _, f in live:
+                    f.set_exception(e)
+
+    # -- model trees ------------------------------------------------------------------------
+    def new_tree(self) -> CausalLM:
+        """A fresh module tree sharing the base weights (no copy)."""
+        with torch.device("meta"):
+            tree = CausalLM(
+                self.config,
+                rotary=None,
+                qkv_bias=self.base.model.layers[0].self_attn.q_proj.bias is not None,
+                mlp_bias=self.base.model.layers[0].mlp.gate_proj.bias is not None,
+            )
+        tree.load_state_dict(self.base.state_dict(), assign=True)
+        tree.rotary = self.base.rotary
+        tree.lm_head.compute_dtype = self.dtype
+        tree.lm_head._fast_weight = self.base.lm_head._fast_weight
+        return tree.requires_grad_(False)
+
+    def lora_tree(self, spec: LoraSpec, seed: int | None) -> CausalLM:
+        """A fresh tree sharing the base weights, with new trainable adapters on this engine's device."""
+        return add_lora(self.new_tree(), spec, seed).to(self.device)
+
+    def sampler_tree(self, snap: Snapshot) -> CausalLM:
+        """The tree that samples `snap`'s weights: the base model, the fp32 merged tree, or the
+        config's LoRA tree with `snap`'s adapter loaded (each loaded once per weight version)."""
+        if snap.lora is None:
+            return self.base
+        if self.dtype == torch.float32:
+            return self._merged_tree_for(snap)
+        tree = self._sampler_trees.get(snap.config)
+        if tree is None:
+            tree = self._sampler_trees[snap.config] = self.lora_tree(snap.config, 0)
+        if self._loaded_in_tree.get(snap.config) != snap.key:
+            params = dict(tree.named_parameters())
+            with torch.no_grad():
+                for name, t in snap.lora.items():
+                    params[name].copy_(t)
+            self._loaded_in_tree[snap.config] = snap.key
+        return tree
+
+    def _merged_tree_for(self, snap: Snapshot) -> CausalLM:
+        """In fp32, a sampling tree with the adapter merged into its own copy of each adapted
+        weight (W + scale * B @ A), once per weight version.
+
+        A decode step then runs the base model's matrix products only: with the adapter apart,
+        LoRA's two extra small products per projection are a large share of a CPU decode step.
+        The merge is exact to fp32 rounding against the trainer's W x + scale * B (A x), and
+        cheap. In reduced precision the adapter stays apart: a merged weight would round to bf16
+        (or TF32) differently from the trainer's W and B @ A, and the sampler and the trainer
+        must compute the same logprobs.
+        """
+        tree = self._merged_tree
+        if tree is None:
+            tree = self._merged_tree = self.new_tree()
+        if self._merged_key == snap.key:
+            return tree
+        modules, base_modules = dict(tree.named_modules()), dict(self.base.named_modules())
+        scale = snap.config.scale
+        adapted = set()
+        with torch.no_grad():
+            for name, a in snap.lora.items():
+                if ".lora_A." not in name:
+                    continue
+                module = name.split(".lora_A.")[0]
+                b = snap.lora[name.replace(".lora_A.", ".lora_B.")]
+                if module not in self._merged_own:  # shares the base weight until first adapted
+                    modules[module].weight = nn.Parameter(
+                        torch.empty_like(base_modules[module].weight), requires_grad=False
+                    )
+                    self._merged_own.add(module)
+                torch.addmm(
+                    base_modules[module].weight,
+                    b.to(self.device),
+                    a.to(self.device),
+                    alpha=scale,
+                    out=modules[module].weight,
+                )
+                adapted.add(module)
+            for module in self._merged_own - adapted:  # adapted by an earlier version's config only
+                modules[module].weight.copy_(base_modules[module].weight)
+        self._merged_key = snap.key
+        return tree
