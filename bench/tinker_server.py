@@ -31,7 +31,7 @@ from tinker import types  # noqa: E402
 
 from tinkrl.local import ServiceClient as LocalServiceClient  # noqa: E402
 from tinkrl.local.models import DEFAULT_MODEL, TINY_MODEL  # noqa: E402
-from tinkrl.tinker_server.cli import serve_in_thread  # noqa: E402
+from tinkrl.tinker_server.app import serve_in_thread  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- tinker_server:begin -->", "<!-- tinker_server:end -->"

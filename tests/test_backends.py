@@ -9,7 +9,7 @@ import pytest
 from tinkrl.backends import BackendUnavailable, make_service_client
 from tinkrl.config import BackendConfig, load_config
 from tinkrl.errors import ConfigError
-from tinkrl.tinker_server.cli import serve_in_thread
+from tinkrl.tinker_server.app import serve_in_thread
 
 
 def _free_port() -> int:

@@ -118,12 +118,13 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
 
 
 def test_unknown_or_unsupported_env_is_a_config_error():
-    from tinkrl.envs.ors.server import build_environments, cli_main, parse_env_args
+    from tinkrl.commands.serve_env import cli_main, parse_env_args
+    from tinkrl.envs.ors.server import environment_classes
 
     with pytest.raises(ConfigError, match="unknown environment"):
-        build_environments(parse_env_args(["nosuchenv"]))
+        environment_classes(parse_env_args(["nosuchenv"]))
     with pytest.raises(ConfigError, match="not supported"):
-        build_environments(parse_env_args(["erdos"]))
+        environment_classes(parse_env_args(["erdos"]))
     assert cli_main(["arithmetic.max_value"]) == 2
 
 

@@ -211,7 +211,7 @@ def test_weight_swap_keeps_the_url(env):
 
 
 def test_cli_refuses_a_missing_checkpoint(capsys):
-    from tinkrl.proxy.cli import cli_main
+    from tinkrl.commands.serve_openai import cli_main
 
     assert cli_main(["--checkpoint", "/no/such/checkpoint"]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -221,7 +221,7 @@ def test_tinker_backend_serves_the_same_api():
     """`--backend tinker`: the proxy over the official SDK, talking to `tinkrl serve tinker`."""
     from tinkrl.backends import make_service_client
     from tinkrl.config import BackendConfig
-    from tinkrl.tinker_server.cli import serve_in_thread as serve_tinker
+    from tinkrl.tinker_server.app import serve_in_thread as serve_tinker
 
     with serve_tinker(ServiceClient()) as tinker_url:
         service = make_service_client(BackendConfig(backend="tinker", base_url=tinker_url), api_key="tml-local")

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
+from tinkrl.commands.sandbox import cli_main
 from tinkrl.sandbox import get_provider
 from tinkrl.sandbox.base import SandboxError
-from tinkrl.sandbox.cli import cli_main
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

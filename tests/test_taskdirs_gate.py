@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from tinkrl.commands.tasks import cli_main
 from tinkrl.sandbox import get_provider
 from tinkrl.taskdirs import load_task, run_gate
-from tinkrl.taskdirs.cli import cli_main
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 TASKS = Path(__file__).resolve().parents[1] / "tasks"

@@ -16,8 +16,7 @@ from tinker import types
 
 from tinkrl.local import ServiceClient as LocalServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.tinker_server.app import TinkerServer
-from tinkrl.tinker_server.cli import serve_in_thread
+from tinkrl.tinker_server.app import TinkerServer, serve_in_thread
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 

@@ -16,7 +16,7 @@ import pytest
 
 from tinkrl.local import ServiceClient as LocalServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.tinker_server.cli import serve_in_thread
+from tinkrl.tinker_server.app import serve_in_thread
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 

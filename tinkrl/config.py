@@ -338,7 +338,7 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+def set_dotted(d: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     for k in keys[:-1]:
         nxt = d.get(k)
@@ -381,7 +381,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         elif key.startswith("env."):
             env_fields[key[4:]] = value
         else:
-            _set_dotted(raw, key, value)
+            set_dotted(raw, key, value)
     yaml_fields: dict[str, Any] = {}
     if isinstance(raw.get("env"), str):  # `env: NAME` in YAML, with optional `env_config:`
         yaml_env = raw.pop("env")
@@ -401,7 +401,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         fields = entry.setdefault("env", {})
         fields.update(yaml_fields)
         for k, v in env_fields.items():
-            _set_dotted(fields, k, v)
+            set_dotted(fields, k, v)
         raw["environments"] = {env_name: entry}
     return raw
 

@@ -19,13 +19,15 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pydantic
 from aiohttp import web
 from tinker import types
 
+from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.tinker_server import wire
 from tinkrl.tinker_server.engine_calls import named_kwargs, settle_blocking
 from tinkrl.tinker_server.futures import PromiseTable
@@ -470,3 +472,19 @@ def _future(request_id: str, model_id: str | None = None) -> web.Response:
     if model_id is not None:
         body["model_id"] = model_id
     return web.json_response(body)
+
+
+@contextmanager
+def serve_in_thread(
+    engine: Any = None,
+    *,
+    server: TinkerServer | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+) -> Iterator[str]:
+    """Run the server (or `server`, prepared by the caller) on a background thread; yields its URL."""
+    if server is None:
+        server = TinkerServer(engine, api_key=api_key)
+    with serve_app_in_thread(server.app, host, port, name="tinker-server") as url:
+        yield url

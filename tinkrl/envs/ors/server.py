@@ -24,8 +24,6 @@ Mapping onto ORS (splits, tasks, prompt, tools; a session is one episode):
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -147,26 +145,10 @@ def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, se
 # assembling the server
 
 
-def parse_env_args(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`arithmetic arithmetic.max_value=999 tasks tasks.path=tasks` -> {name: {field: value}}."""
-    from tinkrl.config import _set_dotted, parse_value
-
-    envs: dict[str, dict[str, Any]] = {}
-    for item in items:
-        if "=" in item:
-            dotted, text = item.split("=", 1)
-            name, _, field = dotted.partition(".")
-            if not field:
-                raise ConfigError(f"{item!r}: give fields as ENV.field=value")
-            _set_dotted(envs.setdefault(name, {}), field, parse_value(text))
-        else:
-            envs.setdefault(item, {})
-    return envs
-
-
-def build_environments(
+def environment_classes(
     envs: dict[str, dict[str, Any]], train_size: int = 1000, eval_problems: int = 100, seed: int = 0
 ) -> list[type]:
+    """ORS environment classes for tinkrl environments by name ({name: {field: value}}): math presets and tasks."""
     from tinkrl.config import EnvEntry
     from tinkrl.envs import make_env_config, resolve_type
 
@@ -189,31 +171,5 @@ def build_environments(
 
 
 def make_app(classes: list[type]):
+    """The `openreward` SDK's ORS server app over `classes`."""
     return Server(classes).app
-
-
-def cli_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tinkrl serve env", description="Serve tinkrl environments over the Open Reward Standard."
-    )
-    parser.add_argument("envs", nargs="+", metavar="ENV", help="environment names, and ENV.field=value settings")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument(
-        "--train-size", type=int, default=1000, help="train problems served for arithmetic (an unbounded generator)"
-    )
-    parser.add_argument("--eval-problems", type=int, default=100, help="problems in the test split")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        classes = build_environments(parse_env_args(args.envs), args.train_size, args.eval_problems, args.seed)
-        app = make_app(classes)
-    except ConfigError as e:
-        print(f"tinkrl serve env: {e}", file=sys.stderr)
-        return 2
-    import uvicorn
-
-    names = ", ".join(c.name().lower() for c in classes)
-    print(f"serving {names} over ORS at http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=60)
-    return 0

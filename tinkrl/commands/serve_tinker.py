@@ -12,13 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
 
-from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
 
 
@@ -41,13 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_engine() -> Any:
-    from tinkrl.local import ServiceClient
-
-    return ServiceClient()
-
-
 def preload(engine: Any, models: list[str]) -> None:
+    """Load each base model into the engine now (a bad name fails at start, not at the first request)."""
     from tinkrl.tinker_server.engine_calls import settle_blocking
 
     for name in models:
@@ -61,7 +53,9 @@ def cli_main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    engine = make_engine()
+    from tinkrl.local import ServiceClient
+
+    engine = ServiceClient()
     try:
         preload(engine, args.model)
     except Exception as e:  # a bad --model is user input: one line, exit 2
@@ -81,19 +75,3 @@ def cli_main(argv: list[str]) -> int:
         print(f"tinkrl serve tinker: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 1
     return 0
-
-
-@contextmanager
-def serve_in_thread(
-    engine: Any = None,
-    *,
-    server: TinkerServer | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    api_key: str | None = None,
-) -> Iterator[str]:
-    """Run the server (or `server`, prepared by the caller) on a background thread; yields its URL."""
-    if server is None:
-        server = TinkerServer(engine, api_key=api_key)
-    with serve_app_in_thread(server.app, host, port, name="tinker-server") as url:
-        yield url
