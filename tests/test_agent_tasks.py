@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tinkrl.envs.agent_tasks.env import build_datasets
 from tinkrl.errors import ConfigError, InfraFailure
 from tinkrl.taskdirs import iter_tasks, load_task
 
@@ -310,15 +311,15 @@ def test_dataset_cycles_through_tasks_deterministically_in_groups(renderer, tmp_
         "tasks", EnvEntry(env={"path": str(TASKS), "gate": False, "epochs": 2, "test_task_ids": ["calc__*"]})
     )
     ctx = _ctx(renderer, tmp_path, sandbox=provider)
-    ds = cfg.build(ctx)
+    ds = build_datasets(cfg, ctx)
     n_train = len(cfg.load_tasks()) - 2
     assert len(ds.train) == -(-2 * n_train // 3)
     ids = [b.task.id for i in range(len(ds.train)) for b in ds.train.get_batch(i)]
     assert sorted(set(ids[:n_train])) == sorted(set(ids)) and len(set(ids[:n_train])) == n_train  # a full pass
     assert not any(i.startswith("calc__") for i in ids)
-    again = cfg.build(ctx)
+    again = build_datasets(cfg, ctx)
     assert [b.task.id for b in again.train.get_batch(1)] == ids[3:6]
-    other = cfg.build(_ctx(renderer, tmp_path, seed=8, sandbox=provider))
+    other = build_datasets(cfg, _ctx(renderer, tmp_path, seed=8, sandbox=provider))
     assert [b.task.id for i in range(3) for b in other.train.get_batch(i)] != ids[:9]
     builder = ds.train.get_batch(0)[0]
     envs = run(builder.make_envs())
@@ -334,7 +335,7 @@ def test_config_errors_and_the_gate(renderer, tmp_path, provider, monkeypatch):
         make_env_config("tasks", EnvEntry(env={"max_turn": 3}))
     cfg = make_env_config("tasks", EnvEntry(env={"path": str(TASKS), "task_ids": ["nope-*"]}))
     with pytest.raises(ConfigError, match="no task matches 'nope-\\*'"):
-        cfg.build(_ctx(renderer, tmp_path))
+        build_datasets(cfg, _ctx(renderer, tmp_path))
 
     # a task whose "solution" does not solve it fails the gate and is left out of training
     monkeypatch.setenv("TINKRL_HOME", str(tmp_path / "home"))
@@ -345,5 +346,5 @@ def test_config_errors_and_the_gate(renderer, tmp_path, provider, monkeypatch):
     (bad / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
     (bad / "task.toml").write_text((bad / "task.toml").read_text().replace("hello-file", "hello-unsolved"))
     cfg = make_env_config("tasks", EnvEntry(env={"path": str(tmp_path / "tasks")}))
-    ds = cfg.build(_ctx(renderer, tmp_path, groups_per_batch=2, sandbox=provider))
+    ds = build_datasets(cfg, _ctx(renderer, tmp_path, groups_per_batch=2, sandbox=provider))
     assert [b.task.id for b in ds.train.get_batch(0)] == ["hello-file", "hello-file"]

@@ -214,3 +214,8 @@ def test_help_and_config_errors_answer_without_torch(in_tmp):
         [sys.executable, "-c", probe, "train", "env=arithmetic", "lora_rank=0"], capture_output=True, text=True
     )
     assert "TORCH False CODE 2" in bad.stdout and "lora_rank" in bad.stderr, bad.stdout + bad.stderr
+    for env in ("arithmetic", "ErdosConfig", "tasks", "Owner/Env"):  # each environment's own config class too
+        bad = subprocess.run(
+            [sys.executable, "-c", probe, "train", f"env={env}", "env.no_such_field=1"], capture_output=True, text=True
+        )
+        assert "TORCH False CODE 2" in bad.stdout and "no_such_field" in bad.stderr, bad.stdout + bad.stderr

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tinkrl.envs.erdos import overlap as em
 from tinkrl.envs.erdos.config import ErdosConfig, ErdosEnvConfig
-from tinkrl.envs.erdos.env import build_erdos_dataset
+from tinkrl.envs.erdos.env import build_datasets, build_erdos_dataset
 from tinkrl.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("erdos_scripted.py")
@@ -200,7 +200,7 @@ def test_the_documented_launch_keys_build_the_env_through_the_registry(tmp_path,
         seed=0,
         sandbox=LazyProvider(provider),
     )
-    datasets = cfg.build(ctx)
+    datasets = build_datasets(cfg, ctx)
     batch = datasets.train.get_batch(0)
     assert len(batch) == 8 and (tmp_path / "best.json").exists() and (tmp_path / "erdos_buffer.json").exists()
     assert datasets.on_step(0, [])["erdos/best_c5"] == pytest.approx(

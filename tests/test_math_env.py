@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tinkrl.config import EnvEntry
-from tinkrl.envs import EnvContext, make_env_config
+from tinkrl.envs import EnvContext, build_env, make_env_config
 from tinkrl.envs.math import env as m
 from tinkrl.envs.math.datasets import SAMPLE_DIR, load_problems
 from tinkrl.errors import ConfigError
@@ -43,7 +43,7 @@ def make_ctx(renderer, key="arithmetic", env=None, group_size=4, groups=3, seed=
 
 def build(renderer, key="arithmetic", **kw):
     ctx = make_ctx(renderer, key=key, **kw)
-    return make_env_config(key, ctx.entry).build(ctx)
+    return build_env(key, ctx.entry, ctx)
 
 
 def action(renderer, text: str, stop: bool = True) -> list[int]:

@@ -18,7 +18,7 @@ from tinkrl.config import EnvEntry, SplitConfig
 from tinkrl.envs import EnvContext
 from tinkrl.envs.ors.client import open_session_count
 from tinkrl.envs.ors.config import OpenRewardEnvConfig
-from tinkrl.envs.ors.env import OpenRewardEnv, RemoteEnvSpec, reduce_rewards, resolve_client
+from tinkrl.envs.ors.env import OpenRewardEnv, RemoteEnvSpec, build_datasets, reduce_rewards, resolve_client
 from tinkrl.errors import ConfigError, InfraFailure
 
 
@@ -144,7 +144,7 @@ def test_datasets_over_splits(toy_server, renderer, tmp_path: Path):
         run_dir=tmp_path,
         seed=1,
     )
-    ds = OpenRewardEnvConfig().build(ctx)
+    ds = build_datasets(OpenRewardEnvConfig(), ctx)
     assert len(ds.train) == 3  # 5 tasks / 2 groups per batch, rounded up
     seen = [(b.split, b.index) for i in range(3) for b in ds.train.get_batch(i)]
     assert {s for s, _ in seen} == {"train"} and len({i for _, i in seen[:5]}) == 5
@@ -172,11 +172,11 @@ def test_config_errors_are_one_line(toy_server, renderer, tmp_path: Path):
         )
 
     with pytest.raises(ConfigError, match="validation not offered"):
-        OpenRewardEnvConfig().build(ctx(EnvEntry(base_url=toy_server, splits={"validation": SplitConfig()})))
+        build_datasets(OpenRewardEnvConfig(), ctx(EnvEntry(base_url=toy_server, splits={"validation": SplitConfig()})))
     with pytest.raises(ConfigError, match="not served"):
-        OpenRewardEnvConfig(variant="nope").build(ctx(EnvEntry(base_url=toy_server)))
+        build_datasets(OpenRewardEnvConfig(variant="nope"), ctx(EnvEntry(base_url=toy_server)))
     with pytest.raises(ConfigError, match="cannot reach the ORS server"):
-        OpenRewardEnvConfig().build(ctx(EnvEntry(base_url="http://127.0.0.1:9")))
+        build_datasets(OpenRewardEnvConfig(), ctx(EnvEntry(base_url="http://127.0.0.1:9")))
 
 
 def test_hosted_environment_needs_a_key(monkeypatch, renderer, tmp_path: Path):
@@ -193,7 +193,7 @@ def test_hosted_environment_needs_a_key(monkeypatch, renderer, tmp_path: Path):
         seed=0,
     )
     with pytest.raises(ConfigError, match="OPENREWARD_API_KEY is not set"):
-        OpenRewardEnvConfig().build(ctx)
+        build_datasets(OpenRewardEnvConfig(), ctx)
 
 
 def test_key_is_never_sent_to_a_self_hosted_server(monkeypatch):

@@ -77,6 +77,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
     from tinkrl.config import EnvEntry, SplitConfig
     from tinkrl.envs import EnvContext
     from tinkrl.envs.ors.config import OpenRewardEnvConfig
+    from tinkrl.envs.ors.env import build_datasets
     from tinkrl.local.models import load_tokenizer
     from tinkrl.renderers import get_renderer
 
@@ -97,7 +98,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
         run_dir=tmp_path,
         seed=0,
     )
-    ds = OpenRewardEnvConfig().build(ctx)
+    ds = build_datasets(OpenRewardEnvConfig(), ctx)
     assert ds.test is not None and len(ds.train) == 10
 
     async def episode():

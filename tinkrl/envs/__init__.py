@@ -24,13 +24,15 @@ from tinkrl.sandbox import LazyProvider, get_provider
 if TYPE_CHECKING:  # the registry itself stays light: the SDK's types import torch
     from tinkrl.rl.types import EnvDatasets
 
-# type name -> "module:ConfigClass"; presets add fixed field values.
-ENV_TYPES: dict[str, str] = {
-    "math": "tinkrl.envs.math.config:MathEnvConfig",
-    "erdos": "tinkrl.envs.erdos.config:ErdosEnvConfig",
-    "tasks": "tinkrl.envs.agent_tasks.config:TasksEnvConfig",
-    "openreward": "tinkrl.envs.ors.config:OpenRewardEnvConfig",
+# type name -> its config class and its builder `(config, EnvContext) -> EnvDatasets`, as "module:name"
+# (imported on use: config modules are light, builders load the environment's code and the SDK types).
+ENV_TYPES: dict[str, tuple[str, str]] = {
+    "math": ("tinkrl.envs.math.config:MathEnvConfig", "tinkrl.envs.math.env:build_datasets"),
+    "erdos": ("tinkrl.envs.erdos.config:ErdosEnvConfig", "tinkrl.envs.erdos.env:build_datasets"),
+    "tasks": ("tinkrl.envs.agent_tasks.config:TasksEnvConfig", "tinkrl.envs.agent_tasks.env:build_datasets"),
+    "openreward": ("tinkrl.envs.ors.config:OpenRewardEnvConfig", "tinkrl.envs.ors.env:build_datasets"),
 }
+# presets: a name for a type with some of its fields fixed
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "arithmetic": ("math", {"dataset": "arithmetic"}),
     "gsm8k": ("math", {"dataset": "gsm8k"}),
@@ -75,15 +77,21 @@ def resolve_type(key: str, entry: EnvEntry) -> tuple[str, dict[str, Any]]:
     )
 
 
-def env_config_class(type_name: str):
-    module, cls = ENV_TYPES[type_name].split(":")
+def _load(type_name: str, which: int) -> Any:
+    module, name = ENV_TYPES[type_name][which].split(":")
     try:
-        return getattr(importlib.import_module(module), cls)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"environment type {type_name!r} is not available: {e}") from None
 
 
+def env_config_class(type_name: str) -> type:
+    """The config class of a registered environment type."""
+    return _load(type_name, 0)
+
+
 def make_env_config(key: str, entry: EnvEntry):
+    """The entry's environment config (its `env:` fields and preset validated), or a one-line ConfigError."""
     type_name, preset = resolve_type(key, entry)
     cls = env_config_class(type_name)
     fields = {**preset, **entry.env}
@@ -133,5 +141,11 @@ def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dic
             eval_problems=config.eval_problems,
             train_config=config,
         )
-        envs[key] = make_env_config(key, entry).build(ctx)
+        envs[key] = build_env(key, entry, ctx)
     return envs
+
+
+def build_env(key: str, entry: EnvEntry, ctx: EnvContext) -> EnvDatasets:
+    """One `environments:` entry's datasets, built by its type's builder."""
+    type_name, _ = resolve_type(key, entry)
+    return _load(type_name, 1)(make_env_config(key, entry), ctx)

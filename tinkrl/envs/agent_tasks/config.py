@@ -12,8 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from tinkrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext
-    from tinkrl.rl.types import EnvDatasets
     from tinkrl.taskdirs import Task
 
 log = logging.getLogger(__name__)
@@ -77,12 +75,6 @@ class TasksEnvConfig(BaseModel):
         if dupes:
             raise ConfigError(f"env.path: task ids occur more than once: {', '.join(dupes)}")
         return tasks
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        """The registry's entry point: gated training tasks and held-out tasks as datasets."""
-        from tinkrl.envs.agent_tasks.env import build_datasets
-
-        return build_datasets(self, ctx)
 
 
 TasksConfig = TasksEnvConfig  # the name users type: env=TasksConfig

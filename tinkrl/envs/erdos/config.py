@@ -3,13 +3,9 @@ SDK types, so a config error answers without loading torch)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext
-    from tinkrl.rl.types import EnvDatasets
 
 DEFAULT_CLOSING_TEXT = (
     "\n\n... I am out of thinking budget and must give my final answer now.\nFinal code:\n```python\n"
@@ -61,12 +57,6 @@ class ErdosEnvConfig(BaseModel):
     """The tail of the parent's stdout shown in the prompt."""
     plot: bool = True
     """Write best_h.png whenever the best construction improves."""
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        """The registry's entry point: the search's dataset, and its per-step metrics as a hook."""
-        from tinkrl.envs.erdos.env import build_datasets
-
-        return build_datasets(self, ctx)
 
 
 ErdosConfig = ErdosEnvConfig  # the name users type: env=ErdosConfig

@@ -3,13 +3,9 @@ it imports no SDK types, so a config error answers without loading torch)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-
-if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext
-    from tinkrl.rl.types import EnvDatasets
 
 DatasetName = Literal["arithmetic", "gsm8k", "math500", "hendrycks", "polaris"]
 
@@ -65,12 +61,6 @@ class MathEnvConfig(BaseModel):
         if v is not None and info.data.get("dataset") == "arithmetic":
             raise ValueError("does not apply to the synthetic arithmetic dataset")
         return v
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        """The registry's entry point: this config's training and held-out datasets."""
-        from tinkrl.envs.math.env import build_datasets
-
-        return build_datasets(self, ctx)
 
 
 MathConfig = MathEnvConfig  # the name users type: env=MathConfig

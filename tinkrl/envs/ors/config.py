@@ -3,13 +3,7 @@ error answers without loading torch)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from tinkrl.envs import EnvContext
-    from tinkrl.rl.types import EnvDatasets
 
 
 class OpenRewardEnvConfig(BaseModel):
@@ -41,9 +35,3 @@ class OpenRewardEnvConfig(BaseModel):
     """Wall-clock limit of one server request (a tool call included); past it: infra failure."""
     api_key_env: str = "OPENREWARD_API_KEY"
     """Environment variable holding the OpenReward API key (hosted environments only)."""
-
-    def build(self, ctx: EnvContext) -> EnvDatasets:
-        """The registry's entry point: the remote environment's datasets (and upload hooks)."""
-        from tinkrl.envs.ors.env import build_datasets
-
-        return build_datasets(self, ctx)

@@ -35,6 +35,7 @@ import tinker
 
 from tinkrl.envs.ors.client import ORSClient, ORSSession
 from tinkrl.envs.ors.config import OpenRewardEnvConfig
+from tinkrl.envs.ors.upload import LOG_KEY, RolloutUploader
 from tinkrl.errors import ConfigError
 from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
 
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from tinkrl.envs import EnvContext
 
 EVAL_SPLIT_NAMES = ("test", "validation", "eval")
-LOG_KEY = "openreward.rollout"  # key of the final step's logs holding the transcript (for upload)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,8 +395,6 @@ def build_datasets(cfg: OpenRewardEnvConfig, ctx: EnvContext) -> EnvDatasets:
     run = ctx.train_config
     if run is None or not run.openreward.upload:
         return EnvDatasets(train=train, test=test)
-    from tinkrl.envs.ors.upload import RolloutUploader
-
     uploader = RolloutUploader(
         run.openreward.run_name or run.run_name or ctx.run_dir.name,
         run.model_name,

@@ -63,9 +63,9 @@ def _context(key: str, entry: Any, seed: int, eval_problems: int, groups_per_bat
 def math_problems(cfg: Any, key: str, train_size: int, eval_problems: int, seed: int):
     """(train, test) problem lists exactly as the math env builds them, and its episode spec."""
     from tinkrl.config import EnvEntry
-    from tinkrl.envs.math.env import ProblemListDataset
+    from tinkrl.envs.math.env import ProblemListDataset, build_datasets
 
-    datasets = cfg.build(_context(key, EnvEntry(), seed, eval_problems))
+    datasets = build_datasets(cfg, _context(key, EnvEntry(), seed, eval_problems))
     train_ds, test_ds = datasets.train, datasets.test
     if isinstance(train_ds, ProblemListDataset):
         train = list(train_ds.problems)[:train_size]

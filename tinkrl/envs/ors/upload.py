@@ -15,9 +15,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tinkrl.envs.ors.env import LOG_KEY
 from tinkrl.errors import ConfigError
 from tinkrl.rl.types import Metrics
+
+LOG_KEY = "openreward.rollout"  # key of an episode's final step logs holding its record (written by env.py)
 
 
 def _upload_events(messages: list[dict]) -> list[Any]:
