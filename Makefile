@@ -19,14 +19,14 @@ train: install
 	$(VENV)/bin/tinkrl train configs/default.yaml
 
 test: install
-	$(VENV)/bin/python -m pytest -q -m "not slow" tests
+	$(VENV)/bin/python -m pytest -q -rs -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 test-all: install
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -rs tests
 
 bench: install
 	$(PY) bench/engine.py

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers: podman and the fake Kubernetes API
 
-import podman_helper  # noqa: E402
+from helpers import podman_helper  # noqa: E402
 
 from tinkrl.sandbox.base import SandboxSpec  # noqa: E402
 
@@ -94,7 +94,7 @@ def main() -> None:
             results["docker (podman API)"] = measure(p, podman_helper.TEST_IMAGE, args.runs, args.concurrent)
             p.close()
 
-            import k8s_fake_server as kf
+            from helpers import k8s_fake_server as kf
 
             from tinkrl.sandbox.kubernetes import KubernetesProvider
 

@@ -1,9 +1,11 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules (their helpers live in tests/helpers/)."""
+
+from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from engine_helpers import real_models_dir
+from helpers.engine import real_models_dir
 
 
 @pytest.fixture
@@ -15,3 +17,22 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     (home / "models").symlink_to(models, target_is_directory=True)
     monkeypatch.setenv("TINKRL_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def renderer():
+    """The chat renderer of the tiny random-weight test model (tests of one family override it)."""
+    from tinkrl.local.models import TINY_MODEL, load_tokenizer
+    from tinkrl.renderers import get_renderer
+
+    return get_renderer(load_tokenizer(TINY_MODEL), TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def bwrap_provider():
+    """One bubblewrap sandbox provider for the whole session."""
+    from tinkrl.sandbox import get_provider
+
+    provider = get_provider("bwrap")
+    yield provider
+    provider.close()

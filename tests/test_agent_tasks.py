@@ -12,32 +12,23 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.envs.agent_tasks.env import build_datasets
 from tinkrl.errors import ConfigError, InfraFailure
 from tinkrl.taskdirs import iter_tasks, load_task
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 HELLO = "printf 'Hello, world!\\n' > /app/hello.txt"
 
 
 @pytest.fixture(scope="module")
-def renderer():
-    from tinkrl.local.models import TINY_MODEL, load_tokenizer
-    from tinkrl.renderers import get_renderer
+def provider(bwrap_provider):
+    from tinkrl.sandbox import LazyProvider
 
-    return get_renderer(load_tokenizer(TINY_MODEL), TINY_MODEL)
-
-
-@pytest.fixture(scope="module")
-def provider():
-    from tinkrl.sandbox import LazyProvider, get_provider
-
-    p = get_provider("bwrap")
-    yield LazyProvider(p)
-    p.close()
+    return LazyProvider(bwrap_provider)
 
 
 def action(renderer, text: str, clean: bool = True) -> list[int]:

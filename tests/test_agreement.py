@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import REAL, datum, logprobs_of
+from helpers.engine import REAL, datum, logprobs_of
 from tinker import types
 
 from tinkrl.local import ServiceClient

@@ -123,8 +123,8 @@ def test_rbac_enforced_on_the_providers_real_calls(tmp_path):
     whole life (create, readiness reads, exec, delete, reap) in its namespace and is
     refused everywhere else."""
     pytest.importorskip("kubernetes")
-    import k8s_fake_server as kf
-    import podman_helper
+    from helpers import k8s_fake_server as kf
+    from helpers import podman_helper
 
     from tinkrl.sandbox.base import SandboxError, SandboxSpec
     from tinkrl.sandbox.kubernetes import KubernetesProvider, reap_pods

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import podman_helper  # noqa: E402
+from helpers import podman_helper
+from helpers.requirements import skip_module_unless, unless  # noqa: E402
 
 pytest.importorskip("docker", reason="docker SDK not installed (pip install -e '.[dev]')")
-if podman_helper.unavailable_reason():
-    pytest.skip(podman_helper.unavailable_reason(), allow_module_level=True)
+skip_module_unless(podman_helper.unavailable_reason())
 
 from tinkrl.sandbox.base import SandboxError, SandboxSpec  # noqa: E402
 from tinkrl.sandbox.docker import DockerProvider  # noqa: E402
@@ -179,9 +179,10 @@ def test_reap_by_run_id_and_provider_start_reaps(podman, provider):
     sb.close()
 
 
-@pytest.mark.skipif(
-    not os.path.exists("/usr/lib/podman/netavark"),
-    reason="podman's bridge network needs netavark (apt-get install netavark iptables)",
+@unless(
+    None
+    if os.path.exists("/usr/lib/podman/netavark")
+    else "podman's bridge network needs netavark (apt-get install netavark iptables)"
 )
 def test_a_task_that_asks_for_network_gets_an_interface(provider):
     with provider.create(SandboxSpec(image=IMAGE, network=True)) as sb:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from engine_helpers import (  # noqa: F401
+from helpers.engine import (  # noqa: F401
     TEST_DTYPE,
     TEXTS,
     TINY,

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import erdos_scripted as es
 import numpy as np
 import pytest
+from helpers import erdos_scripted as es
 from pydantic import ValidationError
 
 from tinkrl.envs.erdos import overlap as em
@@ -18,7 +18,7 @@ from tinkrl.envs.erdos.config import ErdosConfig, ErdosEnvConfig
 from tinkrl.envs.erdos.env import build_datasets, build_erdos_dataset
 from tinkrl.errors import ConfigError
 
-SCRIPT = Path(__file__).with_name("erdos_scripted.py")
+SCRIPT = Path(__file__).parent / "helpers" / "erdos_scripted.py"
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,8 @@ def renderer():
 
 
 @pytest.fixture(scope="module")
-def provider():
-    from tinkrl.sandbox import get_provider
-
-    p = get_provider("bwrap")
-    yield p
-    p.close()
+def provider(bwrap_provider):
+    return bwrap_provider
 
 
 def test_config_takes_the_documented_keys_and_rejects_unknown_ones():

@@ -8,18 +8,17 @@ over), or with HTTP 500 (an infrastructure failure, recorded, and the run goes o
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.commands.eval import cli_main
 from tinkrl.envs.agent_tasks.evaluation import pass_at_k
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
 def test_pass_at_k_is_the_unbiased_estimator():

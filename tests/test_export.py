@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import TEXTS, TINY, datum, logprobs_of  # noqa: F401
+from helpers.engine import TEXTS, TINY, datum, logprobs_of  # noqa: F401
 from tinker import types
 
 from tinkrl.cli import main as tinkrl

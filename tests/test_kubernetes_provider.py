@@ -1,4 +1,4 @@
-"""The kubernetes provider through the official client against tests/k8s_fake_server.py
+"""The kubernetes provider through the official client against tests/helpers/k8s_fake_server.py
 (the Kubernetes API's documented behaviour for exactly the calls the provider makes);
 pods run as real podman containers there, so exec and file copy run real commands over
 a real WebSocket exec stream. Readiness, reaper and concurrency tests need no podman.
@@ -17,8 +17,9 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="kubernetes client not installed (pip install -e '.[dev]')")
 sys.path.insert(0, str(Path(__file__).parent))
-import k8s_fake_server as kf  # noqa: E402
-import podman_helper  # noqa: E402
+from helpers import k8s_fake_server as kf  # noqa: E402
+from helpers import podman_helper
+from helpers.requirements import unless  # noqa: E402
 
 from tinkrl.config import KubernetesSandboxConfig  # noqa: E402
 from tinkrl.sandbox.base import SandboxError, SandboxSpec  # noqa: E402
@@ -26,9 +27,7 @@ from tinkrl.sandbox.kubernetes import KubernetesProvider, reap_pods  # noqa: E40
 from tinkrl.sandbox.reaper import cli_main as reap_cli  # noqa: E402
 
 IMAGE = "registry.example/task:1"  # the name pods use; the fake kubelet maps it to the podman test image
-NEEDS_PODMAN = pytest.mark.skipif(
-    podman_helper.unavailable_reason() is not None, reason=str(podman_helper.unavailable_reason())
-)
+NEEDS_PODMAN = unless(podman_helper.unavailable_reason())
 
 
 @pytest.fixture(scope="module")

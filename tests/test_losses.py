@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import (
+from helpers.engine import (
     TEST_DTYPE,
     TEXTS,
     TINY,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from engine_helpers import TINY, assert_close_vectors, flat, lora_grads, randomize_lora, zero_grads
+from helpers.engine import TINY, assert_close_vectors, flat, lora_grads, randomize_lora, zero_grads
 from tinker import types
 
 from tinkrl.local import ServiceClient

@@ -1,4 +1,4 @@
-"""The ORS env against a server written with the openreward SDK (tests/ors_toy_env.py).
+"""The ORS env against a server written with the openreward SDK (tests/helpers/ors_toy_env.py).
 
 Actions are scripted token sequences (what a policy would sample), so these tests pin the
 protocol handling: prompt and tools from the server, tool calls sent and rewards reduced,
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ors_helpers import start_toy_server, stop
+from helpers.ors import start_toy_server, stop
 
 from tinkrl.config import EnvEntry, SplitConfig
 from tinkrl.envs import EnvContext
@@ -27,14 +27,6 @@ def toy_server():
     proc, url = start_toy_server()
     yield url
     stop(proc)
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    from tinkrl.local.models import load_tokenizer
-    from tinkrl.renderers import get_renderer
-
-    return get_renderer(load_tokenizer("tinkrl/tiny-llama"), "tinkrl/tiny-llama")
 
 
 def action(renderer, text: str) -> list[int]:

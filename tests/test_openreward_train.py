@@ -1,4 +1,4 @@
-"""Training through the real entry point on a remote ORS environment (tests/ors_toy_env.py).
+"""Training through the real entry point on a remote ORS environment (tests/helpers/ors_toy_env.py).
 
 The tiny random model never manages a tool call, so every ORS episode runs to the turn
 limit and scores the non-terminal reward: exact values the tests can assert.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ors_helpers import start_toy_server, stop
+from helpers.ors import start_toy_server, stop
 
 from tinkrl.envs.ors.client import open_session_count
 

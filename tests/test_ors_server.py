@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from ors_helpers import free_port, start_server, stop
+from helpers.ors import free_port, start_server, stop
 
 from tinkrl.errors import ConfigError
 

@@ -16,15 +16,7 @@ from tinkrl.proxy.capture import (
     chain_calls,
 )
 from tinkrl.proxy.openai_api import ApiError, build_chat_prompt, parse_chat_request, sample_to_message
-from tinkrl.renderers import get_renderer
 from tinkrl.rl.data import trajectory_to_sequences
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    from tinkrl.local.models import load_tokenizer
-
-    return get_renderer(load_tokenizer("tinkrl/tiny-llama"), "tinkrl/tiny-llama")
 
 
 def _call(prompt, sampled, cid="c"):

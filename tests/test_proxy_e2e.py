@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
+from helpers.requirements import needs_bwrap
 from test_proxy_helpers import AGENT_SYSTEM, AGENT_TOOLS, HELLO_COMMAND, tool_policy
 from tinker import types
 
@@ -57,7 +57,7 @@ def env():
         yield {"server": server, "url": url, "tc": tc, "task": task}
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@needs_bwrap
 def test_openai_agent_solves_a_task_and_its_tokens_train(env):
     from tinkrl.sandbox import get_provider
 

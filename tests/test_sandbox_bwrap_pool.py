@@ -1,14 +1,14 @@
 """The bwrap warm pool hands out fresh, never-used sandboxes of the asked-for spec, once each."""
 
-import shutil
 import time
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.sandbox import get_provider
 from tinkrl.sandbox.base import SandboxSpec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 
 
 def wait_ready(provider, spec: SandboxSpec, n: int = 1, timeout: float = 10.0) -> list:

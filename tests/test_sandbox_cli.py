@@ -1,14 +1,13 @@
 """`tinkrl sandbox run` prints the command's output and exits with its status."""
 
-import shutil
-
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.commands.sandbox import cli_main
 from tinkrl.sandbox import get_provider
 from tinkrl.sandbox.base import SandboxError
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 
 
 def test_run_prints_output_and_exit_status(capsys):

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import podman_helper  # noqa: E402
+from helpers import podman_helper
+from helpers.requirements import skip_module_unless  # noqa: E402
 
 pytest.importorskip("docker", reason="docker SDK not installed (pip install -e '.[dev]')")
-if podman_helper.unavailable_reason():
-    pytest.skip(podman_helper.unavailable_reason(), allow_module_level=True)
+skip_module_unless(podman_helper.unavailable_reason())
 
 from tinkrl.sandbox.docker import DockerProvider  # noqa: E402
 from tinkrl.taskdirs import grade, load_task, run_gate, start_sandbox  # noqa: E402

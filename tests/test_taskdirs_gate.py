@@ -4,12 +4,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.commands.tasks import cli_main
 from tinkrl.sandbox import get_provider
 from tinkrl.taskdirs import load_task, run_gate
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 
 

@@ -4,15 +4,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.sandbox import get_provider
 from tinkrl.taskdirs import apply_solution, grade, iter_tasks, load_task, start_sandbox
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 
 FORCE_PASS_CONFTEST = """
 import pytest
+from helpers.requirements import needs_bwrap
+from helpers.requirements import needs_bwrap
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.taskdirs import TaskLoadError, iter_tasks, load_task
 from tinkrl.taskdirs.dockerfile import build_dockerfile
@@ -144,7 +145,7 @@ def test_harbor_docker_image_is_carried(tmp_path):
     assert "private-base" in only.metadata["tinkrl_build_error"]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@needs_bwrap
 def test_an_image_only_task_is_refused_on_bwrap_with_the_fix(tmp_path):
     from tinkrl.errors import ConfigError
     from tinkrl.sandbox import get_provider

@@ -1,15 +1,15 @@
 """Agent tools against a real sandbox, including malformed calls and timeouts."""
 
 import json
-import shutil
 
 import pytest
+from helpers.requirements import needs_bwrap
 
 from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
 from tinkrl.sandbox import get_provider
 from tinkrl.sandbox.base import SandboxSpec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = needs_bwrap
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from engine_helpers import TINY, real_models_dir
+from helpers.engine import TINY, real_models_dir
 from tinker import types
 
 ARGS = [

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -56,7 +56,14 @@ def start_server(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
 def start_toy_server(port: int | None = None, die_at_session: int = 0) -> tuple[subprocess.Popen, str]:
     port = port or free_port()
     return start_server(
-        [str(REPO / "tests" / "ors_toy_env.py"), "--port", str(port), "--die-at-session", str(die_at_session)], port
+        [
+            str(REPO / "tests" / "helpers" / "ors_toy_env.py"),
+            "--port",
+            str(port),
+            "--die-at-session",
+            str(die_at_session),
+        ],
+        port,
     )
 
 

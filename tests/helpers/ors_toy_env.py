@@ -1,6 +1,6 @@
 """A small ORS environment written with the openreward SDK's own Server/Environment classes.
 
-`python tests/ors_toy_env.py --port N` serves it on 127.0.0.1. Tasks are additions; tools:
+`python tests/helpers/ors_toy_env.py --port N` serves it on 127.0.0.1. Tasks are additions; tools:
 `hint` (reward -0.1, episode goes on) and `submit` (reward 1 if the answer is the sum, else 0;
 finishes the episode). Used by the ORS client and training tests as an independent server.
 `--die-at-session K` SIGKILLs the server when the K-th session is created (a crash mid-run).
