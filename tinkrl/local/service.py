@@ -564,7 +564,7 @@ class TrainingClient(_ClientHandle):
 
         On CUDA nothing is packed and micro-batches are larger: there the extra launches of packed
         attention and of the two-pass shared opening cost more than the tokens they save (H100,
-        SmolLM2 shape, 64 datums: 0.47 s packed -> 0.28 s; docs/benchmarks.md).
+        SmolLM2 shape, 64 datums: 0.47 s packed -> 0.28 s; docs/performance.md).
         """
         seqs = [d.model_input.to_ints() for d in data]
         cuda = self.engine.device.type == "cuda"
