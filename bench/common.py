@@ -137,6 +137,11 @@ def commit() -> str:
     return head + ("-dirty" if changed else "")
 
 
+# The commit a benchmark runs: taken when the script imports this module, so that edits made while
+# a long benchmark runs are not credited to it.
+COMMIT_AT_START = commit()
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as a user would type it from the repository root: `python bench/x.py ARGS`."""
     argv = list(sys.argv if argv is None else argv)
@@ -182,7 +187,7 @@ def write_result(
     doc = json.loads(path.read_text()) if path.is_file() else {"bench": bench, "machine_class": cls, "runs": {}}
     doc["runs"][workload] = {
         "command": command or command_line(),
-        "commit": commit(),
+        "commit": COMMIT_AT_START,
         "date": datetime.date.today().isoformat(),
         "machine": info,
         "settings": dict(settings),

@@ -210,7 +210,7 @@ def vs_trl_rows(r: Record) -> list[list[str]]:
 def vs_trl_accuracy_rows(r: Record) -> list[list[str]]:
     def cell(system: str, lr: str) -> str:
         acc, steps = r.median.get(f"{system}/{lr}/greedy_correct"), r.median.get(f"{system}/{lr}/steps")
-        return f"{steps:.0f} steps, {acc:.2f}" if acc is not None and steps is not None else "not run"
+        return f"{steps:.0f}, {acc:.2f}" if acc is not None and steps is not None else "not run"
 
     lrs = sorted({k.split("/")[1] for k in r.median}, key=float)
     wall = f"{r.settings.get('wall_s', 0):.0f}"
