@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test test-all lint bench clean
+.PHONY: install train test test-all lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -30,6 +30,13 @@ test-all: install
 
 bench: install
 	$(PY) bench/engine.py
+	$(PY) bench/report.py
+
+# The benchmarks' own dependencies: TRL into .venv against the pinned torch (bench/vs_trl.py),
+# tinker-cookbook into its own virtualenv, as its pins clash with ours (bench/cookbook_rl.sh).
+bench-deps: install
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	bash bench/cookbook_rl.sh --install-only
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -3,6 +3,7 @@
 #
 #   bash bench/cookbook_rl.sh            # 3 steps (~30 s on 2 CPU cores once installed)
 #   STEPS=10 PORT=18800 bash bench/cookbook_rl.sh
+#   bash bench/cookbook_rl.sh --install-only   # only prepare its virtualenv (`make bench-deps` runs this)
 #
 # Recipe: tinker_cookbook.recipes.math_rl.train with env=arithmetic (synthetic problems, no
 # dataset download), on SmolLM2-135M-Instruct from the engine's local cache (passed as a
@@ -24,6 +25,10 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import tinker_cookboo
   echo "installing tinker-cookbook into $VENV ..."
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q -c constraints.txt "tinker-cookbook[math-rl]==0.5.8"
+fi
+if [ "${1:-}" = "--install-only" ]; then
+  echo "tinker-cookbook is ready in $VENV"
+  exit 0
 fi
 
 MODEL_DIR=$(.venv/bin/python -c 'from tinkrl.local.models import DEFAULT_MODEL, resolve_model_dir; print(resolve_model_dir(DEFAULT_MODEL))')

@@ -13,7 +13,10 @@ and two teams on one machine slow each other (~1.7x on 2 cores), so a second eng
 main-thread baseline in the same process would distort both sides.
 
     python bench/engine.py [--precision float32 bfloat16] [--model NAME | --random smollm2|qwen2.5-0.5b]
-        [--device cpu|cuda] [--repeats 3] [--out docs/bench_engine.json]
+        [--device cpu|cuda] [--repeats 3] [--skip-training] [--compile] [--results DIR]
+
+Writes bench/results/engine/<machine class>.json (one record per model and precision: every
+repeat's tokens/s and their medians); `python bench/report.py` puts it into docs/performance.md.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,7 +122,8 @@ def on_engine_thread(engine, fn):
     return engine.submit(call).result()
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn`, after two warm-up calls."""
     for _ in range(2):  # warm-up: the first calls pack weights and grow caches
         fn()
     times = []
@@ -131,7 +133,7 @@ def timed(fn, repeats: int) -> float:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
 
 
 def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n: int = 32, new: int = 16) -> dict:
@@ -188,13 +190,11 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
 
     t_hf = on_engine_thread(engine, lambda: timed(generate, repeats))
     tokens = n * new
-    return {
-        "sampling/tinkrl_concurrent_tok_s": tokens / t_conc,
-        "sampling/tinkrl_prebatched_tok_s": tokens / t_pre,
-        "sampling/hf_generate_tok_s": tokens / t_hf,
-        "sampling/speedup_vs_generate": t_hf / t_conc,
-        "sampling/concurrent_over_prebatched": t_pre / t_conc,
-        "sampling/tinkrl_lora_concurrent_tok_s": tokens / t_lora,
+    return {  # tokens/s of each repeat; ratios come from the medians (bench/report.py)
+        "sampling/tinkrl_concurrent_tok_s": [tokens / t for t in t_conc],
+        "sampling/tinkrl_prebatched_tok_s": [tokens / t for t in t_pre],
+        "sampling/hf_generate_tok_s": [tokens / t for t in t_hf],
+        "sampling/tinkrl_lora_concurrent_tok_s": [tokens / t for t in t_lora],
     }
 
 
@@ -247,14 +247,32 @@ def bench_training(
             out.loss.backward()
 
         t_peft = on_engine_thread(tc.engine, lambda: timed(peft_step, repeats))
-        results[f"train_{label}/tinkrl_tok_s"] = n_tokens / t_ours
-        results[f"train_{label}/peft_tok_s"] = n_tokens / t_peft
-        results[f"train_{label}/speedup"] = t_peft / t_ours
+        results[f"train_{label}/tinkrl_tok_s"] = [n_tokens / t for t in t_ours]
+        results[f"train_{label}/peft_tok_s"] = [n_tokens / t for t in t_peft]
         peft_model = None  # frees the copy before the next workload
     return results
 
 
+def save_results(args: argparse.Namespace, rows: dict[str, dict[str, list[float]]]) -> None:
+    """One record per precision in <results>/engine/<machine class>.json."""
+    import common  # bench/common.py, beside this script
+
+    model = f"random {args.random}" if args.random else args.model
+    for precision, repeats in rows.items():
+        settings = {
+            "model": model,
+            "precision": precision,
+            "device": args.device,
+            "repeats": args.repeats,
+            "compile": args.compile,
+            "training": not args.skip_training,
+        }
+        common.write_result("engine", f"{model} {precision}", settings, repeats, args.results, device=args.device)
+
+
 def main() -> None:
+    import common  # bench/common.py, beside this script
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--random", choices=sorted(RANDOM_ARCHS), help="random weights of a real architecture")
@@ -263,11 +281,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-training", action="store_true")
     ap.add_argument("--compile", action="store_true", help="tinkrl's training side with compile=True")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rows-out", type=Path, help=argparse.SUPPRESS)  # a child's figures, for its parent
+    common.add_results_arg(ap)
     args = ap.parse_args()
     model = random_model_dir(args.random) if args.random else args.model
+    rows: dict[str, dict[str, list[float]]] = {}  # precision -> metric -> repeats
     if len(args.precision) > 1:  # one process per precision (see the module docstring)
-        rows = []
         for precision in args.precision:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 child = [
@@ -281,30 +300,24 @@ def main() -> None:
                     str(args.repeats),
                     "--precision",
                     precision,
-                    "--out",
+                    "--rows-out",
                     out.name,
                 ]
                 child += ["--random", args.random] if args.random else []
                 child += ["--skip-training"] * args.skip_training + ["--compile"] * args.compile
                 subprocess.run(child, check=True)
-                rows += json.loads(Path(out.name).read_text())
+                rows.update(json.loads(Path(out.name).read_text()))
     else:
         precision = args.precision[0]
-        row = {
-            "model": args.random or args.model,
-            "precision": precision,
-            "device": args.device,
-            "threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine(),
-            "date": time.strftime("%Y-%m-%d"),
-        }
-        row.update(bench_sampling(model, precision, args.device, args.repeats))
+        row = bench_sampling(model, precision, args.device, args.repeats)
         if not args.skip_training:
             row.update(bench_training(model, precision, args.device, args.repeats, compile=args.compile))
-        print(json.dumps(row, indent=1), flush=True)
-        rows = [row]
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+        print(json.dumps({k: [round(x, 1) for x in v] for k, v in row.items()}), flush=True)
+        rows[precision] = row
+    if args.rows_out:
+        args.rows_out.write_text(json.dumps(rows))
+    else:
+        save_results(args, rows)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Load on the OpenAI-compatible server: 64 concurrent chat requests against sequential ones.
 
     .venv/bin/python bench/proxy_load.py [--model NAME] [--concurrent 64] [--sequential 16]
-                                         [--max-tokens 32] [--runs 3]
+                                         [--max-tokens 32] [--runs 3] [--results DIR]
 
 Starts `ProxyServer` over the embedded engine on a background thread and drives it with the
 official `openai` client (AsyncOpenAI, one connection per request). Each request asks for
 `--max-tokens` tokens at temperature 1 with a distinct seed and a distinct prompt, and
 carries a rollout id so token capture is on, as in training. Reports wall time, requests/s,
 completion tokens/s, latency p50/p99, and the number of failed requests (must be 0).
-Throughput is compared in completion tokens/s, since completions may end early.
+Throughput is compared in completion tokens/s, since completions may end early. Each run's
+figures go to bench/results/proxy_load/<machine class>.json.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import statistics
 import time
 
 import openai
+from common import add_results_arg, write_result
 
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
@@ -84,6 +86,9 @@ async def bench(url: str, model: str, args) -> list[tuple[dict, dict]]:
     return runs
 
 
+FIGURES = ("tok_per_s", "req_per_s", "wall_s", "errors")  # recorded per run; latencies are printed only
+
+
 def fmt(r: dict) -> str:
     return (
         f"{r['requests']} ok / {r['errors']} failed, {r['wall_s']:.2f} s, {r['req_per_s']:.2f} req/s, "
@@ -98,6 +103,7 @@ def main() -> None:
     p.add_argument("--sequential", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--runs", type=int, default=3)
+    add_results_arg(p)
     args = p.parse_args()
     client = ServiceClient().create_sampling_client(base_model=args.model)
     server = ProxyServer(client, model_name=args.model)
@@ -115,6 +121,11 @@ def main() -> None:
         f"({med([c['req_per_s'] for _, c in runs]):.2f} req/s, wall {med([c['wall_s'] for _, c in runs]):.2f} s); "
         f"speed-up x{con_tok / seq_tok:.1f}; failed requests: {errors}"
     )
+    repeats = {
+        f"{side}/{k}": [r[k] for r in rs] for side, rs in zip(("sequential", "concurrent"), zip(*runs)) for k in FIGURES
+    }
+    settings = {k: getattr(args, k) for k in ("model", "concurrent", "sequential", "max_tokens", "runs")}
+    write_result("proxy_load", args.model, settings, repeats, args.results)
 
 
 if __name__ == "__main__":

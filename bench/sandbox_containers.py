@@ -7,6 +7,8 @@ Per provider: create (container start, readiness), exec `true` round trip, a 1 M
 write_file + read_file, close; then `--concurrent` sandboxes created at once. The
 kubernetes figures measure the client, the WebSocket exec stream and podman here, not a
 real cluster (no scheduler, no image pull, no kubelet), so read them as a floor.
+Writes every measurement's seconds to bench/results/sandbox_containers/<machine class>.json
+(`--results DIR` elsewhere), one record per provider.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, float]:
+def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, list[float]]:
+    """Seconds of each create, exec, 1 MiB write+read and close (after two warm-up runs), of each
+    cycle of `concurrent` sandboxes created at once, and the wall time for all of those."""
     create, exec_, files, close = [], [], [], []
     blob = b"x" * (1 << 20)
     for i in range(runs + 2):
@@ -65,21 +69,29 @@ def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, float
         cycles = list(pool.map(one, range(concurrent)))
     wall = time.perf_counter() - t0
     return {
-        "create p50": statistics.median(create),
-        "create p90": pct(create, 0.9),
-        "exec `true` p50": statistics.median(exec_),
-        "exec `true` p90": pct(exec_, 0.9),
-        "1 MiB write+read p50": statistics.median(files),
-        "close p50": statistics.median(close),
-        f"{concurrent} at once: wall": wall,
-        f"{concurrent} at once: cycle p50": statistics.median(cycles),
+        "create_s": create,
+        "exec_true_s": exec_,
+        "write_read_1mib_s": files,
+        "close_s": close,
+        "at_once_cycle_s": cycles,
+        "at_once_wall_s": [wall],
     }
 
 
+def summary(figures: dict[str, list[float]]) -> dict[str, float]:
+    """The printed line's figures: p50 (and p90 of create and exec) of each measure."""
+    out = {k.removesuffix("_s") + " p50": statistics.median(v) for k, v in figures.items()}
+    out |= {k.removesuffix("_s") + " p90": pct(figures[k], 0.9) for k in ("create_s", "exec_true_s")}
+    return out
+
+
 def main() -> None:
+    import common  # bench/common.py, beside this script
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--concurrent", type=int, default=8)
+    common.add_results_arg(ap)
     args = ap.parse_args()
     why = podman_helper.unavailable_reason()
     if why:
@@ -106,11 +118,15 @@ def main() -> None:
             kube.stop()
         finally:
             pm.stop()
-    names = list(next(iter(results.values())))
-    print("| measure | " + " | ".join(results) + " |")
-    print("|---|" + "---|" * len(results))
+    summaries = {provider: summary(figures) for provider, figures in results.items()}
+    names = list(next(iter(summaries.values())))
+    print("| measure | " + " | ".join(summaries) + " |")
+    print("|---|" + "---|" * len(summaries))
     for n in names:
-        print(f"| {n} | " + " | ".join(f"{r[n] * 1000:.0f} ms" for r in results.values()) + " |")
+        print(f"| {n} | " + " | ".join(f"{r[n] * 1000:.0f} ms" for r in summaries.values()) + " |")
+    settings = {"runs": args.runs, "concurrent": args.concurrent, "image": podman_helper.TEST_IMAGE}
+    for provider, figures in results.items():
+        common.write_result("sandbox_containers", provider, settings, figures, args.results, device="cpu")
 
 
 if __name__ == "__main__":

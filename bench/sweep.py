@@ -6,6 +6,9 @@ default config plus overrides; its eval metrics per step land in <out>/<name>/me
     python bench/sweep.py --out runs/sweep --parallel 4 \\
         --variant lr1e-3 learning_rate=1e-3 --variant lr2e-3 learning_rate=2e-3 [--common max_steps=40]
     (prefix a command with `taskset -c 0,1` style pinning via --cpus 0,1 2,3 ... for CPU runs)
+
+Writes bench/results/sweep/<machine class>.json: per variant its steps, final and best
+held-out greedy accuracy, and wall time; the record is named after the --out directory.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from common import add_results_arg, write_result
+
+GREEDY = "eval/arithmetic/greedy_correct"  # the default environment's held-out accuracy
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,6 +35,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--cpus", nargs="*", default=[], help="CPU lists to pin variants to, e.g. 0,1 2,3")
     ap.add_argument("--timeout", type=float, default=3600)
+    add_results_arg(ap)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pending = list(args.variant)
@@ -85,9 +93,7 @@ def main() -> None:
         ]
     (args.out / "summary.json").write_text(json.dumps(table, indent=1))
     for name, rows in table.items():
-        evals = [
-            (r["step"], r.get("eval/arithmetic/greedy_correct")) for r in rows if "eval/arithmetic/greedy_correct" in r
-        ]
+        evals = [(r["step"], r.get(GREEDY)) for r in rows if GREEDY in r]
         rewards = [r.get("env/all/reward/total") for r in rows]
         print(
             name,
@@ -99,6 +105,35 @@ def main() -> None:
             flush=True,
         )
     print(f"sweep done in {time.time() - t0:.0f}s")
+    settings = {
+        "config": args.config,
+        "common": args.common,
+        "variants": {name: overrides for name, *overrides in args.variant},
+        "parallel": args.parallel,
+    }
+    figures = variant_figures(table)
+    if figures:
+        write_result("sweep", args.out.name, settings, figures, args.results)
+    else:
+        print("no variant logged a step: no result written")
+
+
+def variant_figures(table: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """Per variant (one run each): steps run, final and best held-out greedy accuracy, the step of
+    the best, and the run's wall time; a variant that logged nothing has no figures."""
+    out: dict[str, list[float]] = {}
+    for name, rows in table.items():
+        if not rows:
+            continue
+        out[f"{name}/steps"] = [len(rows)]
+        out[f"{name}/wall_s"] = [rows[-1].get("time/total", 0.0)]
+        evals = [(r["step"], r[GREEDY]) for r in rows if GREEDY in r]
+        if evals:
+            best_step, best = max(evals, key=lambda e: e[1])
+            out[f"{name}/final_greedy"] = [evals[-1][1]]
+            out[f"{name}/best_greedy"] = [best]
+            out[f"{name}/best_step"] = [best_step]
+    return out
 
 
 if __name__ == "__main__":

@@ -1,40 +1,35 @@
 """Overhead of `tinkrl serve tinker`: the official SDK over HTTP vs the engine in-process.
 
-Two measurements, written to docs/benchmarks.md between the `tinker_server` markers:
+Two measurements, written to bench/results/tinker_server/<machine class>.json:
 
 1. The same 10 RL-shaped training steps (sample a group, forward_backward with
    importance_sampling, optim_step, fresh sampling client) on the default 135M model,
-   in-process vs through the server. Target: the server at most 10 % slower.
+   in-process vs through the server.
 2. Per-call latency with the tiny random-weight model, where compute is ~nothing and the
-   protocol's cost shows: forward_backward, optim_step, sample (median of N calls).
+   protocol's cost shows: forward_backward, optim_step, sample (every call's milliseconds).
 
-    .venv/bin/python bench/tinker_server.py [--steps 10] [--calls 30] [--model NAME]
+    .venv/bin/python bench/tinker_server.py [--steps 10] [--calls 30] [--model NAME] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import tinker  # noqa: E402
+from common import add_results_arg, write_result  # noqa: E402
 from tinker import types  # noqa: E402
 
 from tinkrl.local import ServiceClient as LocalServiceClient  # noqa: E402
 from tinkrl.local.models import DEFAULT_MODEL, TINY_MODEL  # noqa: E402
 from tinkrl.tinker_server.app import serve_in_thread  # noqa: E402
-
-DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- tinker_server:begin -->", "<!-- tinker_server:end -->"
 
 
 def _prompt(i: int) -> types.ModelInput:
@@ -73,24 +68,24 @@ def rl_stepper(service: Any, model: str, group: int = 4, max_tokens: int = 8) ->
     return step
 
 
-def rl_steps(local: Any, remote: Any, model: str, steps: int) -> tuple[float, float]:
-    """Seconds for `steps` steps in-process and through the server, interleaved step by step
-    so that load from other jobs on a shared machine falls on both sides alike."""
+def rl_steps(local: Any, remote: Any, model: str, steps: int) -> tuple[list[float], list[float]]:
+    """Each step's seconds in-process and through the server, interleaved step by step so that
+    load from other jobs on a shared machine falls on both sides alike."""
     local_step, remote_step = rl_stepper(local, model), rl_stepper(remote, model)
     local_step(0)
     remote_step(0)  # warm-up
-    totals = [0.0, 0.0]
+    times: tuple[list[float], list[float]] = ([], [])
     for i in range(1, steps + 1):
         for side, step in enumerate((local_step, remote_step)):
             t = time.perf_counter()
             step(i)
-            totals[side] += time.perf_counter() - t
-    return totals[0], totals[1]
+            times[side].append(time.perf_counter() - t)
+    return times
 
 
-def call_latencies(local: Any, remote: Any, model: str, calls: int) -> dict[str, list[tuple[float, float]]]:
-    """Per call: [(median, min) ms in-process, (median, min) ms through the server], with the
-    two sides alternating call by call so that other jobs' load falls on both alike."""
+def call_latencies(local: Any, remote: Any, model: str, calls: int) -> dict[str, list[list[float]]]:
+    """Per call: [each call's ms in-process, each call's ms through the server], with the two
+    sides alternating call by call so that other jobs' load falls on both alike."""
     ops_by_side = []
     for service in (local, remote):
         tc = service.create_lora_training_client(model, rank=8, seed=0).result()
@@ -108,7 +103,7 @@ def call_latencies(local: Any, remote: Any, model: str, calls: int) -> dict[str,
                 "sample (4 tokens)": lambda s=sampler, p=prompt, q=params: s.sample(p, 1, q).result(),
             }
         )
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, list[list[float]]] = {}
     for name in ops_by_side[0]:
         times: list[list[float]] = [[], []]
         for i in range(calls + 3):
@@ -117,16 +112,16 @@ def call_latencies(local: Any, remote: Any, model: str, calls: int) -> dict[str,
                 ops_by_side[side][name]()
                 if i >= 3:  # warm-up
                     times[side].append((time.perf_counter() - t) * 1000)
-        out[name] = [(statistics.median(ts), min(ts)) for ts in times]
+        out[name] = times
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--no-write", action="store_true")
+    add_results_arg(ap)
     args = ap.parse_args()
 
     engine = LocalServiceClient()
@@ -136,49 +131,16 @@ def main() -> int:
         local_s, server_s = rl_steps(engine, remote, args.model, args.steps)
         remote.close("success").result()
 
-    overhead = (server_s / local_s - 1) * 100
-    cpu = platform.processor() or platform.machine()
-    lines = [
-        BEGIN,
-        "## Tinker server overhead (`bench/tinker_server.py`)",
-        "",
-        f"Machine: {os.cpu_count()} CPU cores ({cpu}, shared with other jobs: load average "
-        f"{os.getloadavg()[0]:.1f} at the end), no GPU; Python {platform.python_version()}, "
-        f"tinker SDK {tinker.__version__}. Command: `.venv/bin/python bench/tinker_server.py`.",
-        "",
-        f"**{args.steps} RL-shaped steps on `{args.model}`** (sample 4×8 tokens after a 32-token prompt, forward_backward "
-        "importance_sampling, optim_step, fresh sampling client; one warm-up step not counted; local and server steps interleaved):",
-        "",
-        "| path | seconds | per step |",
-        "|---|---|---|",
-        f"| in-process engine | {local_s:.2f} | {local_s / args.steps:.3f} |",
-        f"| official SDK → `tinkrl serve tinker` | {server_s:.2f} | {server_s / args.steps:.3f} |",
-        "",
-        f"Server overhead: **{overhead:+.1f} %** (target ≤ 10 %). On a shared, loaded machine this "
-        "ratio moves by ±15 % from run to run although steps are interleaved; the per-call minimum "
-        "below is the robust measure of what the protocol adds.",
-        "",
-        f"**Per-call latency, tiny random-weight model `{TINY_MODEL}`** ({args.calls} calls each, "
-        "alternating in-process and server calls, every one waited for before the next, so this is the full round trip; median / min ms — "
-        "the min is the cost without interference from other jobs):",
-        "",
-        "| call | in-process | through server | added (median) | added (min) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, ((med_l, min_l), (med_s, min_s)) in latencies.items():
-        lines.append(
-            f"| {name} | {med_l:.1f} / {min_l:.1f} | {med_s:.1f} / {min_s:.1f} | {med_s - med_l:+.1f} | {min_s - min_l:+.1f} |"
-        )
-    lines.append(END)
-    block = "\n".join(lines)
-    print(block)
-    if not args.no_write:
-        text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-        if BEGIN in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _m: block, text, flags=re.S)
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        DOC.write_text(text)
+    med = statistics.median
+    print(f"RL step on {args.model}: in-process {med(local_s):.3f} s, through the server {med(server_s):.3f} s")
+    repeats = {"rl_step_local_s": local_s, "rl_step_server_s": server_s}
+    for name, (local_ms, server_ms) in latencies.items():
+        print(f"{name} on {TINY_MODEL}: median / min ms in-process {med(local_ms):.1f} / {min(local_ms):.1f}, ", end="")
+        print(f"through the server {med(server_ms):.1f} / {min(server_ms):.1f}")
+        repeats |= {f"{name}/local_ms": local_ms, f"{name}/server_ms": server_ms}
+    settings = {"model": args.model, "steps": args.steps, "calls": args.calls, "call_model": TINY_MODEL}
+    settings["tinker_sdk"] = tinker.__version__
+    write_result("tinker_server", args.model, settings, repeats, args.results)
     return 0
 
 

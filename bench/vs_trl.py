@@ -4,13 +4,16 @@ Workload: 2-digit addition asked plainly, SmolLM2-135M-Instruct, 8 prompts x 4 s
 step, 16 new tokens, LoRA r16 on all linear layers, beta=0 (no KL), one optimisation
 iteration per batch, no vLLM, the same thread count and precision on both sides.
 
-    python bench/vs_trl.py --steps 5 [--precision float32] [--lr 5e-4]
+    python bench/vs_trl.py --steps 5 [--precision float32] [--lr 5e-4] [--results DIR]
     python bench/vs_trl.py --accuracy [--wall 300] [--lrs-tinkrl ...] [--lrs-trl ...]
 
 Step time is the median over the measured steps (the first step is warm-up). `--accuracy`:
 each system trains at each of its learning rates for the same wall time (model loading
 included), then answers tinkrl's 100 held-out problems greedily; each system's best counts
 (their losses normalise differently, so their best learning rates differ).
+
+Writes bench/results/vs_trl/<machine class>.json (step times) or
+bench/results/vs_trl_accuracy/<machine class>.json. Needs TRL: `make bench-deps`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import argparse
 import json
 import random
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_results_arg, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -186,14 +189,17 @@ def accuracy_sweep(wall_s: float, lrs_ours: list[float], lrs_trl: list[float], p
             str(lr): {"greedy_correct": r["greedy_correct"], "steps": len(r["step_times"])} for lr, r in runs.items()
         }
 
-    return {
-        "wall_s": wall_s,
-        "precision": precision,
-        "tinkrl": summary(ours),
-        "trl": summary(trl),
-        "tinkrl_best": max((r["greedy_correct"] for r in ours.values()), default=None),
-        "trl_best": max((r["greedy_correct"] for r in trl.values()), default=None),
-    }
+    return {"tinkrl": summary(ours), "trl": summary(trl)}
+
+
+def trl_version() -> str:
+    """TRL's version, or exit with the command that installs it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        raise SystemExit("TRL is not installed: `make bench-deps` installs the benchmarks' dependencies") from None
 
 
 def main() -> None:
@@ -209,35 +215,31 @@ def main() -> None:
     ap.add_argument("--wall", type=float, default=300.0)
     ap.add_argument("--lrs-tinkrl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
     ap.add_argument("--lrs-trl", type=float, nargs="*", default=[2.5e-4, 5e-4, 1e-3])
+    add_results_arg(ap)
     args = ap.parse_args()
+    settings = {"model": MODEL, "precision": args.precision, "trl": trl_version()}
     if args.accuracy:
         with tempfile.TemporaryDirectory() as tmp:
-            print(
-                json.dumps(
-                    accuracy_sweep(args.wall, args.lrs_tinkrl, args.lrs_trl, args.precision, Path(tmp)), indent=1
-                )
-            )
+            sweep = accuracy_sweep(args.wall, args.lrs_tinkrl, args.lrs_trl, args.precision, Path(tmp))
+        print(json.dumps(sweep, indent=1))
+        repeats = {  # one run per system and learning rate
+            f"{system}/{lr}/{k}": [v]
+            for system, runs in sweep.items()
+            for lr, run in runs.items()
+            for k, v in run.items()
+        }
+        write_result("vs_trl_accuracy", args.precision, {**settings, "wall_s": args.wall}, repeats, args.results)
         return
     with tempfile.TemporaryDirectory() as tmp:
         ours = run_tinkrl(args.lr, args.precision, Path(tmp) / "tinkrl", steps=args.steps)
         trl = run_trl(args.steps, args.lr, args.precision, Path(tmp) / "trl")
-    t_ours = statistics.median(ours["step_times"][1:] or ours["step_times"])
-    t_trl = statistics.median(trl["step_times"][1:] or trl["step_times"])
-    print(
-        json.dumps(
-            {
-                "precision": args.precision,
-                "threads": torch.get_num_threads(),
-                "steps": args.steps,
-                "tinkrl_step_s": t_ours,
-                "trl_step_s": t_trl,
-                "speedup": t_trl / t_ours,
-                "tinkrl_steps": ours["step_times"],
-                "trl_steps": trl["step_times"],
-            },
-            indent=1,
-        )
-    )
+    repeats = {  # the first step is warm-up (and tinkrl's compile)
+        "tinkrl_step_s": ours["step_times"][1:] or ours["step_times"],
+        "trl_step_s": trl["step_times"][1:] or trl["step_times"],
+    }
+    print(json.dumps(repeats, indent=1))
+    settings |= {"steps": args.steps, "lr": args.lr}
+    write_result("vs_trl", args.precision, settings, repeats, args.results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,500 @@
+"""Regenerate docs/performance.md's tables from the benchmarks' result JSON.
+
+    python bench/report.py [--results DIR] [--doc docs/performance.md] [--check]
+
+Each benchmark has one block in the doc between `<!-- generated: NAME -->` and
+`<!-- /generated -->`: a table with fixed columns, one row per machine class and workload, and
+the machines the rows were measured on. Everything outside the blocks is prose and is kept as it
+is. A machine class the doc tracks without a result gets a row saying which command measures
+it. `--check` rewrites nothing and exits 1 when a block differs from what the JSON gives (a
+hand edit, or results not yet reported).
+
+Result files are validated before rendering (bench/common.py writes them): a missing or
+malformed field, a median that is not the median of its repeats, or a metric a table needs
+stops the report with the file and field named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import MACHINE_KEYS, RESULTS_DIR, ROOT
+
+DOC = ROOT / "docs" / "performance.md"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
+RECORD_KEYS = {"command", "commit", "date", "machine", "settings", "repeats", "median"}
+# The machine classes the doc keeps figures for: the 2-core CPU `make train` is sized for, and a GPU.
+CPU_REFERENCE = "cpu-avx512_bf16-2c"
+GPU_REFERENCE = "cuda-nvidia-h100-80gb-hbm3"
+
+
+class ResultError(ValueError):
+    """A result file that does not hold what bench/common.py writes."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One workload's run, as read from `<results>/<bench>/<machine class>.json`."""
+
+    machine_class: str
+    workload: str
+    command: str
+    commit: str
+    date: str
+    machine: dict
+    settings: dict
+    repeats: dict[str, list[float]]
+    median: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Table:
+    """How one benchmark's block looks: its columns after the machine class (commit and date
+    follow them), the cells of a record's rows, and the metrics every record must have."""
+
+    bench: str
+    command: str
+    columns: tuple[str, ...]
+    rows: Callable[[Record], list[list[str]]]
+    needs: tuple[str, ...]
+    machine_classes: tuple[str, ...] = (CPU_REFERENCE,)
+
+
+# --- reading and checking result files ---------------------------------------------------
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_records(path: Path, bench: str, needs: Iterable[str] = ()) -> list[Record]:
+    """The records of one result file, checked field by field."""
+
+    def fail(what: str) -> ResultError:
+        return ResultError(f"{path}: {what}")
+
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise fail(f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("bench") != bench:
+        raise fail(f"'bench' is not {bench!r}")
+    if doc.get("machine_class") != path.stem:
+        raise fail(f"'machine_class' is not the file's name {path.stem!r}")
+    runs = doc.get("runs")
+    if not isinstance(runs, dict) or not runs:
+        raise fail("'runs' is not a non-empty object")
+    out = []
+    for workload, r in runs.items():
+        where = f"run {workload!r}"
+        if not isinstance(r, dict) or set(r) != RECORD_KEYS:
+            got = sorted(r) if isinstance(r, dict) else type(r).__name__
+            raise fail(f"{where}: fields {got}, expected {sorted(RECORD_KEYS)}")
+        if not isinstance(r["command"], str) or not r["command"]:
+            raise fail(f"{where}: 'command' is not a command line")
+        if not isinstance(r["commit"], str) or not re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown", r["commit"]):
+            raise fail(f"{where}: 'commit' {r['commit']!r} is not a short hash")
+        if not isinstance(r["date"], str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]):
+            raise fail(f"{where}: 'date' {r['date']!r} is not a day (YYYY-MM-DD)")
+        if not isinstance(r["machine"], dict) or set(MACHINE_KEYS) - set(r["machine"]):
+            raise fail(f"{where}: 'machine' lacks {sorted(set(MACHINE_KEYS) - set(r['machine'] or {}))}")
+        if not isinstance(r["settings"], dict):
+            raise fail(f"{where}: 'settings' is not an object")
+        repeats, median = r["repeats"], r["median"]
+        if not isinstance(repeats, dict) or not isinstance(median, dict) or set(repeats) != set(median):
+            raise fail(f"{where}: 'repeats' and 'median' do not name the same metrics")
+        for k, values in repeats.items():
+            if not isinstance(values, list) or not values or not all(map(_is_number, values)):
+                raise fail(f"{where}: repeats of {k!r} are not a non-empty list of numbers")
+            if not _is_number(median[k]) or not math.isclose(median[k], statistics.median(values), rel_tol=1e-9):
+                raise fail(f"{where}: median of {k!r} is {median[k]!r}, its repeats give {statistics.median(values)}")
+        missing = [k for k in needs if k not in median]
+        if missing:
+            raise fail(f"{where}: no {missing}")
+        out.append(Record(path.stem, workload, **r))
+    return out
+
+
+def load(results_dir: Path, table: Table) -> list[Record]:
+    """Every record of one benchmark, by machine class then workload."""
+    files = sorted((Path(results_dir) / table.bench).glob("*.json"))
+    return [rec for f in files for rec in read_records(f, table.bench, table.needs)]
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile, as the sandbox benchmarks print it."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def tok_s(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def describe(m: dict) -> str:
+    """One line for a machine: CPU, cores and threads, RAM, GPU, torch."""
+    parts = [f"{m['cpu_model']} ({m['cpu_class']}), {m['cores']} cores, {m['threads']} threads"]
+    if m["ram_gib"] is not None:
+        parts.append(f"{m['ram_gib']:g} GiB RAM")
+    parts.append(m["gpu"] or "no GPU")
+    parts.append(f"torch {m['torch']}" if m["torch"] else "no torch")
+    return ", ".join(parts)
+
+
+def render(table: Table, records: list[Record]) -> str:
+    """The block's markdown: the table, then the machines its rows ran on."""
+    header = ["machine class", *table.columns, "commit", "date"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for rec in records:
+        for cells in table.rows(rec):
+            lines.append("| " + " | ".join([f"`{rec.machine_class}`", *cells, rec.commit, rec.date]) + " |")
+    measured = {rec.machine_class for rec in records}
+    for cls in table.machine_classes:
+        if cls not in measured:
+            note = f"not yet measured on this machine class: run `{table.command}`"
+            lines.append("| " + " | ".join([f"`{cls}`", note, *[""] * (len(header) - 2)]) + " |")
+    machines = sorted({(rec.machine_class, describe(rec.machine)) for rec in records})
+    if machines:
+        lines += ["", "Measured on:"] + [f"- `{cls}`: {text}" for cls, text in machines]
+    return "\n".join(lines) + "\n"
+
+
+def engine_rows(r: Record) -> list[list[str]]:
+    m = r.median
+
+    def train(kind: str) -> str:
+        ours, peft = m.get(f"train_{kind}/tinkrl_tok_s"), m.get(f"train_{kind}/peft_tok_s")
+        return f"{tok_s(ours)} / {tok_s(peft)} ({ratio(ours, peft)})" if ours and peft else "not run"
+
+    conc, gen = m["sampling/tinkrl_concurrent_tok_s"], m["sampling/hf_generate_tok_s"]
+    return [
+        [
+            str(r.settings.get("model")),
+            str(r.settings.get("precision")),
+            tok_s(conc),
+            tok_s(m["sampling/tinkrl_prebatched_tok_s"]),
+            tok_s(m["sampling/tinkrl_lora_concurrent_tok_s"]),
+            tok_s(gen),
+            ratio(conc, gen),
+            train("grouped"),
+            train("distinct"),
+        ]
+    ]
+
+
+def vs_trl_rows(r: Record) -> list[list[str]]:
+    ours, trl = r.median["tinkrl_step_s"], r.median["trl_step_s"]
+    steps = len(r.repeats["tinkrl_step_s"])
+    return [[str(r.settings.get("precision")), str(steps), f"{ours:.2f}", f"{trl:.2f}", ratio(trl, ours)]]
+
+
+def vs_trl_accuracy_rows(r: Record) -> list[list[str]]:
+    def cell(system: str, lr: str) -> str:
+        acc, steps = r.median.get(f"{system}/{lr}/greedy_correct"), r.median.get(f"{system}/{lr}/steps")
+        return f"{steps:.0f}, {acc:.2f}" if acc is not None and steps is not None else "not run"
+
+    lrs = sorted({k.split("/")[1] for k in r.median}, key=float)
+    wall = f"{r.settings.get('wall_s', 0):.0f}"
+    return [[str(r.settings.get("precision")), wall, lr, cell("tinkrl", lr), cell("trl", lr)] for lr in lrs]
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def make_train_rows(r: Record) -> list[list[str]]:
+    m, s = r.median, r.settings
+    step = f"{m['late_step_s']:.2f} ({m['late_sample_s']:.2f} + {m['late_train_s']:.2f})"
+    greedy = f"{m['greedy_before']:.2f} -> {m['greedy_after']:.2f}" if "greedy_after" in m else "no eval"
+    sampled = f"{m['sampled_after']:.2f}" if "sampled_after" in m else "no eval"
+    rollouts = str(s.get("batch_size"))
+    return [[str(s.get("model_name")), rollouts, f"{m['steps']:.0f}", step, greedy, sampled, minutes(m["wall_s"])]]
+
+
+def sweep_rows(r: Record) -> list[list[str]]:
+    m, rows = r.median, []
+    for name, overrides in (r.settings.get("variants") or {}).items():
+        if f"{name}/steps" not in m:
+            rows.append([r.workload, name, " ".join(overrides) or "(defaults)", "failed", "", "", ""])
+            continue
+        final = f"{m[f'{name}/final_greedy']:.2f}" if f"{name}/final_greedy" in m else "no eval"
+        best = (
+            f"{m[f'{name}/best_greedy']:.2f} (step {m[f'{name}/best_step']:.0f})"
+            if f"{name}/best_greedy" in m
+            else "no eval"
+        )
+        steps = f"{m[f'{name}/steps']:.0f}"
+        rows.append(
+            [r.workload, name, " ".join(overrides) or "(defaults)", steps, final, best, minutes(m[f"{name}/wall_s"])]
+        )
+    return rows
+
+
+def sandbox_rows(r: Record) -> list[list[str]]:
+    rep, n = r.repeats, str(r.settings.get("concurrent"))
+    seq = rep["sequential_s"]
+    gap = rep.get("sequential_idle_gap_s")
+    gap_cell = f"{ms(percentile(gap, 0.5))} / {ms(percentile(gap, 0.99))}" if gap else "—"
+    burst = rep["at_once_cycle_s"]
+    return [
+        [
+            r.workload,
+            f"{ms(percentile(seq, 0.5))} / {ms(percentile(seq, 0.99))}",
+            ms(statistics.mean(seq)),
+            gap_cell,
+            n,
+            ms(r.median["at_once_wall_s"]),
+            f"{ms(percentile(burst, 0.5))} / {ms(percentile(burst, 0.99))}",
+        ]
+    ]
+
+
+def sandbox_containers_rows(r: Record) -> list[list[str]]:
+    rep, med = r.repeats, r.median
+
+    def p50_p90(k: str) -> str:
+        return f"{ms(med[k])} / {ms(percentile(rep[k], 0.9))}"
+
+    return [
+        [
+            r.workload,
+            p50_p90("create_s"),
+            p50_p90("exec_true_s"),
+            ms(med["write_read_1mib_s"]),
+            ms(med["close_s"]),
+            str(r.settings.get("concurrent")),
+            f"{med['at_once_wall_s']:.2f}",
+            f"{med['at_once_cycle_s']:.2f}",
+        ]
+    ]
+
+
+TINKER_CALLS = ("forward_backward", "optim_step", "sample (4 tokens)")
+
+
+def tinker_server_rows(r: Record) -> list[list[str]]:
+    m, rep = r.median, r.repeats
+    local, server = m["rl_step_local_s"], m["rl_step_server_s"]
+
+    def added(call: str) -> str:
+        lo, hi = rep[f"{call}/local_ms"], rep[f"{call}/server_ms"]
+        return f"{m[f'{call}/server_ms'] - m[f'{call}/local_ms']:+.1f} / {min(hi) - min(lo):+.1f}"
+
+    overhead = f"{(server / local - 1) * 100:+.1f} %"
+    return [[r.workload, f"{local:.3f}", f"{server:.3f}", overhead, *(added(c) for c in TINKER_CALLS)]]
+
+
+def proxy_load_rows(r: Record) -> list[list[str]]:
+    m = r.median
+    seq, con = m["sequential/tok_per_s"], m["concurrent/tok_per_s"]
+    failed = sum(r.repeats["concurrent/errors"])
+    requests = r.settings.get("concurrent", 0) * len(r.repeats["concurrent/errors"])
+    return [
+        [
+            r.workload,
+            f"{seq:.1f} ({m['sequential/req_per_s']:.2f})",
+            str(r.settings.get("concurrent")),
+            f"{con:.1f} ({m['concurrent/req_per_s']:.2f})",
+            f"{m['concurrent/wall_s']:.2f}",
+            f"{failed:.0f} / {requests}",
+            ratio(con, seq),
+        ]
+    ]
+
+
+TABLES = (
+    Table(
+        "make_train",
+        "make train && python bench/make_train.py",
+        (
+            "model",
+            "rollouts/step",
+            "steps in budget",
+            "late s/step (sample + train)",
+            "held-out greedy before -> after",
+            "sampled after",
+            "wall",
+        ),
+        make_train_rows,
+        ("late_step_s", "late_sample_s", "late_train_s", "steps", "wall_s"),
+    ),
+    Table(
+        "vs_trl",
+        "python bench/vs_trl.py --steps 8 --precision float32",
+        ("precision", "steps timed", "tinkrl s/step", "TRL s/step", "speedup"),
+        vs_trl_rows,
+        ("tinkrl_step_s", "trl_step_s"),
+    ),
+    Table(
+        "vs_trl_accuracy",
+        "python bench/vs_trl.py --accuracy --wall 300 --precision float32",
+        ("precision", "wall s", "learning rate", "tinkrl: steps, held-out greedy", "TRL: steps, held-out greedy"),
+        vs_trl_accuracy_rows,
+        (),
+    ),
+    Table(
+        "engine",
+        "python bench/engine.py",
+        (
+            "model",
+            "precision",
+            "concurrent tok/s",
+            "pre-batched tok/s",
+            "LoRA tok/s",
+            "HF generate tok/s",
+            "concurrent / generate",
+            "train grouped tinkrl / peft tok/s",
+            "train distinct tinkrl / peft tok/s",
+        ),
+        engine_rows,
+        (
+            "sampling/tinkrl_concurrent_tok_s",
+            "sampling/tinkrl_prebatched_tok_s",
+            "sampling/tinkrl_lora_concurrent_tok_s",
+            "sampling/hf_generate_tok_s",
+        ),
+        (CPU_REFERENCE, GPU_REFERENCE),
+    ),
+    Table(
+        "sweep",
+        "python bench/sweep.py --out runs/sweep --variant NAME KEY=VALUE ...",
+        ("sweep", "variant", "overrides", "steps", "final greedy", "best greedy", "wall"),
+        sweep_rows,
+        (),
+        (GPU_REFERENCE,),
+    ),
+    Table(
+        "sandbox",
+        "python bench/sandbox.py",
+        (
+            "provider, mode",
+            "sequential p50 / p99 ms",
+            "sequential mean ms",
+            "idle gap p50 / p99 ms",
+            "at once",
+            "at once: wall ms",
+            "at once: cycle p50 / p99 ms",
+        ),
+        sandbox_rows,
+        ("sequential_s", "at_once_cycle_s", "at_once_wall_s"),
+    ),
+    Table(
+        "sandbox_containers",
+        "python bench/sandbox_containers.py --runs 15 --concurrent 8",
+        (
+            "provider",
+            "create p50 / p90 ms",
+            "exec `true` p50 / p90 ms",
+            "1 MiB write + read p50 ms",
+            "close p50 ms",
+            "at once",
+            "at once: wall s",
+            "at once: cycle p50 s",
+        ),
+        sandbox_containers_rows,
+        ("create_s", "exec_true_s", "write_read_1mib_s", "close_s", "at_once_cycle_s", "at_once_wall_s"),
+    ),
+    Table(
+        "tinker_server",
+        "python bench/tinker_server.py",
+        (
+            "model",
+            "RL step in-process s",
+            "RL step through server s",
+            "server overhead",
+            *(f"{c} added ms (median / min)" for c in TINKER_CALLS),
+        ),
+        tinker_server_rows,
+        ("rl_step_local_s", "rl_step_server_s", *(f"{c}/{s}_ms" for c in TINKER_CALLS for s in ("local", "server"))),
+    ),
+    Table(
+        "proxy_load",
+        "python bench/proxy_load.py --runs 3",
+        (
+            "model",
+            "sequential tok/s (req/s)",
+            "at once",
+            "at once tok/s (req/s)",
+            "at once wall s",
+            "failed",
+            "speed-up",
+        ),
+        proxy_load_rows,
+        (
+            "sequential/tok_per_s",
+            "sequential/req_per_s",
+            "concurrent/tok_per_s",
+            "concurrent/req_per_s",
+            "concurrent/wall_s",
+            "concurrent/errors",
+        ),
+    ),
+)
+
+
+# --- the doc -----------------------------------------------------------------------------
+
+
+def regenerate(text: str, results_dir: Path, tables: Iterable[Table] = TABLES) -> str:
+    """`text` with every generated block rendered from `results_dir`; every table needs a block."""
+    by_name = {t.bench: t for t in tables}
+    found = [m.group("name") for m in BLOCK.finditer(text)]
+    unknown = sorted(set(found) - set(by_name))
+    missing = sorted(set(by_name) - set(found))
+    if unknown or missing:
+        raise ResultError(f"generated blocks: unknown {unknown}, missing {missing}")
+
+    def block(m: re.Match) -> str:
+        table = by_name[m.group("name")]
+        return m.group(1) + render(table, load(results_dir, table)) + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--check", action="store_true", help="exit 1 when the doc's generated blocks are out of date")
+    args = ap.parse_args(argv)
+    text = args.doc.read_text()
+    try:
+        new = regenerate(text, args.results)
+    except ResultError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+    if new == text:
+        print(f"{args.doc}: generated blocks are up to date")
+        return 0
+    if args.check:
+        old = {m.group("name"): m.group("body") for m in BLOCK.finditer(text)}
+        stale = [m.group("name") for m in BLOCK.finditer(new) if old.get(m.group("name")) != m.group("body")]
+        print(f"{args.doc}: generated blocks differ from the results: {', '.join(stale)}", file=sys.stderr)
+        print("run `python bench/report.py` (never edit between the generated markers)", file=sys.stderr)
+        return 1
+    args.doc.write_text(new)
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

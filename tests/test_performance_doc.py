@@ -1,0 +1,188 @@
+"""docs/performance.md's tables are what bench/report.py makes of bench/results/, and the report
+refuses result files that bench/common.py would not have written."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import common  # noqa: E402
+import make_train  # noqa: E402
+import report  # noqa: E402
+
+ENGINE = next(t for t in report.TABLES if t.bench == "engine")
+ENGINE_DOC = "# doc\n\nprose kept\n\n<!-- generated: engine -->\nstale\n<!-- /generated -->\n\nmore prose\n"
+
+
+def engine_result(**changes) -> dict:
+    """A result file as bench/common.py writes it: one engine run on a made-up 4-core AVX2 CPU."""
+    repeats = {
+        "sampling/tinkrl_concurrent_tok_s": [1400.0, 1500.0, 1600.0],
+        "sampling/tinkrl_prebatched_tok_s": [1450.0, 1550.0, 1650.0],
+        "sampling/tinkrl_lora_concurrent_tok_s": [1000.0, 1100.0, 1200.0],
+        "sampling/hf_generate_tok_s": [500.0, 490.0, 510.0],
+    }
+    run = {
+        "command": "python bench/engine.py --precision float32",
+        "commit": "abc1234",
+        "date": "2026-11-24",
+        "machine": {
+            "cpu_model": "Test CPU",
+            "cpu_class": "avx2",
+            "cores": 4,
+            "threads": 4,
+            "ram_gib": 16.0,
+            "gpu": None,
+            "torch": "2.13.0",
+        },
+        "settings": {"model": "SmolLM2", "precision": "float32"},
+        "repeats": repeats,
+        "median": common.medians(repeats),
+    }
+    run.update(changes)
+    return {"bench": "engine", "machine_class": "cpu-avx2-4c", "runs": {"SmolLM2 float32": run}}
+
+
+def write(results: Path, doc: dict) -> Path:
+    path = results / "engine" / "cpu-avx2-4c.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_doc_matches_the_committed_results():
+    out = subprocess.run(
+        [sys.executable, "bench/report.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_renders_a_result_into_its_block_and_keeps_the_prose(tmp_path):
+    write(tmp_path, engine_result())
+    text = report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
+    assert text.startswith("# doc\n\nprose kept\n\n<!-- generated: engine -->\n") and "stale" not in text
+    assert text.endswith("<!-- /generated -->\n\nmore prose\n")
+    row = "| `cpu-avx2-4c` | SmolLM2 | float32 | 1,500 | 1,550 | 1,100 | 500 | 3.00x | not run | not run | abc1234 | 2026-11-24 |"
+    assert row in text.splitlines()
+    # the classes the doc tracks but the results lack get a row saying how to measure them
+    assert (
+        f"| `{report.CPU_REFERENCE}` | not yet measured on this machine class: run `python bench/engine.py` |" in text
+    )
+    assert "- `cpu-avx2-4c`: Test CPU (avx2), 4 cores, 4 threads, 16 GiB RAM, no GPU, torch 2.13.0" in text
+    assert report.regenerate(text, tmp_path, [ENGINE]) == text
+
+
+def test_no_results_render_not_yet_measured_rows(tmp_path):
+    text = report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
+    rows = [line for line in text.splitlines() if "not yet measured on this machine class" in line]
+    assert [r.split(" | ")[0] for r in rows] == [f"| `{c}`" for c in ENGINE.machine_classes]
+
+
+@pytest.mark.parametrize(
+    "breaks",
+    [
+        lambda d: d["runs"]["SmolLM2 float32"]["median"].update({"sampling/hf_generate_tok_s": 999.0}),
+        lambda d: d["runs"]["SmolLM2 float32"].update(date="2026-11-24 10:05"),
+        lambda d: d["runs"]["SmolLM2 float32"].update(commit="HEAD"),
+        lambda d: d["runs"]["SmolLM2 float32"].pop("machine"),
+        lambda d: d["runs"]["SmolLM2 float32"]["machine"].pop("cpu_class"),
+        lambda d: d["runs"]["SmolLM2 float32"]["repeats"].update({"sampling/hf_generate_tok_s": ["fast"]}),
+        lambda d: d["runs"]["SmolLM2 float32"]["repeats"].pop("sampling/tinkrl_concurrent_tok_s"),
+        lambda d: d["runs"]["SmolLM2 float32"].update(verdict="target met"),
+        lambda d: d.update(bench="sandbox"),
+        lambda d: d.update(machine_class="cpu-amx-4c"),
+    ],
+    ids=[
+        "median-not-of-repeats",
+        "time-of-day",
+        "commit-not-a-hash",
+        "no-machine",
+        "machine-field-missing",
+        "repeat-not-a-number",
+        "needed-metric-missing",
+        "unknown-field",
+        "wrong-bench",
+        "class-not-file-name",
+    ],
+)
+def test_a_wrong_field_fails_the_report(tmp_path, breaks):
+    doc = copy.deepcopy(engine_result())
+    breaks(doc)
+    if "sampling/tinkrl_concurrent_tok_s" not in doc["runs"]["SmolLM2 float32"]["repeats"]:
+        doc["runs"]["SmolLM2 float32"]["median"].pop("sampling/tinkrl_concurrent_tok_s")
+    write(tmp_path, doc)
+    with pytest.raises(report.ResultError, match="cpu-avx2-4c.json"):
+        report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
+    doc_path = tmp_path / "doc.md"
+    doc_path.write_text(ENGINE_DOC)
+    assert report.main(["--results", str(tmp_path), "--doc", str(doc_path)]) != 0
+
+
+def test_check_fails_on_a_hand_edit_and_the_report_fixes_it(tmp_path):
+    doc_path = tmp_path / "performance.md"
+    doc_path.write_text((ROOT / "docs" / "performance.md").read_text())
+    results = tmp_path / "results"
+    write(results, engine_result())
+    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 1
+    assert report.main(["--results", str(results), "--doc", str(doc_path)]) == 0
+    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 0
+    edited = doc_path.read_text().replace("| 1,500 |", "| 1,900 |")
+    doc_path.write_text(edited)
+    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 1
+
+
+def test_a_doc_without_a_tables_block_fails(tmp_path):
+    with pytest.raises(report.ResultError, match="missing"):
+        report.regenerate("# no blocks\n", tmp_path)
+
+
+def test_write_result_keeps_one_record_per_workload(tmp_path):
+    first = common.write_result("sandbox", "bwrap cold", {"runs": 2}, {"sequential_s": [0.02, 0.01]}, tmp_path, "cpu")
+    again = common.write_result(
+        "sandbox", "bwrap cold", {"runs": 3}, {"sequential_s": [0.03, 0.01, 0.02]}, tmp_path, "cpu"
+    )
+    common.write_result("sandbox", "bwrap pool=2", {"runs": 1}, {"sequential_s": [0.005]}, tmp_path, "cpu")
+    assert first == again and first.parent == tmp_path / "sandbox"
+    records = report.read_records(first, "sandbox")
+    assert [r.workload for r in records] == ["bwrap cold", "bwrap pool=2"]
+    cold = records[0]
+    assert cold.repeats == {"sequential_s": [0.03, 0.01, 0.02]} and cold.median == {"sequential_s": 0.02}
+    assert cold.command.startswith("python ") and cold.date.count("-") == 2
+    assert cold.commit == "unknown" or len(cold.commit.removesuffix("-dirty")) >= 7
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"avx2", "avx512_bf16", "amx_tile"}, "amx"),
+        ({"avx2", "avx512_bf16"}, "avx512_bf16"),
+        ({"avx2"}, "avx2"),
+        (set(), "other"),
+    ],
+)
+def test_cpu_class_from_flags(flags, expected):
+    assert common.cpu_class(flags) == expected
+
+
+def test_machine_class_names_the_gpu_only_for_gpu_work():
+    info = {"cpu_class": "avx512_bf16", "cores": 2, "gpu": "NVIDIA H100 80GB HBM3"}
+    assert common.machine_class(info, "cuda") == report.GPU_REFERENCE
+    assert common.machine_class(info, "cpu") == report.CPU_REFERENCE
+
+
+def test_make_train_figures_leave_out_the_last_step():
+    rows = [
+        {"time/step": 10.0 + i, "time/sample": 1.0, "time/train": 2.0, "time/total": 30.0 * (i + 1)} for i in range(6)
+    ]
+    rows[0]["eval/arithmetic/greedy_correct"] = 0.02
+    rows[-1] |= {"eval/arithmetic/greedy_correct": 0.89, "eval/arithmetic/sampled_correct": 0.86}
+    figures = make_train.run_figures(rows)
+    assert figures["late_step_s"] == [13.0, 14.0]
+    assert figures["steps"] == [6] and figures["wall_s"] == [180.0]
+    assert (figures["greedy_before"], figures["greedy_after"], figures["sampled_after"]) == ([0.02], [0.89], [0.86])
