@@ -1,4 +1,4 @@
-"""Advantage estimators against their formulas (DESIGN.md §4), computed here independently."""
+"""Advantage estimators against their formulas (docs/design.md, "Environments, rollouts, data"), computed here independently."""
 
 from __future__ import annotations
 

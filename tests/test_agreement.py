@@ -1,4 +1,4 @@
-"""Sampler/trainer agreement on the real SmolLM2-135M (DESIGN.md §3).
+"""Sampler/trainer agreement on the real SmolLM2-135M (docs/design.md, "The embedded engine").
 
 For the same weights, the logprobs `sample()` returns for its tokens and the logprobs the
 trainer's `forward()` computes on the same tokens must agree: a mismatch biases every

@@ -1,4 +1,4 @@
-"""Trajectories -> datums (DESIGN.md §4): alignment, masks, multi-turn merging and splitting,
+"""Trajectories -> datums (docs/design.md, "Environments, rollouts, data"): alignment, masks, multi-turn merging and splitting,
 forced (mask-0) action tokens, and the sampler's logprobs on observation positions for dro."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The built-in losses equal their documented formulas (DESIGN.md §1), in value and in gradient.
+"""The built-in losses equal their documented formulas (docs/design.md, "The seam"), in value and in gradient.
 
 Values: `loss:sum` from forward/forward_backward against the formula evaluated in torch on the
 logprobs the engine reports. Gradients: the LoRA gradients forward_backward leaves behind
@@ -59,7 +59,7 @@ def rl_inputs(tc, seqs, prompt_len: int = 6, spread: float = 0.5):
     return out
 
 
-# -- the formulas, written from DESIGN.md §1 in torch ----------------------------------------------------
+# -- the formulas, written from docs/design.md's loss semantics in torch ----------------------------------------------------
 
 
 def formula(loss_fn: str, lp: torch.Tensor, inp: dict, cfg: dict | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tinker's built-in losses, computed exactly as documented (DESIGN.md §1).
+"""Tinker's built-in losses, computed exactly as documented (docs/design.md, "The seam").
 
 Per-token, summed over tokens and datums, never length-normalised. `lp` are the learner's
 logprobs of `target_tokens`, `q` the sampler's (`loss_fn_inputs["logprobs"]`), `A` the

@@ -1,5 +1,5 @@
 """The task model every loader produces: what the agent is told, how its sandbox is prepared,
-and how it is graded. Harbor's directory layout is the canonical source (DESIGN.md §5);
+and how it is graded. Harbor's directory layout is the canonical source (docs/design.md, "Tasks, agents and sandboxes");
 terminal-bench dirs, R2E-Gym rows and SWE-bench rows are converted into the same `Task`.
 """
 
