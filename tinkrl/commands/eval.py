@@ -26,6 +26,7 @@ from tinkrl.errors import TinkrlError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line, with the `tb run` / `minitb run` spellings of the flags it shares."""
     p = argparse.ArgumentParser(prog="tinkrl eval", description="Run an agent on task directories and report pass@k.")
     p.add_argument(
         "--tasks",
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these tasks (ids or shell globs; repeatable)",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="base model for the embedded engine (default: the default model)")
+    src.add_argument("--model", help="base model to sample through the Tinker API (default: the default model)")
     src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
     src.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
