@@ -88,6 +88,8 @@ class AsyncConfig(Strict):
 
 
 class BwrapSandboxConfig(Strict):
+    """`sandbox.bwrap.*`: the bwrap provider's pool of prestarted sandboxes and its pid-1 server."""
+
     pool: int = Field(0, ge=0)  # fresh sandboxes kept started ahead per recent spec (each used once)
     server: Literal["auto", "native", "python"] = "auto"  # pid 1: compiled bwrap_init.c or bwrap_server.py
 
@@ -167,6 +169,8 @@ class KubernetesSandboxConfig(Strict):
 
 
 class SandboxConfig(Strict):
+    """`sandbox.*`: which provider runs the sandboxes, and each provider's options."""
+
     provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
     bwrap: BwrapSandboxConfig = Field(default_factory=BwrapSandboxConfig)
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
@@ -339,6 +343,7 @@ def parse_value(text: str) -> Any:
 
 
 def set_dotted(d: dict, dotted: str, value: Any) -> None:
+    """Set the key at the dotted path in `d`, making nested dicts on the way (a non-dict in the way is replaced)."""
     keys = dotted.split(".")
     for k in keys[:-1]:
         nxt = d.get(k)
@@ -349,6 +354,7 @@ def set_dotted(d: dict, dotted: str, value: Any) -> None:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A config file's top-level mapping, or a ConfigError naming the file (and the line of a YAML error)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} not found")
@@ -364,6 +370,9 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `key=value` overrides (seed spellings too) to the raw config dict, in place, and return it.
+
+    `env=NAME`, `env.x=...` and the YAML's `env:`/`env_config:` become a one-entry `environments:` map."""
     env_name: str | None = None
     env_fields: dict[str, Any] = {}
     for item in overrides:
@@ -469,4 +478,5 @@ def load_dotenv_file(path: str | Path = ".env") -> None:
 
 
 def resolved_yaml(config: TrainConfig) -> str:
+    """The config as YAML with every default filled in (the run directory's `config.yaml`)."""
     return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)

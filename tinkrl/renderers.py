@@ -46,6 +46,8 @@ _XML_PARAM_RE = re.compile(r"<parameter\s*=\s*([^>]+)>(.*?)</parameter>", re.DOT
 
 @dataclass
 class ParsedResponse:
+    """A parsed response: the assistant message, whether it ended cleanly, and its malformed tool calls."""
+
     message: Message  # role assistant; content without tool-call markup; tool_calls if any
     ended_cleanly: bool  # the response ended with the stop token (not cut by max_tokens)
     tool_call_errors: list[str] = field(default_factory=list)  # malformed calls, one line each
@@ -56,6 +58,7 @@ def _call_id() -> str:
 
 
 def tool_call(name: str, arguments: dict | str, call_id: str | None = None) -> dict:
+    """An OpenAI-style tool call; dict arguments are serialised to JSON, and an id is made when none is given."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return {"id": call_id or _call_id(), "type": "function", "function": {"name": name, "arguments": args}}
 
@@ -241,6 +244,7 @@ _DEFAULT_SYSTEM = {
 
 
 def family_of(model_name: str) -> str:
+    """The model family a name belongs to (smollm2, qwen3, qwen2, else chatml): it picks the default system prompt."""
     name = model_name.lower()
     if "smollm" in name or name.startswith("tinkrl/tiny"):
         return "smollm2"

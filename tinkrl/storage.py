@@ -23,6 +23,7 @@ MULTIPART_THRESHOLD = 64 * 1024 * 1024  # below this, ETag == MD5 (single-part u
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix) of an `s3://BUCKET/PREFIX` URI; ValueError for anything else."""
     u = urlparse(uri)
     if u.scheme != "s3" or not u.netloc:
         raise ValueError(f"not an s3:// URI: {uri!r} (expected s3://BUCKET/PREFIX)")
@@ -30,6 +31,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 def s3_client(endpoint_url: str | None = None):
+    """A boto3 S3 client with retries: `endpoint_url`, else $TINKRL_S3_ENDPOINT_URL (path-style), else AWS."""
     try:
         import boto3
         from botocore.config import Config
@@ -123,6 +125,7 @@ def push(local: Path, s3_uri: str, endpoint_url: str | None = None) -> list[str]
 
 
 def cli_main(argv: list[str] | None = None) -> int:
+    """`python -m tinkrl.storage push|pull`: exit 2 on a bad URI, 1 on a failed transfer."""
     p = argparse.ArgumentParser(prog="python -m tinkrl.storage", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="action", required=True)
     ps = sub.add_parser("push", help="upload a run directory tree: push LOCAL s3://BUCKET/PREFIX")

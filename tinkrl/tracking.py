@@ -19,6 +19,7 @@ def _clean(v: Any) -> Any:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file ([] when it is absent); a line cut short by a kill is skipped."""
     if not path.is_file():
         return []
     rows = []
@@ -34,12 +35,15 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def append_jsonl(path: Path, row: dict) -> None:
+    """Append one row to a JSONL file, NaN and infinities as null."""
     with path.open("a") as f:
         f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
         f.flush()
 
 
 class RunLogger:
+    """Writes a run's metrics.jsonl and per-step rollout files, and logs to W&B when enabled."""
+
     def __init__(self, run_dir: Path, config_dump: dict, wandb_cfg, run_name: str, resume_step: int):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"

@@ -32,7 +32,7 @@ ALLOWED_CONFIG = {
 
 
 class LossInputError(TinkrlError, ValueError):
-    pass
+    """A `forward_backward` call the engine refuses: unknown loss, missing or mis-sized inputs, bad config, no data."""
 
 
 def check_loss(loss_fn: str, config: dict | None, input_keys: set[str]) -> None:

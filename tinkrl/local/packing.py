@@ -18,6 +18,8 @@ import torch
 
 @dataclass
 class Pack:
+    """One packed row: the shared prefix once, then each member's suffix, with positions and segment ids."""
+
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     segment: list[int] = field(default_factory=list)  # 0 = shared prefix, k > 0 = the k-th member's suffix
@@ -28,6 +30,7 @@ MIN_SHARED = 8  # fewer common leading tokens aren't worth running apart once
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

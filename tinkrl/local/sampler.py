@@ -29,6 +29,8 @@ from tinkrl.local.transformer import CausalLM, KVCache, additive_mask, causal_ma
 
 @dataclass
 class SampleJob:
+    """One `sample()` request for `sample_batch`; `result` is filled in when it is done."""
+
     prompt: list[int]
     num_samples: int
     params: types.SamplingParams

@@ -98,6 +98,8 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
+    """RMS normalisation in fp32 with a frozen weight."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
@@ -153,6 +155,8 @@ def ieee_attention(device: torch.device):
 
 
 class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE (and Qwen3's q/k norms), writing to a KV cache when given one."""
+
     def __init__(self, cfg, layer_idx: int, has_qkv_bias: bool):
         super().__init__()
         hd, nh, nkv, d = _head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
@@ -200,6 +204,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The SwiGLU feed-forward block."""
+
     def __init__(self, cfg, bias: bool):
         super().__init__()
         d, f = cfg.hidden_size, cfg.intermediate_size
@@ -212,6 +218,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One pre-norm block: attention, then the MLP, each added to the residual stream."""
+
     def __init__(self, cfg, idx: int, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
         self.self_attn = Attention(cfg, idx, qkv_bias)
@@ -228,6 +236,8 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
+    """Embeddings, decoder layers and the final norm (transformers' `model.` subtree)."""
+
     def __init__(self, cfg, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)

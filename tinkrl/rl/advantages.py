@@ -55,6 +55,7 @@ def adaptive_beta(r: np.ndarray, target: float = math.log(2), iters: int = 60) -
 
 
 def compute_advantages(rewards_G: list[float] | np.ndarray, estimator: str = "grpo", beta: float = 2.0) -> np.ndarray:
+    """One advantage per rollout of a group, from the group's rewards, by `estimator` (see the module docstring)."""
     r = np.asarray(rewards_G, dtype=np.float64)
     estimator = ALIASES.get(estimator, estimator)
     if estimator == "direct":

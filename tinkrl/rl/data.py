@@ -54,6 +54,8 @@ class SequenceData:
 
 
 def trajectory_to_sequences(traj: Trajectory, advantage: float) -> list[SequenceData]:
+    """A trajectory's observations and actions laid end to end; a new sequence starts only where an observation
+    does not extend the tokens so far. Action tokens carry `advantage` times their mask, observation tokens 0."""
     seqs: list[SequenceData] = []
     cur: SequenceData | None = None
     for t in traj.transitions:

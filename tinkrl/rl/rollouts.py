@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 
 async def do_rollout(env: Env, sampling_client, max_tokens: int, temperature: float, top_p: float = 1.0) -> Trajectory:
+    """One episode of `env` through the sampling client; an InfraFailure becomes the trajectory's failure_mode."""
     transitions: list[Transition] = []
     try:
         ob, stop = await env.initial_observation()

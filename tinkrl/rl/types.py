@@ -28,6 +28,8 @@ Metrics = dict[str, float]
 
 @dataclass
 class StepResult:
+    """What `Env.step` returns: the reward, whether the episode is done, the next observation and stop condition."""
+
     reward: float
     episode_done: bool
     next_observation: tinker.ModelInput
@@ -59,6 +61,8 @@ class Env(abc.ABC):
 
 @dataclass
 class Transition:
+    """One turn: the observation, the sampled action with its logprobs and mask, its reward, metrics and logs."""
+
     ob: tinker.ModelInput
     ac_tokens: list[int]
     ac_logprobs: list[float]
@@ -72,6 +76,8 @@ class Transition:
 
 @dataclass
 class Trajectory:
+    """One episode's transitions and final observation; `failure_mode` is set when infrastructure failed."""
+
     transitions: list[Transition]
     final_ob: tinker.ModelInput | None = None
     failure_mode: str | None = None  # set when infrastructure failed: excluded from the group
@@ -116,6 +122,8 @@ class EnvGroupBuilder(abc.ABC):
 
 
 class RLDataset(abc.ABC):
+    """Hands out a run's group builders, batch by batch."""
+
     @abc.abstractmethod
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]: ...
 
