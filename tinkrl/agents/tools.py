@@ -115,6 +115,7 @@ def _arg(args: dict, name: str, kind: type | tuple, required: bool = True, defau
 
 # -- execute_bash ----------------------------------------------------------------------------
 def execute_bash(sandbox: Sandbox, args: dict) -> str:
+    """Run `command` in the sandbox; the observation is its output and exit code, or a timeout note."""
     command = _arg(args, "command", str)
     if not command.strip():
         raise ToolError("argument 'command' is empty")
@@ -185,6 +186,7 @@ def _is_dir(sandbox: Sandbox, path: str) -> bool:
 
 
 def file_editor(sandbox: Sandbox, args: dict) -> str:
+    """View, create, str_replace, insert or undo_edit a file; edits are remembered per sandbox so they can be undone."""
     command = _arg(args, "command", str)
     path = _abs_path(args)
     if command == "view":
@@ -277,6 +279,7 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
 
 # -- search ----------------------------------------------------------------------------------
 def search(sandbox: Sandbox, args: dict) -> str:
+    """Literal search: matching files with counts in a directory (hidden ones skipped), matching lines in a file."""
     term = _arg(args, "search_term", str)
     if not term:
         raise ToolError("argument 'search_term' is empty")
@@ -306,6 +309,7 @@ def search(sandbox: Sandbox, args: dict) -> str:
 
 # -- dispatch --------------------------------------------------------------------------------
 def submit(sandbox: Sandbox, args: dict) -> str:
+    """Finish the task: `run_tool` reports the episode done."""
     return "Submitted."
 
 

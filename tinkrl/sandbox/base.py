@@ -26,6 +26,8 @@ class SandboxError(InfraFailure):
 
 @dataclass
 class ExecResult:
+    """What one `exec` returned: exit code, stdout and stderr, and whether it timed out or its output was capped."""
+
     exit_code: int  # -1 when the command was killed by the timeout
     stdout: str
     stderr: str

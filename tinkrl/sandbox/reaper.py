@@ -56,6 +56,7 @@ def add_reap_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_reap(args: argparse.Namespace) -> int:
+    """`tinkrl sandbox reap`: delete (or, with --dry-run, list) leaked sandboxes; exit 1 on a provider error."""
     from tinkrl.sandbox.base import SandboxError
 
     options: dict[str, Any] = {}

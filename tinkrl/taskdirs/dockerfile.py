@@ -57,6 +57,8 @@ PIP_IMPORT_NAMES = {
 
 @dataclass
 class DockerBuild:
+    """What a Dockerfile becomes: build steps, final workdir and environment, base image, notes on skipped lines."""
+
     steps: list[BuildStep] = field(default_factory=list)
     workdir: str = "/"
     env: dict[str, str] = field(default_factory=dict)

@@ -22,6 +22,8 @@ GATE_VERSION = "1"
 
 @dataclass
 class GateResult:
+    """A task's gate outcome: both rewards, why it failed, and whether it came from the cache."""
+
     task_id: str
     ok: bool
     solution_reward: float | None
@@ -32,6 +34,7 @@ class GateResult:
 
 
 def tinkrl_home() -> Path:
+    """$TINKRL_HOME, else ~/.tinkrl."""
     return Path(os.environ.get("TINKRL_HOME") or Path.home() / ".tinkrl")
 
 
@@ -53,6 +56,7 @@ def _one_side(task: Task, provider: SandboxProvider, with_solution: bool) -> tup
 
 
 def run_gate(task: Task, provider: SandboxProvider, use_cache: bool = True) -> GateResult:
+    """Gate one task: its solution must score 1 and doing nothing 0, each in a fresh sandbox; passes are cached."""
     cache = _cache_path(task, provider)
     if use_cache and cache.is_file():
         try:

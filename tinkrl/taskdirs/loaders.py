@@ -112,6 +112,7 @@ def _dir_copy(src: Path, dest: str) -> list[FileCopy]:
 
 # -- Harbor ----------------------------------------------------------------------------------
 def load_harbor(task_dir: Path) -> Task:
+    """A Harbor task directory (task.toml, instruction.md, tests/test.sh, environment/, solution/) as a Task."""
     d = Path(task_dir)
     toml_path = d / "task.toml"
     try:
@@ -180,6 +181,7 @@ def load_harbor(task_dir: Path) -> Task:
 
 # -- terminal-bench 1.x ----------------------------------------------------------------------
 def load_terminal_bench(task_dir: Path) -> Task:
+    """A terminal-bench 1.x task directory (task.yaml, run-tests.sh, Dockerfile or workspace, solution) as a Task."""
     d = Path(task_dir)
     yml = d / "task.yaml"
     try:
@@ -292,6 +294,7 @@ def _patched_files(patch: str) -> list[str]:
 
 
 def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
+    """A SWE-bench row as a Task: its test patch applied at grading, graded by FAIL_TO_PASS and PASS_TO_PASS."""
     for field in ("instance_id", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"):
         if field not in row:
             raise TaskLoadError(where, "missing (required)", field)
@@ -352,6 +355,7 @@ def _r2e_instruction(row: dict) -> str:
 
 
 def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
+    """An R2E-Gym row as a Task: its hidden r2e_tests run at grading, graded against the expected output."""
     for field in ("expected_output_json",):
         if field not in row:
             raise TaskLoadError(where, "missing (required)", field)

@@ -49,6 +49,8 @@ class BuildStep:
 
 @dataclass
 class Task:
+    """One task: what the agent is told, how its sandbox is prepared (local build or image), and how it is graded."""
+
     id: str
     source: Path  # the task directory, or the rows file a row came from
     format: str  # "harbor" | "terminal-bench" | "r2e" | "swebench"

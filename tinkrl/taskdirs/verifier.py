@@ -48,6 +48,8 @@ OUTPUT_TAIL = 4000
 
 @dataclass
 class GradeResult:
+    """A grader's verdict: the reward, a one-line reason, and what it read (test statuses, reward keys, output tail)."""
+
     reward: float
     detail: str  # one line: why this reward
     tests: dict[str, str] = field(default_factory=dict)  # parsed test statuses, when the grader has them
@@ -112,6 +114,7 @@ def sandbox_spec(task: Task, provider: SandboxProvider | None = None) -> Sandbox
 
 
 def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
+    """Put files into the sandbox: literal data, a host directory (copied in) or a host file."""
     for f in files:
         if f.data is not None:
             sandbox.write_file(f.dest, f.data, f.mode)
@@ -122,6 +125,7 @@ def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
 
 
 def run_build(task: Task, sandbox: Sandbox, steps: list[BuildStep] | None = None) -> None:
+    """Run the task's build steps (or `steps`) in the sandbox; a RUN that fails or times out is a TaskBuildError."""
     for step in task.build if steps is None else steps:
         if step.kind == "copy" and step.copy is not None:
             put_files(sandbox, [step.copy])
@@ -263,6 +267,8 @@ def r2e_key(node_id: str) -> str:
 
 
 def grade_reward_file(files: dict[str, bytes | None]) -> GradeResult:
+    """Grade Harbor's reward file: reward.json (its `reward` key, else the mean of its numbers), else
+    reward.txt; reward 0 with the reason when it is missing or malformed."""
     raw_json, raw_txt = files.get("reward.json"), files.get("reward.txt")
     if raw_json is not None:
         try:
@@ -294,6 +300,7 @@ def grade_reward_file(files: dict[str, bytes | None]) -> GradeResult:
 
 
 def grade_pytest(output: str) -> GradeResult:
+    """1 when pytest's summary lists tests and none failed (XFAIL and SKIPPED count as passing), else 0."""
     tests = parse_pytest_summary(output)
     if not tests:
         return GradeResult(0.0, "no pytest summary in the test output (run pytest with -rA)")
@@ -304,6 +311,7 @@ def grade_pytest(output: str) -> GradeResult:
 
 
 def grade_r2e(output: str, expected: dict[str, str]) -> GradeResult:
+    """1 when every test's status matches R2E-Gym's expected output exactly, else 0."""
     parsed = {r2e_key(k): v for k, v in parse_pytest_summary(output).items()}
     want = {r2e_key(k) if "::" in k else k: v for k, v in expected.items()}
     if not parsed:
@@ -321,6 +329,7 @@ def grade_r2e(output: str, expected: dict[str, str]) -> GradeResult:
 
 
 def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
+    """1 when every FAIL_TO_PASS test passes (or xfails) and no PASS_TO_PASS test fails or errors, else 0."""
     tests = parse_pytest_summary(output)
     f2p_bad = [t for t in f2p if tests.get(t) not in ("PASSED", "XFAIL")]
     p2p_bad = [t for t in p2p if tests.get(t) not in ("PASSED", "XFAIL", "SKIPPED")]

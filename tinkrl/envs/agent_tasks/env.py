@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
+    """The tasks that pass the gate (`run_gate`); the others are logged and left out."""
     keep = []
     for task in tasks:
         res = run_gate(task, provider)

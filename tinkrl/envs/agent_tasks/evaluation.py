@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Trial:
+    """One attempt at one task: reward, counts, how it ended, the patch and the transcript."""
+
     task_id: str
     format: str
     attempt: int  # 1-based
@@ -72,6 +74,7 @@ def trial_from_session(
     failure_mode: str | None = None,
     failure_detail: str = "",
 ) -> Trial:
+    """A finished session as a Trial; an infrastructure failure (raised or reported) leaves its reward None."""
     mode = failure.failure_mode if failure is not None else failure_mode
     ok = mode is None and session.reward is not None
     return Trial(
@@ -365,6 +368,7 @@ def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
 
 
 def format_table(rows: list[dict], overall: dict, k: int) -> str:
+    """The per-task rows and the overall row as a Markdown table."""
     cols = ["task", "format", "trials", "infra_failures", "resolved", "mean_reward", "mean_turns", "pass@1"]
     if k > 1:
         cols.append(f"pass@{k}")
@@ -381,6 +385,7 @@ def format_table(rows: list[dict], overall: dict, k: int) -> str:
 
 
 def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall: dict, table: str, meta: dict) -> None:
+    """Write results.jsonl, results.json, results.md and, for SWE tasks, one predictions file per attempt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "results.jsonl", "w") as f:
         for t in trials:

@@ -103,6 +103,8 @@ def build_messages(cfg: ErdosEnvConfig, parent: Entry) -> list[dict[str, str]]:
 
 @dataclass
 class EpisodeResult:
+    """One episode: step, group, parent entry, the program's outcome and code, and whether it was teacher-forced."""
+
     step: int
     group_key: str
     parent_id: str
@@ -239,6 +241,7 @@ def _decimal_upper(value: Fraction, digits: int) -> str:
 
 
 def plot_construction(h: np.ndarray, c5_value: float, step: int, path: Path) -> None:
+    """Plot the step function `h` to the PNG at `path` (replaced atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -117,12 +117,14 @@ class RunOutcome:
 
 
 def invalid(reason: str, detail: str = "", stdout_tail: str = "", duration_s: float = 0.0) -> RunOutcome:
+    """A RunOutcome that scores 0 for `reason`."""
     return RunOutcome(None, None, reason, detail, stdout_tail, duration_s)
 
 
 def score_values(
     values, n_points: int, integral_tol: float, stdout_tail: str = "", duration_s: float = 0.0
 ) -> RunOutcome:
+    """Validate a program's returned values as h and compute its C₅, or say why they are invalid."""
     checked = em.validate(values, n_points, integral_tol)
     if not checked.valid:
         return invalid(checked.reason or "invalid", checked.detail, stdout_tail, duration_s)

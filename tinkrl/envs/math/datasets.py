@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class HFSource:
+    """An HF dataset: its hub id, the configs to read (their rows pooled) and its splits."""
+
     hf_id: str
     configs: tuple[str | None, ...]
     splits: tuple[str, ...]

@@ -105,6 +105,8 @@ class MathEnv(Env):
 
 @dataclass(frozen=True)
 class ReplyGrade:
+    """How one reply graded: correct, well formed, the extracted answer and the method that decided."""
+
     correct: bool
     well_formed: bool  # number style: has a number; boxed style: has \boxed{}
     given: str | None  # the extracted final answer
@@ -147,6 +149,8 @@ class MathGroupBuilder(EnvGroupBuilder):
 
 
 class ArithmeticDataset(RLDataset):
+    """Batches of arithmetic problems generated from the seed and batch index; unbounded."""
+
     def __init__(self, gen: ArithmeticProblems, spec: EpisodeSpec, group_size: int, groups_per_batch: int, seed: int):
         self.gen, self.spec = gen, spec
         self.group_size, self.groups_per_batch, self.seed = group_size, groups_per_batch, seed

@@ -84,6 +84,7 @@ def extract_boxed(text: str) -> str | None:
 
 
 def extract_last_number(text: str) -> str | None:
+    """The last number in `text` (integer or decimal, thousands separators removed), as a string."""
     matches = _NUMBER_RE.findall(text)
     return matches[-1].replace(",", "") if matches else None
 
@@ -178,6 +179,8 @@ def _strip_thousands(t: str) -> str:
 
 @dataclass(frozen=True)
 class Grade:
+    """The grade of one answer: correct, which path decided it, whether it timed out, and a detail."""
+
     correct: bool
     method: str  # "empty" | "fast" | "math_verify" | "timeout" | "error"
     timed_out: bool = False

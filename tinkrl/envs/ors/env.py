@@ -79,6 +79,7 @@ def chat_tool(spec: Any) -> dict:
 
 
 def blocks_text(blocks: Sequence[Any]) -> str:
+    """The text of ORS content blocks, one per line; a block without text shows as a placeholder."""
     parts = []
     for b in blocks:
         text = getattr(b, "text", None)

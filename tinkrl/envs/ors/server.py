@@ -36,6 +36,8 @@ ANSWER_INSTRUCTION = "\n\nSubmit your final answer with the `answer` tool."
 
 
 class AnswerParams(BaseModel):
+    """The arguments of the `answer` tool."""
+
     answer: str
 
 
@@ -95,6 +97,7 @@ async def grade_answer(answer: str, reference: str, style: str, timeout_s: float
 
 
 def math_environment(key: str, cfg: Any, train_size: int, eval_problems: int, seed: int) -> type:
+    """An ORS `Environment` class serving a math env's train and test problems, graded by its `answer` tool."""
     train, test, spec = math_problems(cfg, key, train_size, eval_problems, seed)
     splits = {"train": train, "test": test} if test else {"train": train}
     by_id = {f"{s}-{i}": p for s, probs in splits.items() for i, p in enumerate(probs)}

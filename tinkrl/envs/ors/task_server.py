@@ -54,6 +54,7 @@ def _make_tool(name: str, description: str, schema: dict):
 
 
 def tasks_environment(key: str, cfg: TasksEnvConfig, provider: LazyProvider | None = None) -> type:
+    """An ORS `Environment` class serving task directories with the agent tools (train tasks gated when `cfg.gate`)."""
     tasks = cfg.load_tasks()
     test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
     train = [t for t in tasks if t not in test]
