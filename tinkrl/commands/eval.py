@@ -186,6 +186,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def cli_main(argv: list[str]) -> int:
+    """`tinkrl eval`: exit 1 when every trial failed on infrastructure, 2 on a bad flag or setup error."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 def cli_main(argv: list[str]) -> int:
+    """`tinkrl export`: exit 1 when the checkpoint or its base model cannot be found."""
     parser = argparse.ArgumentParser(prog="tinkrl export", description=__doc__)
     parser.add_argument("path", help="tinker://<run>/sampler_weights/<name>, .../weights/<name>, or a directory")
     parser.add_argument("--out", required=True, type=Path)

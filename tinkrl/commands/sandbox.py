@@ -39,6 +39,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `tinkrl sandbox` command line: `run` and `reap`."""
     parser = argparse.ArgumentParser(prog="tinkrl sandbox", description="sandboxes for agent tasks")
     sub = parser.add_subparsers(dest="subcommand", required=True)
     run = sub.add_parser("run", help="run one command in a fresh sandbox: tinkrl sandbox run [--workdir DIR] -- CMD...")
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: list[str]) -> int:
+    """`tinkrl sandbox`: the subcommand's exit code (`run`: the command's, 124 on timeout, 125 on a sandbox failure)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args))

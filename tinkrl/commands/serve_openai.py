@@ -61,6 +61,7 @@ def _base_model_of_checkpoint(path: str) -> str | None:
 
 
 def build_server(args: argparse.Namespace):
+    """The `ProxyServer` the flags ask for: a base model or a checkpoint, on the local engine or the Tinker service."""
     from tinkrl.backends import make_service_client
     from tinkrl.config import BackendConfig
     from tinkrl.local.models import DEFAULT_MODEL
@@ -91,6 +92,7 @@ def build_server(args: argparse.Namespace):
 
 
 def cli_main(argv: list[str]) -> int:
+    """Serve until interrupted; exit 2 on a missing checkpoint or a model or backend that fails to load."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if (

@@ -47,6 +47,7 @@ def preload(engine: Any, models: list[str]) -> None:
 
 
 def cli_main(argv: list[str]) -> int:
+    """Serve until interrupted; exit 2 on a bad --api-key or --model, 1 when the address cannot be bound."""
     args = _parser().parse_args(argv)
     if args.api_key is not None and not (args.api_key.startswith("tml-") or args.api_key.startswith("eyJ")):
         print("tinkrl serve tinker: --api-key must start with 'tml-' (the SDK refuses other keys)", file=sys.stderr)

@@ -55,6 +55,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `tinkrl tasks` command line: `check`."""
     parser = argparse.ArgumentParser(prog="tinkrl tasks", description="task directories")
     sub = parser.add_subparsers(dest="subcommand", required=True)
     check = sub.add_parser("check", help="load tasks and run the gate (solution -> 1, no-op -> 0)")
@@ -66,5 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: list[str]) -> int:
+    """`tinkrl tasks`: the subcommand's exit code (`check`: 1 if any task failed, 2 if the provider cannot start)."""
     args = build_parser().parse_args(argv)
     return int(args.func(args))

@@ -40,6 +40,8 @@ MAX_ROLLOUTS = 10_000
 
 @dataclass
 class CapturedSample:
+    """One sampled choice: its tokens and logprobs, the sampler's stop reason and the client's finish reason."""
+
     tokens: list[int]  # exactly as sampled (may end with the stop token)
     logprobs: list[float]  # the policy's own logprob of each sampled token
     stop_reason: str  # the sampler's: "stop" | "length"
@@ -48,6 +50,8 @@ class CapturedSample:
 
 @dataclass
 class CapturedCall:
+    """One completion the server made: the prompt tokens the sampler saw, each choice sampled, the policy version."""
+
     call_id: str
     endpoint: str  # "chat" | "completions"
     prompt_tokens: list[int]  # what the sampler saw, forced prefix (tool_choice) included
@@ -88,6 +92,8 @@ class AssistantTokens:
 
 @dataclass
 class MergeStats:
+    """How a rollout's calls merged into datums, and how much assistant history was spliced back to sampled tokens."""
+
     calls: int = 0
     merged_calls: int = 0  # calls whose prompt extends an earlier call's prompt + sampled tokens
     chains: int = 0  # datums the trajectory becomes
@@ -124,6 +130,7 @@ class MergeStats:
 
 # -- normalising assistant messages ------------------------------------------------------------
 def message_text(content: Any) -> str:
+    """The text of a message's content: the string, or the text parts joined."""
     if content is None:
         return ""
     if isinstance(content, list):

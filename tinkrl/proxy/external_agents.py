@@ -109,6 +109,8 @@ Agent = CommandAgent | Callable[[AgentSession], None | Awaitable[None]]
 
 @dataclass
 class ExternalRollout:
+    """One external agent's rollout: the trajectory from its captured calls, merge statistics and reward."""
+
     trajectory: Trajectory
     stats: MergeStats
     reward: float

@@ -49,11 +49,14 @@ class ApiError(Exception):
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 ApiError: the request is wrong, naming the parameter."""
     return ApiError(400, message, param=param, code=code)
 
 
 @dataclass
 class SampleSettings:
+    """The validated sampling options of one request, and the rollout id it carries."""
+
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -150,6 +153,7 @@ def _common(body: dict, settings: SampleSettings) -> SampleSettings:
 
 
 def parse_chat_request(body: dict) -> SampleSettings:
+    """The sampling options of a `/v1/chat/completions` body, or a 400 naming the field."""
     s = _common(body, SampleSettings())
     max_completion = _integer(body, "max_completion_tokens", 1)
     max_tokens = _integer(body, "max_tokens", 1)
@@ -166,6 +170,7 @@ def parse_chat_request(body: dict) -> SampleSettings:
 
 
 def parse_completion_request(body: dict) -> SampleSettings:
+    """The sampling options of a `/v1/completions` body (`logprobs` is a count there), or a 400 naming the field."""
     s = _common(body, SampleSettings())
     s.max_tokens = _integer(body, "max_tokens", 1) or 16  # the legacy API's default
     lp = _integer(body, "logprobs", 0, 5)
@@ -182,6 +187,7 @@ def parse_completion_request(body: dict) -> SampleSettings:
 
 # -- messages and tools ------------------------------------------------------------------------------
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """The chat messages checked and normalised: content as text, `developer` as system, `function` as tool."""
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
     out = []
@@ -228,6 +234,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 def validate_tools(body: dict) -> tuple[list[dict] | None, Any]:
+    """The request's tools (None when empty) and its tool_choice: "auto", "none", "required" or {"name": ...}."""
     tools = body.get("tools")
     if tools is None or tools == []:
         tools = None
@@ -273,6 +280,8 @@ def forced_prefix(renderer: ChatMLRenderer, tool_choice: Any) -> str:
 
 @dataclass
 class ChatPrompt:
+    """A rendered chat prompt: its tokens, the forced prefix, and how many assistant messages were spliced."""
+
     tokens: list[int]  # everything the sampler sees, forced prefix included
     forced: list[int]  # the forced prefix tokens (already at the end of `tokens`)
     assistant_messages: int
@@ -331,12 +340,15 @@ def build_chat_prompt(
 
 # -- turning samples into messages ------------------------------------------------------------------
 def truncate_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """`text` cut at the first stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
 @dataclass
 class ChatChoice:
+    """One sample as the client sees it: the assistant message, its finish reason and the tokens behind it."""
+
     message: dict[str, Any]  # what the client gets (and sends back)
     finish_reason: str
     text_tokens: list[int]  # sampled tokens shown to the client (no trailing end-of-turn)
@@ -350,6 +362,7 @@ def sample_to_message(
     stops: list[str],
     parse_tools: bool,
 ) -> ChatChoice:
+    """Sampled tokens as an assistant message (stops applied, tool calls parsed, `<think>` -> reasoning_content)."""
     ended = bool(sampled) and sampled[-1] == renderer.im_end
     body = sampled[:-1] if ended else sampled
     text = forced_text + renderer.tokenizer.decode(body, skip_special_tokens=False)

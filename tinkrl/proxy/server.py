@@ -70,12 +70,15 @@ DEFAULT_MAX_TOKENS = 4096
 
 @dataclass
 class Policy:
+    """The sampling client being served, its version (bumped on every weight swap) and its label."""
+
     client: Any  # a SamplingClient (local engine or the tinker SDK)
     version: int
     label: str  # base model name or checkpoint path
 
 
 def context_length_of(client: Any, tokenizer: Any) -> int:
+    """The context length: the engine's, else a plausible tokenizer `model_max_length`, else DEFAULT_CONTEXT."""
     engine = getattr(client, "engine", None)
     if engine is not None and getattr(engine, "max_context", None):
         return int(engine.max_context)

@@ -20,6 +20,7 @@ _BLOCKING_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_na
 
 
 def blocking_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The shared threads for waits that must block and for engine calls that may take a lock."""
     return _BLOCKING_POOL
 
 

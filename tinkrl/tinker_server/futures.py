@@ -22,6 +22,8 @@ KEEP_UNFETCHED_S = 6 * 3600.0
 
 @dataclass
 class Promise:
+    """One request's result, pending or done (protobuf, JSON or an error), with when it finished and was fetched."""
+
     request_id: str
     kind_of_request: str
     created: float = field(default_factory=time.monotonic)

@@ -51,12 +51,15 @@ def error_category(exc: BaseException) -> Literal["user", "server"]:
 
 
 def describe(exc: BaseException) -> str:
+    """An exception as the one-line message a client sees (a UserError's message as is)."""
     text = str(exc).strip() or type(exc).__name__
     return text if isinstance(exc, (UserError,)) else f"{type(exc).__name__}: {text}"
 
 
 @dataclass
 class Session:
+    """A client session: its SDK version, tags, liveness, and the models and samplers it created."""
+
     session_id: str
     sdk_version: str | None
     tags: list[str]
@@ -76,6 +79,8 @@ Encoder = Callable[[Any], tuple[str, Any]]
 
 @dataclass
 class TrainingModel:
+    """A training model: its engine client, the next seq_id to submit, the reorder buffer and the submitter thread."""
+
     model_id: str
     session_id: str
     base_model: str | None
@@ -97,6 +102,8 @@ class TrainingModel:
 
 @dataclass
 class SamplingSession:
+    """A sampler: its base model, the weights it samples (`model_path`), and the engine's SamplingClient."""
+
     sampler_id: str
     base_model: str
     model_path: str | None

@@ -50,6 +50,7 @@ class ForwardBackwardCall:
 
 
 def decode_forward_backward(body: bytes, content_encoding: str | None) -> ForwardBackwardCall:
+    """A `forward_backward` body (protobuf, maybe zstd) as a ForwardBackwardCall; WireError when unreadable."""
     if content_encoding and content_encoding.lower() == "zstd":
         try:
             body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
@@ -103,6 +104,7 @@ def _decode_datum(msg: pb.Datum, index: int) -> types.Datum:
 
 
 def decode_tensor(msg: pb.Tensor, where: str) -> types.TensorData:
+    """A protobuf Tensor (dense or sparse CSR) as TensorData; int32 arrives as int64."""
     np_dtype = _DTYPE_TO_NUMPY.get(msg.dtype)
     if np_dtype is None:
         raise WireError(f"{where}: unsupported tensor dtype {pb.DType.Name(msg.dtype)}")
@@ -167,6 +169,7 @@ def _add_record(msg: pb.ForwardBackwardOutput, outputs: list[Mapping[str, types.
 
 
 def encode_sample_response(resp: types.SampleResponse) -> bytes:
+    """A SampleResponse as the SDK's protobuf (packed arrays; a missing prompt logprob is NaN)."""
     msg = pb.SampleResponse(prompt_cache_hit_tokens=int(resp.prompt_cache_hit_tokens or 0))
     for seq in resp.sequences:
         seq_msg = msg.sequences.add(
