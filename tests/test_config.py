@@ -219,3 +219,14 @@ def test_help_and_config_errors_answer_without_torch(in_tmp):
             [sys.executable, "-c", probe, "train", f"env={env}", "env.no_such_field=1"], capture_output=True, text=True
         )
         assert "TORCH False CODE 2" in bad.stdout and "no_such_field" in bad.stderr, bad.stdout + bad.stderr
+
+
+def test_an_environment_type_sets_its_run_defaults_unless_the_user_did():
+    """erdos asks for entropic advantages; the user's own choice, or another environment in the run, wins."""
+    from tinkrl.commands.train import load
+
+    assert load(None, ["env=ErdosConfig"]).adv_estimator == "entropic"
+    assert load(None, ["env=ErdosConfig", "adv_estimator=grpo"]).adv_estimator == "grpo"
+    assert load(None, ["env=arithmetic"]).adv_estimator == "grpo"
+    mixed = ["environments.erdos.type=erdos", "environments.arithmetic.type=arithmetic"]
+    assert load(None, mixed).adv_estimator == "grpo"

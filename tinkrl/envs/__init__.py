@@ -1,11 +1,12 @@
-"""The environment registry: names in the `environments:` map -> environment config classes.
+"""The environment registry: names in the `environments:` map -> environment types.
 
-Each environment type is a pydantic model (its own fields, `extra="forbid"`) with
-`build(ctx: EnvContext) -> EnvDatasets`, and may declare `run_defaults` (config values the run
-takes when every environment asks for them and the user set none). A map key that is not a
-registered type (and has no `type:`), e.g. `Owner/EnvName`, is a remote environment served
-over ORS (`openreward`). Classes are imported lazily so `tinkrl train --help` and config
-errors stay instant.
+Each type is a config class (a pydantic model of its own fields, `extra="forbid"`, in a light
+`config.py` that imports no SDK type) and a builder `(config, EnvContext) -> EnvDatasets`
+(imported only when a run builds the environment). A config class may declare `run_defaults`:
+config values the run takes when every environment asks for them and the user set none. A map
+key that is not a registered type (and has no `type:`), e.g. `Owner/EnvName`, is a remote
+environment served over ORS (`openreward`). Nothing here loads torch, so `tinkrl train --help`
+and config errors answer at once.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def resolve_config(config: TrainConfig) -> TrainConfig:
     none and every environment of the run agrees."""
     wanted = [getattr(type(make_env_config(k, e)), "run_defaults", {}) for k, e in config.environments.items()]
     for name in set().union(*wanted):
-        values = {str(d.get(name)) for d in wanted}
-        if len(values) == 1 and all(name in d for d in wanted) and name not in config.model_fields_set:
+        agreed = all(name in d and d[name] == wanted[0][name] for d in wanted)
+        if agreed and name not in config.model_fields_set:
             setattr(config, name, wanted[0][name])
     return config
 
