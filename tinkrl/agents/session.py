@@ -1,7 +1,7 @@
 """The agent-task episode on chat messages: sandbox, tool calls, limits, grading, metrics.
 
 `TaskSession` is one attempt at one task. It exists once and has three drivers: the
-token-level training env (`tinkrl.envs.agent_tasks.TaskEnv`, which parses sampled tokens into
+token-level training env (`tinkrl.envs.agent_tasks.env.TaskEnv`, which parses sampled tokens into
 tool calls), the OpenAI-endpoint evaluator (`tinkrl eval --base-url`, fed chat messages) and
 the ORS task server (`tinkrl serve env tasks`, one session per ORS session).
 
