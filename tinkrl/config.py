@@ -90,8 +90,11 @@ class AsyncConfig(Strict):
 class BwrapSandboxConfig(Strict):
     """`sandbox.bwrap.*`: the bwrap provider's pool of prestarted sandboxes and its pid-1 server."""
 
-    pool: int = Field(0, ge=0)  # fresh sandboxes kept started ahead per recent spec (each used once)
-    server: Literal["auto", "native", "python"] = "auto"  # pid 1: compiled bwrap_init.c or bwrap_server.py
+    pool: int = Field(0, ge=0)
+    """Fresh sandboxes kept started ahead per recently used spec (each handed out once)."""
+    server: Literal["auto", "native", "python"] = "auto"
+    """pid 1 in the sandbox: the compiled bwrap_init.c (native), bwrap_server.py (python), or native when a C
+    compiler is there (auto)."""
 
 
 DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes of a command's stdout (and of its stderr) a sandbox keeps, head + tail
@@ -172,11 +175,16 @@ class SandboxConfig(Strict):
     """`sandbox.*`: which provider runs the sandboxes, and each provider's options."""
 
     provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
+    """bwrap: bubblewrap on this machine (the default); docker or kubernetes: containers or pods for scale-out."""
     bwrap: BwrapSandboxConfig = Field(default_factory=BwrapSandboxConfig)
+    """Options of the bwrap provider."""
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
+    """Options of the docker provider."""
     kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
+    """Options of the kubernetes provider."""
 
     def provider_options(self) -> dict[str, Any]:
+        """The chosen provider's options, as keyword arguments for `sandbox.get_provider`."""
         return getattr(self, self.provider).model_dump()
 
 
