@@ -122,20 +122,24 @@ class TinkerService:
         self.sdk = sdk
 
     def create_lora_training_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _with_local_tokenizer(self.sdk.create_lora_training_client(*args, **kwargs).result())
+        return _ready(self.sdk.create_lora_training_client(*args, **kwargs))
 
     def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> Any:
-        return _with_local_tokenizer(self.sdk.create_training_client_from_state(*args, **kwargs).result())
+        return _ready(self.sdk.create_training_client_from_state(*args, **kwargs))
 
     def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        client = self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs)
-        return _with_local_tokenizer(client.result())
+        return _ready(self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs))
 
     def create_sampling_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _with_local_tokenizer(self.sdk.create_sampling_client(*args, **kwargs).result())
+        return _ready(self.sdk.create_sampling_client(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sdk, name)
+
+
+def _ready(client_future: Any) -> Any:
+    """The finished client of an SDK client future, its tokenizer read locally first."""
+    return _with_local_tokenizer(client_future.result())
 
 
 def _with_local_tokenizer(client: Any) -> Any:
@@ -147,7 +151,7 @@ def _with_local_tokenizer(client: Any) -> Any:
     if make_sampler is not None:
 
         def save_weights_and_get_sampling_client(*args: Any, **kwargs: Any) -> Any:
-            return _with_local_tokenizer(make_sampler(*args, **kwargs).result())
+            return _ready(make_sampler(*args, **kwargs))
 
         client.save_weights_and_get_sampling_client = save_weights_and_get_sampling_client
     return client

@@ -65,13 +65,16 @@ def _field_lines(model: type[BaseModel], prefix: str) -> list[str]:
         default = "" if nested or field.default_factory else f" = {field.default!r}"
         doc = " ".join((field.description or "").split())
         lines.append(f"  {key}{default}\n      {doc}" if doc else f"  {key}{default}")
-        if nested is not None and key != "environments":
+        if nested is not None:
             lines += _field_lines(nested, key + ".")
     return lines
 
 
 def _section_model(annotation) -> type[BaseModel] | None:
-    """The config section class of a field (`SandboxConfig`, `AsyncConfig | None`), else None."""
+    """The config section class of a field (`SandboxConfig`, `AsyncConfig | None`), else None (also for a
+    map of sections such as `environments`, whose keys are the user's)."""
+    if typing.get_origin(annotation) is dict:
+        return None
     for candidate in (annotation, *typing.get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate
