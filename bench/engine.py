@@ -37,19 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tinker import types  # noqa: E402
 
+from tinkrl.local.models import TINY_ARCHS  # noqa: E402
+
 RANDOM_ARCHS = {  # real architectures, random weights (no download)
-    "tiny": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        rope_theta=100000.0,
-    ),
+    "tiny": {**TINY_ARCHS["tinkrl/tiny-llama"], "vocab_size": 49152, "rope_theta": 100000.0},  # quick trial runs
     "smollm2": dict(
         model_type="llama",
         hidden_size=576,

