@@ -24,7 +24,8 @@ import shlex
 import time
 from typing import Any, Protocol
 
-from tinkrl.agents.tools import TOOL_NAMES, run_tool
+from tinkrl.agents.shell_actions import NO_COMMAND, SHELL_SYSTEM_PROMPT, observation_message, parse_shell_reply
+from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
 from tinkrl.errors import InfraFailure
 from tinkrl.rl.types import Metrics
 from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
@@ -63,6 +64,7 @@ class SessionConfig(Protocol):
     command_timeout_s: float
     max_observation_chars: int
     system_prompt: str | None
+    action_format: str  # "tools" (JSON tool calls) | "shell" (one ```bash block per turn)
 
 
 class SandboxSource(Protocol):
@@ -111,8 +113,19 @@ class TaskSession:
     def done(self) -> bool:
         return self.end_reason is not None
 
+    @property
+    def shell(self) -> bool:
+        """Whether the episode speaks the shell action format (bash blocks) rather than tool calls."""
+        return getattr(self.cfg, "action_format", "tools") == "shell"
+
+    @property
+    def tools(self) -> list[dict] | None:
+        """The tool schemas the prompt lists (None in the shell format, which has no tool list)."""
+        return None if self.shell else TOOL_SCHEMAS
+
     def first_messages(self) -> list[Message]:
-        template = self.cfg.system_prompt if self.cfg.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+        default = SHELL_SYSTEM_PROMPT if self.shell else DEFAULT_SYSTEM_PROMPT
+        template = self.cfg.system_prompt if self.cfg.system_prompt is not None else default
         system = template.replace("{workdir}", self.task.workdir).replace("{max_turns}", str(self.cfg.max_turns))
         return [{"role": "system", "content": system}, {"role": "user", "content": self.task.instruction}]
 
@@ -168,12 +181,27 @@ class TaskSession:
             self.command_timeouts += 1
         return clip(obs, self.cfg.max_observation_chars), done
 
+    async def act_text(
+        self, text: str, truncated: bool, sampled_tokens: int, visible: str | None = None
+    ) -> tuple[list[Message], bool]:
+        """Run one assistant turn given as reply text in the shell action format; `visible` is the part
+        to read commands from (the text without its reasoning), by default all of it."""
+        calls, errors, notes = parse_shell_reply(text if visible is None else visible)
+        return await self.act({"role": "assistant", "content": text}, calls, errors, truncated, sampled_tokens, notes)
+
     async def act(
-        self, assistant: Message, calls: list[dict], errors: list[str], truncated: bool, sampled_tokens: int
+        self,
+        assistant: Message,
+        calls: list[dict],
+        errors: list[str],
+        truncated: bool,
+        sampled_tokens: int,
+        notes: list[str] | None = None,
     ) -> tuple[list[Message], bool]:
         """Run one assistant turn. `assistant` goes into the transcript as given; `calls` are its
-        well-formed tool calls (OpenAI-style), `errors` one line per malformed one. Returns the
-        observation messages (tool results, then notes as user turns) and whether the episode ended."""
+        well-formed tool calls (OpenAI-style), `errors` one line per malformed one, `notes` further
+        lines for the model. Returns the observation messages (tool results, then notes as user
+        turns; in the shell format the command's output is a user turn) and whether the episode ended."""
         if self.sandbox is None or self.done:
             raise RuntimeError("TaskSession.act before start() or after the episode ended")
         self.turns += 1
@@ -185,18 +213,26 @@ class TaskSession:
         for call in calls:
             self.tool_calls += 1
             obs, submitted = await self._run_call(call)
-            observations.append(
-                {"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"], "content": obs}
-            )
+            if self.shell:
+                if not submitted:
+                    observations.append(observation_message(obs))
+            else:
+                observations.append(
+                    {"role": "tool", "tool_call_id": call.get("id"), "name": call["function"]["name"], "content": obs}
+                )
             if submitted:  # nothing after submit is run
                 break
-        notes = [f"Error: {e}" for e in errors]
-        self.malformed_calls += len(errors)
-        if not calls and not errors:
+        no_call = not calls and (not errors or errors == [NO_COMMAND])
+        self.malformed_calls += 0 if no_call else len(errors)
+        lines = [f"Error: {e}" for e in errors] + list(notes or [])
+        if no_call:
             self.no_tool_calls += 1
-            notes.append(TRUNCATED if truncated else NO_TOOL_CALL.format(tools=", ".join(TOOL_NAMES)))
-        if notes:
-            observations.append({"role": "user", "content": "\n".join(notes)})
+            if not self.shell:
+                lines.append(TRUNCATED if truncated else NO_TOOL_CALL.format(tools=", ".join(TOOL_NAMES)))
+        if lines and self.shell and observations:  # one user turn: the output, then the notes
+            observations[-1]["content"] += "\n" + "\n".join(lines)
+        elif lines:
+            observations.append({"role": "user", "content": "\n".join(lines)})
         self.messages.extend(observations)
         if submitted:
             self.end_reason = "submit"

@@ -69,7 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="count the model's time against the episode timeout too (default: only commands')",
     )
     p.add_argument("--command-timeout", type=float, default=60.0, help="seconds per execute_bash call at most")
-    p.add_argument("--tool-format", choices=("hermes", "xml"), default="hermes")
+    p.add_argument(
+        "--action-format",
+        choices=("tools", "shell"),
+        default=None,
+        help="tools: JSON tool calls; shell: one ```bash block per turn (default: what the --checkpoint's run "
+        "trained with, else tools)",
+    )
+    p.add_argument(
+        "--tool-format", choices=("hermes", "xml"), default=None, help="default: the checkpoint's, else hermes"
+    )
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--n-concurrent", type=int, default=4)
     p.add_argument("--output-path", default="runs/eval", help="results go to OUTPUT_PATH/RUN_ID/")
@@ -128,7 +137,8 @@ async def _main(args: argparse.Namespace) -> int:
         episode_timeout_s=args.episode_timeout,
         timeout_includes_sampling=args.wall_clock_timeout,
         command_timeout_s=args.command_timeout,
-        tool_format=args.tool_format,
+        action_format=args.action_format or "tools",
+        tool_format=args.tool_format or "hermes",
         gate=False,
     )
     tasks = cfg.load_tasks()
@@ -141,14 +151,14 @@ async def _main(args: argparse.Namespace) -> int:
                 args.api_key,
                 args.served_model,
                 cfg,
-                TextToolParser(args.tool_format),
+                TextToolParser(cfg.tool_format),
                 LazyProvider(provider),
                 args.temperature,
             )
             model_name = await policy.resolve_model()
             model_label = model_name
         else:
-            from tinkrl.backends import make_service_client
+            from tinkrl.backends import checkpoint_metadata, make_service_client
             from tinkrl.config import BackendConfig
             from tinkrl.renderers import get_renderer
 
@@ -159,11 +169,16 @@ async def _main(args: argparse.Namespace) -> int:
             if args.checkpoint:
                 sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
                 model_label = args.checkpoint
+                trained = await asyncio.to_thread(checkpoint_metadata, service, args.checkpoint)
+                for name in ("action_format", "tool_format"):
+                    if getattr(args, name) is None and name in trained:
+                        setattr(cfg, name, trained[name])
+                        print(f"tinkrl eval: {name}={trained[name]}, as the checkpoint was trained", file=sys.stderr)
             else:
                 sc = await asyncio.to_thread(service.create_sampling_client, base_model=backend.model_name)
                 model_label = backend.model_name
             model_name = sc.get_base_model()
-            renderer = get_renderer(sc.get_tokenizer(), model_name, args.tool_format)
+            renderer = get_renderer(sc.get_tokenizer(), model_name, cfg.tool_format)
             policy = SamplingClientPolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
         run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
         out_dir = Path(args.output_path) / run_id
@@ -188,7 +203,8 @@ async def _main(args: argparse.Namespace) -> int:
         "max_turns": args.max_turns,
         "max_tokens": args.max_tokens,
         "max_context_tokens": args.max_context_tokens,
-        "tool_format": args.tool_format,
+        "action_format": cfg.action_format,
+        "tool_format": cfg.tool_format,
         "seconds": round(seconds, 1),
         "base_url": args.base_url,
     }

@@ -53,10 +53,14 @@ class TasksEnvConfig(BaseModel):
     """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
     max_observation_chars: int = Field(8000, ge=200)
     """A tool result longer than this keeps its head and tail."""
+    action_format: Literal["tools", "shell"] = "tools"
+    """How the agent acts: `tools` (tool calls in `tool_format`, the tool list in the system prompt) or
+    `shell` (one ```bash block per turn, DONE when finished; its output comes back as the next turn: a
+    short prompt small models follow)."""
     tool_format: Literal["hermes", "xml"] = "hermes"
     """Tool-call syntax: Hermes `<tool_call>` JSON (Qwen2.5) or R2E-Gym's `<function=...>` XML."""
     system_prompt: str | None = None
-    """System prompt before the tool list; `{workdir}` and `{max_turns}` are filled in."""
+    """System prompt (before the tool list in the tools format); `{workdir}` and `{max_turns}` are filled in."""
     gate: bool = True
     """Train only on tasks whose solution scores 1 and whose no-op scores 0 (cached per task)."""
     epochs: int = Field(100, ge=1)

@@ -30,7 +30,6 @@ import numpy as np
 import tinker
 
 from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
-from tinkrl.agents.tools import TOOL_SCHEMAS
 from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
 from tinkrl.errors import ConfigError, InfraFailure
 from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, RLDataset, StepResult, StopCondition
@@ -83,7 +82,7 @@ class TaskEnv(Env):
 
     async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
         messages = await self.session.start()
-        self.tokens = self.renderer.build_generation_prompt(messages, TOOL_SCHEMAS).to_ints()
+        self.tokens = self.renderer.build_generation_prompt(messages, self.session.tools).to_ints()
         if len(self.tokens) + MIN_ACTION_TOKENS > self.max_context_tokens:
             raise InfraFailure(
                 f"task {self.session.task.id}: the first prompt ({len(self.tokens)} tokens) does not "
@@ -98,21 +97,32 @@ class TaskEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         action = list(action)
-        parsed = self.renderer.parse_response(action)
-        raw = self.renderer.tokenizer.decode(action[:-1] if parsed.ended_cleanly else action, skip_special_tokens=False)
-        calls = parsed.message.get("tool_calls", [])
-        observations, done = await self.session.act(
-            {"role": "assistant", "content": raw}, calls, parsed.tool_call_errors, not parsed.ended_cleanly, len(action)
-        )
+        if self.session.shell:
+            text, ended = self.renderer.reply_text(action)
+            _, visible = self.renderer.split_reasoning(text)
+            observations, done = await self.session.act_text(text, not ended, len(action), visible)
+        else:
+            parsed = self.renderer.parse_response(action)
+            ended = parsed.ended_cleanly
+            raw = self.renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
+            calls = parsed.message.get("tool_calls", [])
+            observations, done = await self.session.act(
+                {"role": "assistant", "content": raw}, calls, parsed.tool_call_errors, not ended, len(action)
+            )
         if not done:
-            nxt = self.tokens + action + self.renderer.continuation(observations, parsed.ended_cleanly)
+            nxt = self.tokens + action + self.renderer.continuation(observations, ended)
             if len(nxt) + MIN_ACTION_TOKENS <= self.max_context_tokens:
                 self.tokens = nxt
                 return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop, metrics={}, logs={})
             self.session.overflow()
         reward = await self.session.finish()
         s = self.session
-        logs = {"tasks/task": s.task.id, "tasks/end": s.end_reason or "", "tasks/grade": s.grade_detail[:500]}
+        logs = {
+            "tasks/task": s.task.id,
+            "tasks/end": s.end_reason or "",
+            "tasks/grade": s.grade_detail[:500],
+            "tasks/transcript": s.messages,
+        }
         return StepResult(reward, True, tinker.ModelInput.empty(), self._stop, metrics=s.metrics(), logs=logs)
 
     async def close(self) -> None:

@@ -210,7 +210,7 @@ class OpenAIPolicy:
             return await self.client.chat.completions.create(
                 model=self.model_name,
                 messages=openai_history(session.messages),
-                tools=_tool_schemas(),
+                **({"tools": session.tools} if session.tools else {}),
                 temperature=self.temperature,
                 max_tokens=self.cfg.max_tokens_per_turn,
             )
@@ -236,21 +236,24 @@ class OpenAIPolicy:
             choice = resp.choices[0]
             msg = choice.message
             content = msg.content or ""
-            calls = [
-                tool_call(c.function.name, c.function.arguments or "{}", c.id)
-                for c in (msg.tool_calls or [])
-                if getattr(c, "function", None) is not None
-            ]
-            errors: list[str] = []
-            if not calls:  # servers without a tool parser leave the calls in the text
-                content, calls, errors = self.renderer.parse_tool_calls(content)
-            assistant: dict[str, Any] = {"role": "assistant", "content": content or ("" if not calls else None)}
-            if calls:
-                assistant["tool_calls"] = calls
             usage = resp.usage
-            _, done = await session.act(
-                assistant, calls, errors, choice.finish_reason == "length", usage.completion_tokens if usage else 0
-            )
+            n_tokens = usage.completion_tokens if usage else 0
+            truncated = choice.finish_reason == "length"
+            if session.shell:
+                _, done = await session.act_text(content, truncated, n_tokens)
+            else:
+                calls = [
+                    tool_call(c.function.name, c.function.arguments or "{}", c.id)
+                    for c in (msg.tool_calls or [])
+                    if getattr(c, "function", None) is not None
+                ]
+                errors: list[str] = []
+                if not calls:  # servers without a tool parser leave the calls in the text
+                    content, calls, errors = self.renderer.parse_tool_calls(content)
+                assistant: dict[str, Any] = {"role": "assistant", "content": content or ("" if not calls else None)}
+                if calls:
+                    assistant["tool_calls"] = calls
+                _, done = await session.act(assistant, calls, errors, truncated, n_tokens)
             if done:
                 break
             if usage and usage.total_tokens + MIN_ACTION_TOKENS > self.cfg.max_context_tokens:
@@ -270,12 +273,6 @@ class OpenAIPolicy:
             return trial_from_session(session, attempt, time.monotonic() - t0, failure=e)
         finally:
             await session.close()
-
-
-def _tool_schemas() -> list[dict]:
-    from tinkrl.agents.tools import TOOL_SCHEMAS
-
-    return TOOL_SCHEMAS
 
 
 # ---------------------------------------------------------------------------------------------
