@@ -144,6 +144,21 @@ def make_service_client(config: BackendConfig | None = None, *, api_key: str | N
     raise ConfigError(f"backend must be 'local' or 'tinker', got {config.backend!r}")
 
 
+def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:
+    """The `user_metadata` of the training run that saved checkpoint `path` ({} when it has none or
+    the service cannot say): from the checkpoint itself on the embedded engine, else from the Tinker
+    service's record of the run."""
+    if not isinstance(service, TinkerService):
+        from tinkrl.local.checkpoints import read_meta, resolve_path
+
+        return dict(read_meta(resolve_path(path)).get("user_metadata") or {})
+    try:
+        run = service.create_rest_client().get_training_run_by_tinker_path(path).result()
+    except Exception:  # an older service, or a path it does not know: the caller's defaults apply
+        return {}
+    return dict(getattr(run, "user_metadata", None) or {})
+
+
 class TinkerService:
     """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
     is read from a local copy when there is one. Everything else is the SDK's own."""

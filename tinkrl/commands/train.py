@@ -99,10 +99,11 @@ def load(config_path: str | None, overrides: list[str]) -> TrainConfig:
 
 def run(config: TrainConfig) -> dict[str, float]:
     """Train `config` to the end; returns the last step's metrics."""
-    from tinkrl.envs import build_environments
+    from tinkrl.envs import build_environments, checkpoint_metadata
     from tinkrl.rl.train import main
 
-    return asyncio.run(main(config, lambda renderer, run_dir: build_environments(config, renderer, run_dir)))
+    factory = lambda renderer, run_dir: build_environments(config, renderer, run_dir)  # noqa: E731
+    return asyncio.run(main(config, factory, checkpoint_metadata(config)))
 
 
 def cli_main(argv: list[str]) -> int:

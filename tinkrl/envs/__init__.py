@@ -31,6 +31,7 @@ ENV_TYPES: dict[str, tuple[str, str]] = {
     "math": ("tinkrl.envs.math.config:MathEnvConfig", "tinkrl.envs.math.env:build_datasets"),
     "erdos": ("tinkrl.envs.erdos.config:ErdosEnvConfig", "tinkrl.envs.erdos.env:build_datasets"),
     "tasks": ("tinkrl.envs.agent_tasks.config:TasksEnvConfig", "tinkrl.envs.agent_tasks.env:build_datasets"),
+    "shell": ("tinkrl.envs.shell.config:ShellEnvConfig", "tinkrl.envs.shell.env:build_datasets"),
     "openreward": ("tinkrl.envs.ors.config:OpenRewardEnvConfig", "tinkrl.envs.ors.env:build_datasets"),
 }
 # presets: a name for a type with some of its fields fixed
@@ -41,7 +42,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "hendrycks": ("math", {"dataset": "hendrycks"}),
     "polaris": ("math", {"dataset": "polaris"}),
 }
-ALIASES = {"MathConfig": "math", "ErdosConfig": "erdos", "TasksConfig": "tasks", "ArithmeticConfig": "arithmetic"}
+ALIASES = {
+    "MathConfig": "math",
+    "ErdosConfig": "erdos",
+    "TasksConfig": "tasks",
+    "ShellConfig": "shell",
+    "ArithmeticConfig": "arithmetic",
+}
 
 
 @dataclass
@@ -120,6 +127,21 @@ def resolve_config(config: TrainConfig) -> TrainConfig:
         if agreed and name not in config.model_fields_set:
             setattr(config, name, wanted[0][name])
     return config
+
+
+AGENT_SETTINGS = ("action_format", "tool_format")  # what evaluating a checkpoint needs to act as it was trained
+
+
+def checkpoint_metadata(config: TrainConfig) -> dict[str, str]:
+    """What a run's checkpoints should carry for `tinkrl eval --checkpoint`: the agent settings
+    (`action_format`, `tool_format`) its environments agree on."""
+    out: dict[str, str] = {}
+    configs = [make_env_config(k, e) for k, e in config.environments.items()]
+    for name in AGENT_SETTINGS:
+        values = {str(getattr(c, name)) for c in configs if hasattr(c, name)}
+        if len(values) == 1:
+            out[name] = values.pop()
+    return out
 
 
 def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dict[str, EnvDatasets]:

@@ -61,7 +61,8 @@ def write_checkpoint(name: str, meta: dict, lora: dict[str, torch.Tensor], optim
 
 
 def read_meta(ckpt: Path) -> dict:
-    """A checkpoint directory's `tinkrl_meta.json`: base_model, lora, step, kind, run_id, lora_alpha."""
+    """A checkpoint directory's `tinkrl_meta.json`: base_model, lora, step, kind, run_id, lora_alpha,
+    user_metadata."""
     return json.loads((ckpt / META).read_text())
 
 

@@ -62,9 +62,12 @@ class ServiceClient:
         user_metadata: dict | None = None,
         **_ignored,
     ) -> TrainingClient:
-        """A training client with a fresh LoRA adapter on `base_model` (B starts at 0, so it equals the base)."""
+        """A training client with a fresh LoRA adapter on `base_model` (B starts at 0, so it equals the base);
+        `user_metadata` is kept with its checkpoints (`checkpoint_metadata` reads it back)."""
         spec = LoraSpec(rank, train_mlp, train_attn, train_unembed)
-        return TrainingClient(self._engine(base_model), spec, seed, self.compile)
+        tc = TrainingClient(self._engine(base_model), spec, seed, self.compile)
+        tc.trainer.user_metadata = {str(k): str(v) for k, v in (user_metadata or {}).items()}
+        return tc
 
     def create_training_client_from_state(self, path: str, **_ignored) -> TrainingClient:
         """A training client with a checkpoint's weights and step, and a fresh optimizer."""

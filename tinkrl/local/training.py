@@ -100,6 +100,7 @@ class Trainer:
             self.params.values(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
         self.step = 0
+        self.user_metadata: dict[str, str] = {}  # the run's metadata, kept with every checkpoint
         self._snapshot_seq = itertools.count()
 
     def snapshot(self) -> Snapshot:
@@ -254,6 +255,7 @@ class Trainer:
             "kind": kind,
             "run_id": self.run_id,
             "lora_alpha": LORA_ALPHA,
+            "user_metadata": self.user_metadata,
         }
         lora = {n: p.detach().contiguous().cpu() for n, p in self.params.items()}
         return write_checkpoint(name, meta, lora, self.optimizer.state_dict() if with_optimizer else None)
@@ -266,4 +268,6 @@ class Trainer:
                 p.copy_(state[n].to(p.device))
         if with_optimizer:
             self.optimizer.load_state_dict(read_optimizer(ckpt, self.engine.device))
-        self.step = read_meta(ckpt).get("step", 0)
+        meta = read_meta(ckpt)
+        self.step = meta.get("step", 0)
+        self.user_metadata = dict(meta.get("user_metadata") or {})

@@ -31,9 +31,12 @@ class Checkpointer:
         row = self.latest()
         return int(row["batch"]) if row else 0
 
-    def training_client(self, service: Any, config: TrainConfig) -> tuple[Any, int]:
+    def training_client(
+        self, service: Any, config: TrainConfig, user_metadata: dict[str, str] | None = None
+    ) -> tuple[Any, int]:
         """The training client and the step to start at: the run's own last checkpoint (weights and
-        optimizer, at its step), else `resume_from`'s weights and optimizer at step 0, else a fresh LoRA."""
+        optimizer, at its step), else `resume_from`'s weights and optimizer at step 0, else a fresh LoRA
+        carrying `user_metadata` (what readers of its checkpoints need, e.g. the agent's action format)."""
         row = self.latest()
         if row is not None:
             print(
@@ -43,7 +46,9 @@ class Checkpointer:
         if config.resume_from:
             print(f"starting from checkpoint {config.resume_from} (its weights and optimizer state), at step 0")
             return service.create_training_client_from_state_with_optimizer(config.resume_from), 0
-        tc = service.create_lora_training_client(base_model=config.model_name, rank=config.lora_rank, seed=config.seed)
+        tc = service.create_lora_training_client(
+            base_model=config.model_name, rank=config.lora_rank, seed=config.seed, user_metadata=user_metadata or None
+        )
         return tc, 0
 
     async def save(self, training_client: Any, name: str, step: int, final: bool) -> dict:

@@ -248,6 +248,7 @@ class TinkerServer:
                     train_mlp=lora.train_mlp,
                     train_attn=lora.train_attn,
                     train_unembed=lora.train_unembed,
+                    user_metadata=req.user_metadata,
                 )
             )
             return m.client
