@@ -1,4 +1,4 @@
-"""The `tinkrl` command: train, eval, export, tasks, sandbox, serve.
+"""The `tinkrl` command: train, sft, eval, export, tasks, sandbox, serve.
 
 Each subcommand is a module of `tinkrl.commands` with a `cli_main(argv) -> exit code` (its
 argument parsing, wiring the library parts together), imported only when it runs, so
@@ -13,6 +13,7 @@ import sys
 # subcommand -> one-line help; `tinkrl NAME` runs tinkrl.commands.NAME
 COMMANDS: dict[str, str] = {
     "train": "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
+    "sft": "supervised fine-tuning on JSONL conversations: tinkrl sft --data FILE.jsonl",
     "eval": "run an agent on task dirs: tinkrl eval --tasks DIR --n K",
     "export": "export a checkpoint as a PEFT adapter or merged HF model",
     "tasks": "task directories: tinkrl tasks check DIR...",

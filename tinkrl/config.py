@@ -97,6 +97,23 @@ class AsyncConfig(Strict):
     """Sampling weights are never more than this many optimizer steps old."""
 
 
+class WarmStartConfig(Strict):
+    """Supervised steps (cross_entropy through the same Tinker API) before RL, on reference transcripts."""
+
+    steps: int = Field(0, ge=0)
+    """Supervised steps before the first RL step (0: no warm start). Runs once, in a new run only."""
+    batch_size: int = Field(32, ge=1)
+    """Transcripts per supervised step."""
+    learning_rate: float = Field(1e-3, gt=0)
+    """Adam learning rate of the supervised steps."""
+    demonstrations: int = Field(256, ge=1)
+    """Reference transcripts to gather from the environments that have them (e.g. shell: its templates'
+    reference solutions, run in sandboxes and kept only when they score 1)."""
+    data: str | None = None
+    """A JSONL file of conversations ({"messages": [...]} per line) to train on instead of the environments'
+    own demonstrations."""
+
+
 class BwrapSandboxConfig(Strict):
     """`sandbox.bwrap.*`: the bwrap provider's pool of prestarted sandboxes and its pid-1 server."""
 
@@ -324,6 +341,8 @@ class TrainConfig(BackendConfig):
     """Where agent tasks run: bwrap (default), docker or kubernetes, and each provider's options."""
     openreward: OpenRewardConfig = Field(default_factory=OpenRewardConfig)
     """Uploading ORS trajectories to OpenReward."""
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    """A short supervised phase before RL (off unless warm_start.steps > 0)."""
     dialect: Literal["auto", *DIALECTS] = "auto"  # type: ignore[valid-type]
     """The config's spelling: tinkrl, tinking (key=value trainer) or openreward (tinker-config.yaml); auto: detected
     from keys only one of them has (the run's plan says which)."""

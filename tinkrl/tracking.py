@@ -1,4 +1,5 @@
-"""Run logging: `metrics.jsonl` (one line per step), `checkpoints.jsonl`, rollouts, and W&B.
+"""Run logging: `metrics.jsonl` (one line per step), `checkpoints.jsonl`, rollouts, episodes, the warm
+start's `warm_start.jsonl`, and W&B.
 
 `metrics.jsonl` never holds a step twice: on resume, lines at or after the resumed step are
 dropped before new ones are appended.
@@ -71,9 +72,16 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
-    def write_rollouts(self, step: int, rows: list[dict]) -> None:
-        path = self.run_dir / "rollouts" / f"step_{step:06d}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    def write_rollouts(self, step: int, rows: list[dict], kind: str = "rollouts") -> None:
+        """A step's rows in `<kind>/step_NNNNNN.jsonl`: `rollouts` (trained sequences) or `episodes` (every
+        episode with what its environment logged)."""
+        path = self.run_dir / kind / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+    def write_phase(self, row: dict) -> None:
+        """A line of `warm_start.jsonl`: the evaluation before the warm start and each supervised step."""
+        append_jsonl(self.run_dir / "warm_start.jsonl", row)
 
     def close(self) -> None:
         if self.wandb is not None:

@@ -12,7 +12,9 @@ from tinkrl.rl.types import EnvDatasets, Metrics
 
 async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: int, temperature: float) -> Metrics:
     """Greedy and sampled (at `temperature`) reward, and accuracy where the env reports `correct`,
-    on each environment's held-out problems: `eval/<key>/{greedy,sampled}_{reward,correct}`."""
+    on each environment's held-out problems: `eval/<key>/{greedy,sampled}_{reward,correct}`; where the
+    held-out builders carry tags of their own (e.g. shell: heldout_instances, heldout_templates), also
+    `eval/<key>/<tag>/{greedy,sampled}_reward` per tag."""
     out: Metrics = {}
     for key, env in envs.items():
         if env.test is None:
@@ -28,6 +30,10 @@ async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: in
             trajs = await asyncio.gather(*(do_rollout(e, sampling_client, max_tokens, temp) for e in episodes))
             rewards = [t.total_reward for t in trajs if t.failure_mode is None]
             out[f"eval/{key}/{label}_reward"] = float(np.mean(rewards)) if rewards else float("nan")
+            tags = [(b.logging_tags() or [key])[0] for b in builders]
+            for tag in sorted(set(tags) - {key}):
+                mine = [t.total_reward for t, g in zip(trajs, tags) if g == tag and t.failure_mode is None]
+                out[f"eval/{key}/{tag}/{label}_reward"] = float(np.mean(mine)) if mine else float("nan")
             correct = [tr.metrics["correct"] for t in trajs for tr in t.transitions if "correct" in tr.metrics]
             if correct:
                 out[f"eval/{key}/{label}_correct"] = float(np.mean(correct))

@@ -107,6 +107,32 @@ def rollout_rows(seq_infos: list[tuple[SequenceData, dict]], tokenizer, step: in
     return rows
 
 
+def episode_rows(keyed_groups: list[tuple[str, TrajectoryGroup]], step: int) -> list[dict]:
+    """One `episodes/step_*.jsonl` row per episode of the step, trained on or not: environment, group,
+    reward, turns, failure, and what the environment logged (agent tasks: the transcript of commands and
+    outputs, how the episode ended, the grade)."""
+    rows = []
+    for g, (key, group) in enumerate(keyed_groups):
+        rewards = group.total_rewards()
+        for traj, reward in zip(group.trajectories_G, rewards):
+            logs = {k: v for t in traj.transitions for k, v in t.logs.items()}
+            rows.append(
+                {"step": step, "env": key, "group": g, "reward": reward, "turns": len(traj.transitions), **logs}
+            )
+        for traj in group.failures:
+            rows.append(
+                {
+                    "step": step,
+                    "env": key,
+                    "group": g,
+                    "reward": None,
+                    "failure_mode": traj.failure_mode,
+                    "failure_detail": traj.failure_detail,
+                }
+            )
+    return rows
+
+
 def summary_line(step: int, m: Metrics) -> str:
     """The console line of a step: reward, held-out accuracy when evaluated, and step time."""
     parts = [f"step {step}", f"reward {m.get('env/all/reward/total', float('nan')):.3f}"]

@@ -1,5 +1,7 @@
 """The RL loop, top to bottom: sample groups, select, datums, train, refresh weights, checkpoint.
 
+A new run with `warm_start.steps` first runs the supervised warm start (`rl/warm_start.py`).
+
 Each step: every environment's share of groups is rolled out concurrently with the current
 sampling client; groups that failed too often (and, if asked, constant-reward groups) are
 dropped; rewards become advantages and trajectories become datums; `forward_backward` and
@@ -21,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tinker import types
-
 from tinkrl.backends import choose_backend, make_service_client
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
@@ -30,18 +30,21 @@ from tinkrl.renderers import choose_renderer, get_renderer
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.data import add_kl_penalty, add_observation_logprobs, build_sequences, select_groups
 from tinkrl.rl.evaluation import evaluate
-from tinkrl.rl.metrics import group_metrics, optim_metrics, rollout_rows, summary_line, timed
+from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollout_rows, summary_line, timed
 from tinkrl.rl.rollouts import sample_groups
 from tinkrl.rl.run_dir import claim_run_dir, new_run_hint
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget
+from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
+from tinkrl.rl.warm_start import warm_start
 from tinkrl.tracking import RunLogger
 
 EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir) -> environments by key
 
 
-async def main(config: TrainConfig, make_envs: EnvFactory) -> Metrics:
-    """Set up a run (service, training client, environments, logging), train it, and close it."""
+async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[str, str] | None = None) -> Metrics:
+    """Set up a run (service, training client, environments, logging), train it, and close it.
+    `user_metadata` goes with the training run (and its checkpoints), as the Tinker API keeps it."""
     import torch
 
     t0 = time.time()
@@ -60,7 +63,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory) -> Metrics:
         )
         return {}
     service = make_service_client(config)
-    tc, start = await asyncio.to_thread(checkpointer.training_client, service, config)
+    tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
     try:
         name = choose_renderer(config.model_name, config.renderer, config.thinking)
         renderer = get_renderer(tc.get_tokenizer(), config.model_name, name=name)
@@ -76,6 +79,9 @@ async def main(config: TrainConfig, make_envs: EnvFactory) -> Metrics:
         resume_step=start,
     )
     try:
+        if start == 0 and config.warm_start.steps:
+            sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
+            await warm_start(config, tc, renderer, envs, sc, logger, t0)
         return await train(config, service, tc, start, envs, logger, checkpointer, t0)
     finally:
         for env in envs.values():
@@ -107,14 +113,7 @@ async def train(
         f"{sum(n * c.group_size_for(k) for k, n in c.groups_per_env().items())} rollouts/step, "
         f"ready in {time.time() - t0:.1f}s"
     )
-    adam = types.AdamParams(
-        learning_rate=c.learning_rate,
-        beta1=c.adam_beta1,
-        beta2=c.adam_beta2,
-        eps=c.adam_eps,
-        weight_decay=c.weight_decay,
-        grad_clip_norm=c.grad_clip_norm,
-    )
+    adam = adam_params(c, c.learning_rate)
     max_failing = {key: entry.max_failing_rollouts for key, entry in c.environments.items()}
     max_lag = c.async_.max_steps_off_policy if c.async_ else 0
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
@@ -163,6 +162,7 @@ async def train(
             if env.on_step is not None:
                 metrics.update(env.on_step(step, [g for k, g in keyed_groups if k == key]))
         logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
+        logger.write_rollouts(step, episode_rows(keyed_groups, step), kind="episodes")
 
         # New weights -> a new sampling client, from a checkpoint when one is due.
         done = step + 1

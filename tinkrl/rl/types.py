@@ -16,8 +16,9 @@ records the failure mode and leaves the episode out of its group, never scoring 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import tinker
 
@@ -35,7 +36,7 @@ class StepResult:
     next_observation: tinker.ModelInput
     next_stop_condition: StopCondition
     metrics: Metrics = field(default_factory=dict)
-    logs: dict[str, str] = field(default_factory=dict)
+    logs: dict[str, Any] = field(default_factory=dict)  # JSON values, written to the run's episode log
     # Optional per-token mask for the action just taken (1 = trained on, 0 = forced text
     # the policy did not choose). None means every action token is trained on.
     action_mask: list[float] | None = None
@@ -71,7 +72,7 @@ class Transition:
     stop_reason: str = "stop"
     ac_mask: list[float] | None = None  # None = all ones
     metrics: Metrics = field(default_factory=dict)
-    logs: dict[str, str] = field(default_factory=dict)
+    logs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,3 +143,5 @@ class EnvDatasets:
     """Called after each training step with this environment's groups of the step; returns extra metrics."""
     close: Callable[[], None] | None = None
     """Called once when the run ends (e.g. to wait for uploads)."""
+    demonstrations: Callable[[int], Awaitable[list[list[dict]]]] | None = None
+    """Up to n reference transcripts (chat messages) of training tasks solved, for a warm start."""

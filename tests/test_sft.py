@@ -1,0 +1,43 @@
+"""`tinkrl sft`: supervised steps on JSONL conversations through the Tinker API, and its input errors."""
+
+from __future__ import annotations
+
+import json
+
+from tinkrl.cli import main as tinkrl
+
+CONVERSATIONS = [
+    [
+        {"role": "system", "content": "You are an agent in a Linux shell."},
+        {"role": "user", "content": f"Create a directory named {name}."},
+        {"role": "assistant", "content": f"```bash\nmkdir {name}\n```"},
+        {"role": "user", "content": "[exit code: 0]"},
+        {"role": "assistant", "content": "DONE"},
+    ]
+    for name in ("docs", "logs", "backups")
+]
+
+
+def test_sft_fits_its_conversations_and_saves_sampler_weights(tmp_path, isolated_home, capsys) -> None:
+    data = tmp_path / "conv.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
+    log = tmp_path / "sft"
+    argv = ["sft", "--data", str(data), "--model", "tinkrl/tiny-llama", "--steps", "6", "--batch-size", "3"]
+    assert tinkrl(argv + ["--learning-rate", "1e-2", "--lora-rank", "8", "--log-path", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("final sampler weights: tinker://")
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert rows[-1]["sft/nll"] < 0.5 * rows[0]["sft/nll"]  # the same three conversations every step: it fits them
+    assert all(r["sft/tokens"] == rows[0]["sft/tokens"] for r in rows)  # only the assistant turns are weighted
+
+
+def test_a_bad_line_is_one_error_naming_it(tmp_path, capsys) -> None:
+    data = tmp_path / "conv.jsonl"
+    data.write_text(
+        json.dumps({"messages": CONVERSATIONS[0]}) + "\n" + json.dumps({"messages": [{"role": "user"}]}) + "\n"
+    )
+    assert tinkrl(["sft", "--data", str(data), "--model", "tinkrl/tiny-llama"]) == 2
+    assert f"{data}:2: expected" in capsys.readouterr().err
+    assert tinkrl(["sft", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
