@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test test-all lint bench bench-deps clean
+.PHONY: install train train-agent test test-all lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system.sh
 
 train: install
 	$(VENV)/bin/tinkrl train configs/default.yaml
+
+# The agent job: SmolLM2-135M learns generated shell tasks in sandboxes (CPU, under 30 minutes),
+# then its curve is drawn next to the run.
+train-agent: install
+	$(VENV)/bin/tinkrl train configs/agent.yaml
+	$(PY) bench/plot_agent.py runs/agent --out runs/agent/curve.png
 
 test: install
 	$(VENV)/bin/python -m pytest -q -rs -m "not slow" tests

@@ -1,0 +1,221 @@
+"""The `shell` task family: templates, held-out sets, checker integrity, sandbox limits, and the whole
+agent pipeline (warm start, RL, episode transcripts, the checkpoint's action format) on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from helpers.requirements import needs_bwrap
+
+from tinkrl.envs.shell.config import HELD_OUT_TEMPLATE_NAMES, TRAIN_TEMPLATE_NAMES, ShellEnvConfig
+from tinkrl.envs.shell.tasks import LIMITS, held_out, instance, to_task, train_instance
+from tinkrl.envs.shell.templates import HELD_OUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES, WORDS
+from tinkrl.errors import ConfigError
+from tinkrl.sandbox import LazyProvider
+from tinkrl.taskdirs import grade, run_gate, start_sandbox
+
+TASKS = Path(__file__).resolve().parents[1] / "tasks"
+
+
+def test_the_config_names_the_templates_the_family_has() -> None:
+    assert list(TRAIN_TEMPLATES) == TRAIN_TEMPLATE_NAMES and list(HELD_OUT_TEMPLATES) == HELD_OUT_TEMPLATE_NAMES
+    assert not set(TRAIN_TEMPLATES) & set(HELD_OUT_TEMPLATES)
+    with pytest.raises(ValueError, match="unknown template"):
+        ShellEnvConfig(templates=["make_dir", "no_such"])
+    with pytest.raises(ValueError, match="both trained on and held out"):
+        ShellEnvConfig(templates=["tail_lines"])
+
+
+def test_no_word_is_part_of_another() -> None:  # grep-based templates count lines containing a word
+    assert not [(a, b) for a in WORDS for b in WORDS if a != b and a in b]
+
+
+def test_instances_are_seeded_and_varied() -> None:
+    for name in TEMPLATES:
+        assert instance(name, 7) == instance(name, 7)
+        assert len({instance(name, s).key for s in range(20)}) >= 10, name
+
+
+def test_held_out_instances_never_appear_in_the_train_stream() -> None:
+    tests = held_out(TRAIN_TEMPLATE_NAMES, 3, seed=0)
+    assert len(tests) == 3 * len(TRAIN_TEMPLATE_NAMES)
+    keys = {t.key for t in tests}
+    stream = [train_instance(TRAIN_TEMPLATE_NAMES, p, 0, keys) for p in range(3000)]
+    assert not keys & {i.key for i in stream}
+    assert {i.template for i in stream} == set(TRAIN_TEMPLATE_NAMES)  # every trained template, no held-out one
+    # without the exclusion the stream does draw some of them: the exclusion is what keeps them apart
+    assert keys & {train_instance(TRAIN_TEMPLATE_NAMES, p, 0, set()).key for p in range(3000)}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
+    """The reference solution scores 1 and doing nothing scores 0, for several instances of each template."""
+    for seed in range(3):
+        task = to_task(instance(name, [seed, 99]))
+        result = run_gate(task, bwrap_provider, use_cache=False)
+        assert result.ok, (task.instruction, result.detail)
+
+
+@needs_bwrap
+def test_a_wrong_end_state_scores_0(bwrap_provider) -> None:
+    """Near misses fail: the right file plus a stray one, a deleted neighbour, the count with the file name."""
+    cases = [
+        ("copy_file", lambda i: f"{i.solution[0]} && touch stray.txt"),
+        ("delete_file", lambda i: "rm -f *"),
+        ("count_lines", lambda i: i.solution[0].replace("< ", "")),  # `wc -l f.txt` writes "5 f.txt"
+    ]
+    for name, wrong in cases:
+        inst = instance(name, 3)
+        sandbox = start_sandbox(to_task(inst), bwrap_provider)
+        try:
+            assert sandbox.exec(wrong(inst), timeout=30).exit_code == 0
+            assert grade(to_task(inst), sandbox).reward == 0.0, name
+        finally:
+            sandbox.close()
+
+
+@needs_bwrap
+def test_the_checker_cannot_be_satisfied_by_writing_its_own_files(bwrap_provider) -> None:
+    """An agent that writes reward 1, a checker that always passes and an expected tree matching an empty
+    directory scores 0: /tests and /logs/verifier are emptied and refilled after its processes are killed."""
+    inst = instance("write_line", 5)
+    task = to_task(inst)
+    sandbox = start_sandbox(task, bwrap_provider)
+    try:
+        forge = (
+            "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && "
+            'printf \'open("/logs/verifier/reward.txt","w").write("1")\' > /tests/check_tree.py && '
+            'echo \'{"root": "/app", "tree": {}}\' > /tests/expected.json && '
+            "(while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.01; done) >/dev/null 2>&1 &"
+        )
+        assert sandbox.exec(forge, timeout=30).exit_code == 0
+        result = grade(task, sandbox)
+        assert result.reward == 0.0 and "missing file" in result.output
+    finally:
+        sandbox.close()
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_sandbox_limits_hold_for_every_template(name, bwrap_provider) -> None:
+    """Every generated task runs with the family's caps: no network, a small disk, few processes."""
+    task = to_task(instance(name, 1))
+    assert {k: getattr(task, k) for k in LIMITS} == LIMITS
+    sandbox = start_sandbox(task, bwrap_provider)
+    try:
+        net = sandbox.exec(
+            "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)\"", timeout=30
+        )
+        assert net.exit_code != 0 and "unreachable" in net.output.lower()
+        disk = sandbox.exec("head -c 32M /dev/zero > /app/big", timeout=30)
+        assert disk.exit_code != 0 and "No space left" in disk.output
+        forks = sandbox.exec("for i in $(seq 100); do sleep 5 & done; wait", timeout=30)
+        assert forks.exit_code != 0 and "fork" in forks.output.lower()
+    finally:
+        sandbox.close()
+
+
+@needs_bwrap
+def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> None:
+    """A demonstration is the episode the reference solution produces (real output, graded 1), and as
+    supervised tokens it is exactly what TaskEnv builds when those replies are sampled."""
+    from tinkrl.envs.agent_tasks.env import TaskEnv
+    from tinkrl.envs.shell.env import reference_transcript
+    from tinkrl.rl.supervised import conversation_tokens
+
+    cfg = ShellEnvConfig()
+    inst = instance("count_matches", 2)
+    messages = asyncio.run(reference_transcript(inst, cfg, LazyProvider(lambda: bwrap_provider)))
+    assert messages is not None
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[3]["content"] == "[exit code: 0]" and messages[4]["content"] == "DONE"
+    tokens, weights = conversation_tokens(renderer, messages)
+
+    async def replay() -> list[int]:
+        from tinkrl.agents.session import TaskSession
+
+        env = TaskEnv(TaskSession(to_task(inst), cfg, LazyProvider(lambda: bwrap_provider)), renderer)
+        ob, _ = await env.initial_observation()
+        seq = ob.to_ints()
+        try:
+            for reply in (messages[2], messages[4]):
+                action = renderer.action_tokens(reply)
+                result = await env.step(action)
+                seq = seq + action if result.episode_done else result.next_observation.to_ints()
+            assert result.reward == 1.0
+        finally:
+            await env.close()
+        return seq
+
+    assert tokens == asyncio.run(replay())
+    trained = [t for t, w in zip(tokens, weights) if w]
+    assert trained == renderer.action_tokens(messages[2]) + renderer.action_tokens(messages[4])
+
+
+def test_a_run_without_demonstrations_says_how_to_warm_start() -> None:
+    from tinkrl.rl.types import EnvDatasets
+    from tinkrl.rl.warm_start import gather_demonstrations
+
+    with pytest.raises(ConfigError, match="warm_start.data"):
+        asyncio.run(gather_demonstrations({"math": EnvDatasets(train=None)}, 4))  # type: ignore[arg-type]
+
+
+@needs_bwrap
+def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolated_home, capsys) -> None:
+    """`tinkrl train env=shell` with a warm start: base eval, supervised steps, 2 RL steps, per-tag held-out
+    evals, per-episode transcripts, and a checkpoint that `tinkrl eval` runs in the shell format."""
+    from tinkrl.cli import main as tinkrl
+
+    monkeypatch.chdir(tmp_path)
+    run = [
+        "train",
+        "env=shell",
+        "model_name=tinkrl/tiny-llama",
+        "backend=local",
+        "groups_per_step=2",
+        "group_size=2",
+        "max_steps=2",
+        "max_tokens=12",
+        "eval_every=1",
+        "save_every=0",
+        "env.test_per_template=1",
+        "env.held_out_templates=[tail_lines,copy_dir]",
+        "warm_start.steps=2",
+        "warm_start.batch_size=4",
+        "warm_start.demonstrations=6",
+        "run_name=agent",
+    ]
+    assert tinkrl(run) == 0
+    out = capsys.readouterr().out
+    final = [line for line in out.splitlines() if line.startswith("final sampler weights: ")]
+    assert len(final) == 1
+    run_dir = tmp_path / "runs" / "agent"
+    phases = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines()]
+    assert phases[0]["phase"] == "base" and "eval/shell/heldout_templates/sampled_reward" in phases[0]
+    sft = [p for p in phases if p["phase"] == "sft"]
+    assert [p["sft_step"] for p in sft] == [0, 1] and all(p["sft/tokens"] > 0 for p in sft)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1]
+    for tag in ("heldout_instances", "heldout_templates"):
+        assert 0.0 <= metrics[-1][f"eval/shell/{tag}/greedy_reward"] <= 1.0
+    episodes = [json.loads(line) for line in (run_dir / "episodes" / "step_000000.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4
+    for e in episodes:
+        assert e["tasks/task"].startswith("shell-") and e["reward"] in (0.0, 1.0)
+        roles = [m["role"] for m in e["tasks/transcript"]]
+        assert roles[:3] == ["system", "user", "assistant"] and "```bash" in e["tasks/transcript"][0]["content"]
+
+    checkpoint = final[0].split(": ", 1)[1]
+    rc = tinkrl(
+        ["eval", "--tasks", str(TASKS), "--task-id", "hello-file", "--checkpoint", checkpoint, "--max-turns", "1"]
+        + ["--max-tokens", "8", "--output-path", str(tmp_path / "eval"), "--run-id", "e"]
+    )
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "eval" / "e" / "results.json").read_text())
+    assert results["action_format"] == "shell"
+    trial = json.loads((tmp_path / "eval" / "e" / "results.jsonl").read_text().splitlines()[0])
+    assert trial["transcript"][0]["content"].startswith("You are an agent in a Linux shell")

@@ -1,0 +1,66 @@
+"""`env=shell`: the generated shell task family's config (kept light: no SDK types, no templates'
+dependencies beyond their names, so a config error answers at once)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TRAIN_TEMPLATE_NAMES = (
+    "make_dir make_file write_line copy_file rename_file delete_file append_line count_lines count_matches "
+    "grep_lines head_lines sort_lines make_executable find_ext replace_word move_into_dir"
+).split()
+HELD_OUT_TEMPLATE_NAMES = "make_nested_dirs delete_dir tail_lines count_words copy_dir unique_lines".split()
+
+
+class ShellEnvConfig(BaseModel):
+    """`env=shell`: generated shell tasks (files, directories, text tools) in sandboxes, graded on the
+    whole end state of the working directory; a seeded train stream, held-out instances of the trained
+    templates, and held-out templates never trained on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    templates: list[str] = Field(default_factory=lambda: list(TRAIN_TEMPLATE_NAMES), min_length=1)
+    """Templates to train on (default: every training template)."""
+    held_out_templates: list[str] = Field(default_factory=lambda: list(HELD_OUT_TEMPLATE_NAMES))
+    """Templates never trained on, evaluated to measure generalisation (`eval/<key>/heldout_templates/...`)."""
+    test_per_template: int = Field(4, ge=0)
+    """Held-out instances per template in the eval set (new names and contents; never in the train stream)."""
+    max_turns: int = Field(3, ge=1)
+    """Assistant turns per episode; the last one ends the episode and it is graded."""
+    max_tokens_per_turn: int | None = Field(None, ge=1)
+    """Tokens sampled per turn (None: the trainer's max_tokens)."""
+    max_context_tokens: int = Field(1024, ge=64)
+    """Prompt + all turns must fit; an episode that overflows ends with reward 0."""
+    max_total_tokens: int | None = Field(None, ge=1)
+    """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
+    episode_timeout_s: float | None = Field(60.0, gt=0)
+    """Time the agent's commands may take in all."""
+    timeout_includes_sampling: bool = False
+    """Count the model's sampling time against the episode's time limit too."""
+    command_timeout_s: float = Field(10.0, gt=0)
+    """Ceiling on one command; a timeout is an observation."""
+    max_observation_chars: int = Field(600, ge=200)
+    """A command's output longer than this keeps its head and tail."""
+    action_format: Literal["shell", "tools"] = "shell"
+    """`shell`: one ```bash block per turn, DONE when finished; `tools`: JSON tool calls."""
+    tool_format: Literal["hermes", "xml"] = "hermes"
+    """Tool-call syntax when action_format is tools."""
+    system_prompt: str | None = None
+    """System prompt; None: the action format's own (`{workdir}`, `{max_turns}` are filled in)."""
+
+    @model_validator(mode="after")
+    def _known_templates(self) -> ShellEnvConfig:
+        known = TRAIN_TEMPLATE_NAMES + HELD_OUT_TEMPLATE_NAMES
+        for field in ("templates", "held_out_templates"):
+            unknown = [t for t in getattr(self, field) if t not in known]
+            if unknown:
+                raise ValueError(f"{field}: unknown template(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        both = sorted(set(self.templates) & set(self.held_out_templates))
+        if both:
+            raise ValueError(f"templates both trained on and held out: {', '.join(both)}")
+        return self
+
+
+ShellConfig = ShellEnvConfig  # the name users type: env=ShellConfig

@@ -1,0 +1,116 @@
+"""The `shell` environment: generated shell tasks as multi-turn agent episodes in sandboxes.
+
+Training draws a seeded stream of instances (a template, then its names and contents) and
+rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in
+the shell action format by default. The test set is held-out instances of the trained
+templates (`heldout_instances`) and instances of templates never trained on
+(`heldout_templates`), reported separately. `demonstrations(n)` runs the templates' reference
+solutions through the same episode and keeps the ones that score 1: the transcripts a warm
+start trains on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tinkrl.agents.session import Message, TaskSession
+from tinkrl.agents.shell_actions import reference_reply
+from tinkrl.envs.agent_tasks.env import TaskGroupBuilder, renderer_for
+from tinkrl.envs.shell.config import ShellEnvConfig
+from tinkrl.envs.shell.tasks import held_out, to_task, train_instance
+from tinkrl.envs.shell.templates import Instance
+from tinkrl.errors import InfraFailure
+from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset
+
+if TYPE_CHECKING:
+    from tinkrl.envs import EnvContext
+
+STREAM_LENGTH = 1_000_000  # batches the train stream offers (the run's max_steps stops first)
+
+
+class ShellStream(RLDataset):
+    """Batch `index` holds the stream's instances at positions index*G .. index*G+G-1 (a resumed run
+    sees the same batches)."""
+
+    def __init__(self, cfg: ShellEnvConfig, groups_per_batch: int, seed: int, exclude: set[str], make_builder):
+        self.cfg, self.groups_per_batch, self.seed, self.exclude = cfg, groups_per_batch, seed, exclude
+        self.make_builder = make_builder
+
+    def instance_at(self, position: int) -> Instance:
+        """The stream's instance at `position`."""
+        return train_instance(self.cfg.templates, position, self.seed, self.exclude)
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        start = index * self.groups_per_batch
+        return [self.make_builder(self.instance_at(p)) for p in range(start, start + self.groups_per_batch)]
+
+    def __len__(self) -> int:
+        return STREAM_LENGTH
+
+
+class FixedSet(RLDataset):
+    """One batch: a builder per held-out instance."""
+
+    def __init__(self, builders: list[EnvGroupBuilder]):
+        self.builders = builders
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        return list(self.builders)
+
+    def __len__(self) -> int:
+        return 1
+
+
+async def reference_transcript(inst: Instance, cfg: ShellEnvConfig, provider) -> list[Message] | None:
+    """The episode of `inst`'s reference solution (each command a turn, then DONE), as chat messages with
+    the real observations; None when it does not score 1 or the sandbox failed."""
+    session = TaskSession(to_task(inst), cfg, provider)
+    try:
+        await session.start()
+        for command in [*inst.solution, None]:
+            _, done = await session.act_text(reference_reply(command), False, 0)
+            if done:
+                break
+        if not session.done:
+            return None
+        reward = await session.finish()
+    except InfraFailure:
+        return None
+    finally:
+        await session.close()
+    return session.messages if reward >= 1.0 else None
+
+
+def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
+    """The train stream, the held-out set (two tags) and the reference demonstrations of the shell family."""
+    renderer = renderer_for(ctx.renderer, cfg.tool_format)
+    provider = ctx.sandbox
+    tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed)
+    new_templates = held_out(cfg.held_out_templates, cfg.test_per_template, ctx.seed)
+    exclude = {i.key for i in tests}
+
+    def builder(inst: Instance, group_size: int, tag: str) -> TaskGroupBuilder:
+        return TaskGroupBuilder(to_task(inst), cfg, renderer, provider, group_size, tag)
+
+    train = ShellStream(cfg, ctx.groups_per_batch, ctx.seed, exclude, lambda i: builder(i, ctx.group_size, ctx.key))
+    test_builders = [builder(i, 1, "heldout_instances") for i in tests]
+    test_builders += [builder(i, 1, "heldout_templates") for i in new_templates]
+
+    async def demonstrations(n: int, concurrency: int = 4) -> list[list[Message]]:
+        """`n` reference transcripts from a stream of their own (a seed apart from the train stream's),
+        held-out instances excluded; failed ones are left out."""
+        sem = asyncio.Semaphore(concurrency)
+        demo_stream = ShellStream(cfg, 1, ctx.seed + 1_000_003, exclude, lambda i: i)
+
+        async def one(position: int) -> list[Message] | None:
+            async with sem:
+                return await reference_transcript(demo_stream.instance_at(position), cfg, provider)
+
+        found = await asyncio.gather(*(one(p) for p in range(n)))
+        return [m for m in found if m is not None]
+
+    return EnvDatasets(
+        train=train, test=FixedSet(test_builders) if test_builders else None, demonstrations=demonstrations
+    )

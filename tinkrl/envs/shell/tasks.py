@@ -1,0 +1,94 @@
+"""Generated shell instances as sandbox tasks, and the seeded streams of them.
+
+Each instance becomes a `Task` like a Harbor directory's: its workspace is built from literal
+files, its checker (`check_tree.py` and the expected tree as JSON) goes into /tests only at
+grading time, after the agent's processes are killed, and writes /logs/verifier/reward.txt —
+so nothing the agent writes to /tests or /logs can grade it. The sandbox caps are small
+(memory, processes, disk); the network is off as in every bwrap sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tinkrl.envs.shell.templates import TEMPLATES, Instance, Tree
+from tinkrl.taskdirs.model import BuildStep, FileCopy, Task
+
+WORKDIR = "/app"
+CHECKER = Path(__file__).with_name("check_tree.py")
+TEST_SH = "#!/bin/bash\nexec python3 /tests/check_tree.py /tests/expected.json\n"
+LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "agent_timeout_s": 60.0, "verifier_timeout_s": 30.0}
+
+
+def instance(template: str, seed: int | list[int]) -> Instance:
+    """The instance of `template` drawn with `seed` (the same seed always gives the same instance)."""
+    return TEMPLATES[template](np.random.default_rng(seed))
+
+
+def _build(tree: Tree) -> list[BuildStep]:
+    dirs = sorted(p for p, e in tree.items() if e.kind == "dir")
+    steps = []
+    if dirs:
+        steps.append(BuildStep("run", "shell task: directories", command="mkdir -p " + " ".join(dirs), workdir=WORKDIR))
+    for path, e in sorted(tree.items()):
+        if e.kind == "file":
+            data = FileCopy(f"{WORKDIR}/{path}", data=e.text.encode(), mode=0o755 if e.exec else 0o644)
+            steps.append(BuildStep("copy", f"shell task: {path}", copy=data))
+    return steps
+
+
+def to_task(inst: Instance) -> Task:
+    """The instance as a sandbox task: workspace, instruction, checker and reference solution."""
+    expected = json.dumps({"root": WORKDIR, "tree": {p: e.to_json() for p, e in sorted(inst.end.items())}})
+    solve = "#!/bin/bash\nset -e\ncd /app\n" + "".join(c + "\n" for c in inst.solution)
+    return Task(
+        id=f"shell-{inst.template}-{inst.key}",
+        source=CHECKER.parent,
+        format="harbor",
+        instruction=inst.instruction,
+        workdir=WORKDIR,
+        build=_build(inst.start),
+        tests=[
+            FileCopy("/tests/test.sh", data=TEST_SH.encode(), mode=0o755),
+            FileCopy("/tests/check_tree.py", data=CHECKER.read_bytes()),
+            FileCopy("/tests/expected.json", data=expected.encode()),
+        ],
+        test_command="bash /tests/test.sh",
+        solution=[FileCopy("/solution/solve.sh", data=solve.encode(), mode=0o755)],
+        solution_command="bash /solution/solve.sh",
+        metadata={"template": inst.template, "family": "shell"},
+        **LIMITS,
+    )
+
+
+def held_out(templates: list[str], per_template: int, seed: int) -> list[Instance]:
+    """`per_template` distinct instances of each template, from a seed space the train stream never uses."""
+    out = []
+    for name in templates:
+        seen: set[str] = set()
+        i = 0
+        while len(seen) < per_template and i < 50 * per_template:
+            inst = instance(name, [seed, 0x7E57, TEMPLATE_IDS[name], i])
+            i += 1
+            if inst.key not in seen:
+                seen.add(inst.key)
+                out.append(inst)
+    return out
+
+
+def train_instance(templates: list[str], position: int, seed: int, exclude: set[str]) -> Instance:
+    """The train stream's instance at `position`: its template drawn by the seed, redrawn while it
+    equals a held-out instance (`exclude`: their keys)."""
+    rng = np.random.default_rng([seed, 0x78A1, position])
+    name = templates[int(rng.integers(len(templates)))]
+    for attempt in range(100):
+        inst = instance(name, [seed, 0x78A1, position, attempt + 1])
+        if inst.key not in exclude:
+            return inst
+    raise RuntimeError(f"template {name} keeps drawing held-out instances; it has too few distinct ones")
+
+
+TEMPLATE_IDS = {name: i for i, name in enumerate(TEMPLATES)}

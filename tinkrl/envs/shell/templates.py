@@ -1,0 +1,435 @@
+"""The `shell` task family's templates: simple shell work with random names and contents.
+
+A template is a function `rng -> Instance`: the instruction, the working directory's files
+before (`start`) and the whole tree it must hold after (`end`), and a reference solution
+(shell commands, one per turn). The end state is complete — every path, its type, its
+content and its executable bit — so a checker comparing trees rewards only the right result:
+extra files, a deleted neighbour or a wrong line all score 0.
+
+`TRAIN_TEMPLATES` are what a run trains on; `HELD_OUT_TEMPLATES` are never trained on and
+measure generalisation (each is a near relative of a trained one: `tail` of `head`, `mkdir -p`
+of `mkdir`, `rm -r` of `rm`, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# Words that are never substrings of one another (grep-based templates count whole lines).
+WORDS = (
+    "alpha bravo cedar delta ember falcon garnet harbor indigo juniper kestrel lumen maple nectar "
+    "onyx pepper quartz raven saffron tundra umber violet willow xenon yarrow zephyr"
+).split()
+STEMS = (
+    "notes data report todo config names list draft summary inventory journal records output "
+    "input results items readme backup archive plan"
+).split()
+EXTS = ("txt", "md", "csv", "log", "cfg", "dat")
+DIRS = "docs backups archive logs reports tmp build src assets cache old out drafts media".split()
+
+
+@dataclass
+class Entry:
+    """One path of the working directory: a directory, or a file with its text and executable bit."""
+
+    kind: str  # "dir" | "file"
+    text: str = ""
+    exec: bool = False
+
+    def to_json(self) -> dict:
+        """The entry as the checker's expected-tree JSON reads it."""
+        return {"type": "dir"} if self.kind == "dir" else {"type": "file", "text": self.text, "exec": self.exec}
+
+
+Tree = dict[str, Entry]  # path relative to the working directory -> entry
+
+
+@dataclass
+class Instance:
+    """One generated task: what the agent is told, the tree before and after, and a reference solution."""
+
+    template: str
+    instruction: str
+    start: Tree
+    end: Tree
+    solution: list[str]  # one shell command per turn
+
+    @property
+    def key(self) -> str:
+        """A digest of everything that defines the instance (two equal instances share it)."""
+        blob = json.dumps(
+            [self.template, self.instruction, {p: e.to_json() for p, e in sorted(self.start.items())}], sort_keys=True
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# -- random pieces ----------------------------------------------------------------------------
+def _pick(rng: np.random.Generator, items, k: int | None = None):
+    if k is None:
+        return items[int(rng.integers(len(items)))]
+    return [items[int(i)] for i in rng.choice(len(items), size=k, replace=False)]
+
+
+def _file_names(rng: np.random.Generator, k: int, ext: str | None = None) -> list[str]:
+    stems = _pick(rng, STEMS, k)
+    return [f"{s}.{ext or _pick(rng, EXTS)}" for s in stems]
+
+
+def _line(rng: np.random.Generator) -> str:
+    return " ".join(_pick(rng, WORDS, int(rng.integers(1, 4))))
+
+
+def _lines(rng: np.random.Generator, lo: int = 3, hi: int = 8) -> list[str]:
+    return [_line(rng) for _ in range(int(rng.integers(lo, hi + 1)))]
+
+
+def _text(lines: list[str]) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+def _distractors(rng: np.random.Generator, taken: set[str], k: int | None = None) -> Tree:
+    """0-2 unrelated files the task must leave as they are."""
+    k = int(rng.integers(0, 3)) if k is None else k
+    out: Tree = {}
+    for name in _file_names(rng, 6):
+        if len(out) == k:
+            break
+        if name not in taken and not any(t.startswith(name.split(".")[0] + ".") for t in taken):
+            out[name] = Entry("file", _text(_lines(rng, 1, 3)))
+    return out
+
+
+def _q(s: str) -> str:
+    return shlex.quote(s)
+
+
+def _set(tree: Tree, changes: dict[str, Entry | None]) -> Tree:
+    out = dict(tree)
+    for path, entry in changes.items():
+        if entry is None:
+            out.pop(path, None)
+        else:
+            out[path] = entry
+    return out
+
+
+# -- the templates ----------------------------------------------------------------------------
+def make_dir(rng) -> Instance:
+    """mkdir: create a directory."""
+    d = _pick(rng, DIRS)
+    start = _distractors(rng, {d})
+    return Instance("make_dir", f"Create a directory named {d}.", start, _set(start, {d: Entry("dir")}), [f"mkdir {d}"])
+
+
+def make_file(rng) -> Instance:
+    """touch: create an empty file."""
+    (f,) = _file_names(rng, 1)
+    start = _distractors(rng, {f})
+    return Instance(
+        "make_file", f"Create an empty file named {f}.", start, _set(start, {f: Entry("file")}), [f"touch {f}"]
+    )
+
+
+def write_line(rng) -> Instance:
+    """echo >: a new file holding one line."""
+    (f,) = _file_names(rng, 1)
+    text = _line(rng)
+    start = _distractors(rng, {f})
+    return Instance(
+        "write_line",
+        f"Create a file named {f} containing the line: {text}",
+        start,
+        _set(start, {f: Entry("file", text + "\n")}),
+        [f"echo {_q(text)} > {f}"],
+    )
+
+
+def copy_file(rng) -> Instance:
+    """cp: copy a file (the original stays)."""
+    a, b = _file_names(rng, 2)
+    body = Entry("file", _text(_lines(rng)))
+    start = {a: body, **_distractors(rng, {a, b})}
+    return Instance("copy_file", f"Copy {a} to {b}.", start, _set(start, {b: body}), [f"cp {a} {b}"])
+
+
+def rename_file(rng) -> Instance:
+    """mv: rename a file."""
+    a, b = _file_names(rng, 2)
+    body = Entry("file", _text(_lines(rng)))
+    start = {a: body, **_distractors(rng, {a, b})}
+    return Instance("rename_file", f"Rename {a} to {b}.", start, _set(start, {a: None, b: body}), [f"mv {a} {b}"])
+
+
+def delete_file(rng) -> Instance:
+    """rm: delete one file, leaving its neighbours."""
+    (a,) = _file_names(rng, 1)
+    start = {a: Entry("file", _text(_lines(rng))), **_distractors(rng, {a}, k=int(rng.integers(1, 3)))}
+    return Instance("delete_file", f"Delete the file {a}.", start, _set(start, {a: None}), [f"rm {a}"])
+
+
+def append_line(rng) -> Instance:
+    """echo >>: append a line to a file."""
+    (f,) = _file_names(rng, 1)
+    lines, extra = _lines(rng, 2, 5), _line(rng)
+    start = {f: Entry("file", _text(lines)), **_distractors(rng, {f})}
+    return Instance(
+        "append_line",
+        f"Append the line {extra} to the end of {f}.",
+        start,
+        _set(start, {f: Entry("file", _text(lines + [extra]))}),
+        [f"echo {_q(extra)} >> {f}"],
+    )
+
+
+def _source_and_out(rng, lo: int = 4, hi: int = 9) -> tuple[str, str, list[str]]:
+    f, out = _file_names(rng, 2, ext="txt")
+    return f, out, _lines(rng, lo, hi)
+
+
+def count_lines(rng) -> Instance:
+    """wc -l: the number of lines of a file, as a number in a new file."""
+    f, out, lines = _source_and_out(rng)
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "count_lines",
+        f"Write the number of lines in {f} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", f"{len(lines)}\n")}),
+        [f"wc -l < {f} > {out}"],
+    )
+
+
+def _word_in(rng, lines: list[str]) -> str:
+    return _pick(rng, sorted({w for line in lines for w in line.split()}))
+
+
+def count_matches(rng) -> Instance:
+    """grep -c: the number of lines containing a word."""
+    f, out, lines = _source_and_out(rng, 5, 9)
+    w = _word_in(rng, lines)
+    start = {f: Entry("file", _text(lines))}
+    n = sum(w in line for line in lines)
+    return Instance(
+        "count_matches",
+        f"Write the number of lines in {f} that contain {w} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", f"{n}\n")}),
+        [f"grep -c {w} {f} > {out}"],
+    )
+
+
+def grep_lines(rng) -> Instance:
+    """grep: the lines containing a word, into a new file."""
+    f, out, lines = _source_and_out(rng, 5, 9)
+    w = _word_in(rng, lines)
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "grep_lines",
+        f"Write the lines of {f} that contain {w} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text([line for line in lines if w in line]))}),
+        [f"grep {w} {f} > {out}"],
+    )
+
+
+def head_lines(rng) -> Instance:
+    """head: the first k lines, into a new file."""
+    f, out, lines = _source_and_out(rng, 5, 9)
+    k = int(rng.integers(1, 4))
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "head_lines",
+        f"Write the first {k} lines of {f} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(lines[:k]))}),
+        [f"head -n {k} {f} > {out}"],
+    )
+
+
+def sort_lines(rng) -> Instance:
+    """sort: a file's lines sorted, into a new file."""
+    f, out, lines = _source_and_out(rng)
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "sort_lines",
+        f"Write the lines of {f}, sorted alphabetically, to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(sorted(lines)))}),
+        [f"sort {f} > {out}"],
+    )
+
+
+def make_executable(rng) -> Instance:
+    """chmod +x: make a script executable."""
+    f = f"{_pick(rng, STEMS)}.sh"
+    body = f"#!/bin/sh\necho {_line(rng)}\n"
+    start = {f: Entry("file", body), **_distractors(rng, {f})}
+    return Instance(
+        "make_executable",
+        f"Make {f} executable.",
+        start,
+        _set(start, {f: Entry("file", body, True)}),
+        [f"chmod +x {f}"],
+    )
+
+
+def find_ext(rng) -> Instance:
+    """ls/find by extension: the names of a directory's files of one extension, sorted."""
+    d = _pick(rng, DIRS)
+    ext, other = _pick(rng, EXTS, 2)
+    out = f"{_pick(rng, ['found', 'matches', 'listing', 'files'])}.txt"
+    stems = _pick(rng, STEMS, int(rng.integers(3, 6)))
+    n_match = int(rng.integers(1, len(stems)))
+    names = [f"{s}.{ext}" for s in stems[:n_match]] + [f"{s}.{other}" for s in stems[n_match:]]
+    start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
+    found = sorted(n for n in names if n.endswith("." + ext))
+    return Instance(
+        "find_ext",
+        f"Write the names of the .{ext} files in {d}, one per line, sorted, to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(found))}),
+        [f"ls {d} | grep '\\.{ext}$' | sort > {out}"],
+    )
+
+
+def replace_word(rng) -> Instance:
+    """sed: replace every occurrence of a word in a file."""
+    (f,) = _file_names(rng, 1, ext="txt")
+    lines = _lines(rng, 3, 6)
+    a = _word_in(rng, lines)
+    b = _pick(rng, [w for w in WORDS if w not in " ".join(lines).split()])
+    start = {f: Entry("file", _text(lines)), **_distractors(rng, {f})}
+    return Instance(
+        "replace_word",
+        f"In {f}, replace every {a} with {b}.",
+        start,
+        _set(start, {f: Entry("file", _text([line.replace(a, b) for line in lines]))}),
+        [f"sed -i 's/{a}/{b}/g' {f}"],
+    )
+
+
+def move_into_dir(rng) -> Instance:
+    """mv into a directory."""
+    d = _pick(rng, DIRS)
+    (f,) = _file_names(rng, 1)
+    body = Entry("file", _text(_lines(rng, 1, 4)))
+    start = {d: Entry("dir"), f: body, **_distractors(rng, {f})}
+    return Instance(
+        "move_into_dir",
+        f"Move {f} into the directory {d}.",
+        start,
+        _set(start, {f: None, f"{d}/{f}": body}),
+        [f"mv {f} {d}/"],
+    )
+
+
+# held-out templates: relatives of the trained ones, never trained on
+def make_nested_dirs(rng) -> Instance:
+    """mkdir -p (held out; a relative of make_dir): a directory inside a new one."""
+    a, b = _pick(rng, DIRS, 2)
+    start = _distractors(rng, {a})
+    return Instance(
+        "make_nested_dirs",
+        f"Create the directory {a}/{b} (and {a} with it).",
+        start,
+        _set(start, {a: Entry("dir"), f"{a}/{b}": Entry("dir")}),
+        [f"mkdir -p {a}/{b}"],
+    )
+
+
+def delete_dir(rng) -> Instance:
+    """rm -r (held out; a relative of delete_file): a directory and its files."""
+    d = _pick(rng, DIRS)
+    inside = {f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 4)))}
+    start = {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
+    gone = {p: None for p in [d, *inside]}
+    return Instance(
+        "delete_dir", f"Delete the directory {d} and everything in it.", start, _set(start, gone), [f"rm -r {d}"]
+    )
+
+
+def tail_lines(rng) -> Instance:
+    """tail (held out; a relative of head_lines): the last k lines, into a new file."""
+    f, out, lines = _source_and_out(rng, 5, 9)
+    k = int(rng.integers(1, 4))
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "tail_lines",
+        f"Write the last {k} lines of {f} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(lines[-k:]))}),
+        [f"tail -n {k} {f} > {out}"],
+    )
+
+
+def count_words(rng) -> Instance:
+    """wc -w (held out; a relative of count_lines): the number of words of a file."""
+    f, out, lines = _source_and_out(rng)
+    start = {f: Entry("file", _text(lines))}
+    n = sum(len(line.split()) for line in lines)
+    return Instance(
+        "count_words",
+        f"Write the number of words in {f} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", f"{n}\n")}),
+        [f"wc -w < {f} > {out}"],
+    )
+
+
+def copy_dir(rng) -> Instance:
+    """cp -r (held out; a relative of copy_file): copy a directory with its files."""
+    a, b = _pick(rng, DIRS, 2)
+    inside = {n: Entry("file", _text(_lines(rng, 1, 3))) for n in _file_names(rng, int(rng.integers(1, 4)))}
+    start = {a: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
+    copied = {b: Entry("dir"), **{f"{b}/{n}": e for n, e in inside.items()}}
+    return Instance("copy_dir", f"Copy the directory {a} to {b}.", start, _set(start, copied), [f"cp -r {a} {b}"])
+
+
+def unique_lines(rng) -> Instance:
+    """sort -u (held out; a relative of sort_lines): the distinct lines, sorted."""
+    f, out = _file_names(rng, 2, ext="txt")
+    base = _lines(rng, 3, 5)
+    lines = base + [base[int(i)] for i in rng.integers(0, len(base), size=int(rng.integers(2, 5)))]
+    rng.shuffle(lines)
+    start = {f: Entry("file", _text(lines))}
+    return Instance(
+        "unique_lines",
+        f"Write the distinct lines of {f}, sorted alphabetically, to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(sorted(set(lines))))}),
+        [f"sort -u {f} > {out}"],
+    )
+
+
+Template = Callable[[np.random.Generator], Instance]
+TRAIN_TEMPLATES: dict[str, Template] = {
+    t.__name__: t
+    for t in (
+        make_dir,
+        make_file,
+        write_line,
+        copy_file,
+        rename_file,
+        delete_file,
+        append_line,
+        count_lines,
+        count_matches,
+        grep_lines,
+        head_lines,
+        sort_lines,
+        make_executable,
+        find_ext,
+        replace_word,
+        move_into_dir,
+    )
+}
+HELD_OUT_TEMPLATES: dict[str, Template] = {
+    t.__name__: t for t in (make_nested_dirs, delete_dir, tail_lines, count_words, copy_dir, unique_lines)
+}
+TEMPLATES: dict[str, Template] = {**TRAIN_TEMPLATES, **HELD_OUT_TEMPLATES}
