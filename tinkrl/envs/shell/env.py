@@ -102,11 +102,11 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
         """`n` reference transcripts from a stream of their own (a seed apart from the train stream's),
         held-out instances excluded; failed ones are left out."""
         sem = asyncio.Semaphore(concurrency)
-        demo_stream = ShellStream(cfg, 1, ctx.seed + 1_000_003, exclude, lambda i: i)
 
         async def one(position: int) -> list[Message] | None:
+            inst = train_instance(cfg.templates, position, ctx.seed + 1_000_003, exclude)
             async with sem:
-                return await reference_transcript(demo_stream.instance_at(position), cfg, provider)
+                return await reference_transcript(inst, cfg, provider)
 
         found = await asyncio.gather(*(one(p) for p in range(n)))
         return [m for m in found if m is not None]

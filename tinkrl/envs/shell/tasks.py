@@ -9,6 +9,7 @@ so nothing the agent writes to /tests or /logs can grade it. The sandbox caps ar
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -26,6 +27,11 @@ LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "agent_timeout_s": 60.0, 
 def instance(template: str, seed: int | list[int]) -> Instance:
     """The instance of `template` drawn with `seed` (the same seed always gives the same instance)."""
     return TEMPLATES[template](np.random.default_rng(seed))
+
+
+@functools.cache
+def _checker_source() -> bytes:
+    return CHECKER.read_bytes()
 
 
 def _build(tree: Tree) -> list[BuildStep]:
@@ -53,7 +59,7 @@ def to_task(inst: Instance) -> Task:
         build=_build(inst.start),
         tests=[
             FileCopy("/tests/test.sh", data=TEST_SH.encode(), mode=0o755),
-            FileCopy("/tests/check_tree.py", data=CHECKER.read_bytes()),
+            FileCopy("/tests/check_tree.py", data=_checker_source()),
             FileCopy("/tests/expected.json", data=expected.encode()),
         ],
         test_command="bash /tests/test.sh",
