@@ -17,13 +17,22 @@ ROOT = Path(tinkrl.__file__).parent
 # Top to bottom. A module belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, list[str]]] = [
     ("commands", ["tinkrl.cli", "tinkrl.commands"]),
-    ("servers", ["tinkrl.proxy", "tinkrl.tinker_server", "tinkrl.envs.ors.server", "tinkrl.envs.ors.task_server"]),
+    (
+        "servers",
+        [
+            "tinkrl.proxy",
+            "tinkrl.tinker_server",
+            "tinkrl.viewer",
+            "tinkrl.envs.ors.server",
+            "tinkrl.envs.ors.task_server",
+        ],
+    ),
     ("environments", ["tinkrl.envs"]),
     ("agents", ["tinkrl.agents"]),
     ("task directories", ["tinkrl.taskdirs"]),
     ("sandboxes", ["tinkrl.sandbox"]),
     ("rl", ["tinkrl.rl"]),
-    ("chat and logs", ["tinkrl.renderers", "tinkrl.tracking"]),
+    ("chat and logs", ["tinkrl.renderers", "tinkrl.tracking", "tinkrl.traces"]),
     ("tinker seam", ["tinkrl.backends"]),
     ("engine", ["tinkrl.local"]),
     (
