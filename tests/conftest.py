@@ -62,6 +62,7 @@ def tiny_run(tmp_path_factory) -> dict[str, Path]:
     cmd += ["docent.export_every=2"]
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+    train_log = out.stdout + out.stderr
     evals = root / "evals"
     tasks = Path(__file__).resolve().parents[1] / "tasks"
     cmd = [sys.executable, "-m", "tinkrl.cli", "eval", "--tasks", str(tasks), "--task-id", "hello-file"]
@@ -69,4 +70,10 @@ def tiny_run(tmp_path_factory) -> dict[str, Path]:
     cmd += ["--run-id", "hello"]
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    return {"root": root, "run": run, "eval": evals / "hello", "home": home, "stdout": out.stdout}
+    return {
+        "root": root,
+        "run": run,
+        "eval": evals / "hello",
+        "home": home,
+        "logs": train_log + out.stdout + out.stderr,
+    }

@@ -204,9 +204,12 @@ function episodeRowHtml(ep, selected) {
   const r = ep.reward;
   const cls = r == null ? "" : r > 0 ? "pos" : "zero";
   const tags = (ep.failure_mode ? `<span class="tag fail">${esc(ep.failure_mode)}</span>` : "") +
-    (ep.truncated ? `<span class="tag trunc">truncated</span>` : "") + `<span class="tag">${ep.ac_tokens} tok</span>`;
+    (ep.truncated ? `<span class="tag trunc">truncated</span>` : "") +
+    (ep.ac_tokens ? `<span class="tag">${ep.ac_tokens} tok</span>` : "");
+  // in a group every episode has the group's task: the row names the attempt, its turns and how it ended
+  const label = ep.source === "eval" ? `${ep.task} #${ep.episode}` : `#${ep.episode ?? "-"}`;
   return `<div class="episode-row${selected ? " selected" : ""}" data-id="${esc(ep.id)}">
-    <span>${esc(ep.episode ?? "")} ${esc(ep.task)}</span>
+    <span>${esc(label)} · ${ep.turns} turn${ep.turns === 1 ? "" : "s"}${ep.end ? " · " + esc(ep.end) : ""}</span>
     <span class="reward ${cls}">${fmt(r)}${ep.advantage != null ? ` <small>adv ${ep.advantage.toFixed(2)}</small>` : ""}</span>
     <span>${tags}</span></div>`;
 }
