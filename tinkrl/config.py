@@ -344,8 +344,9 @@ class TrainConfig(BackendConfig):
     environments: dict[str, EnvEntry] = Field(default_factory=dict)
     """The environments to train on, by name (`env=NAME env.field=...` makes a one-entry map)."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    docent: DocentConfig = Field(default_factory=DocentConfig)
     """Weights & Biases logging."""
+    docent: DocentConfig = Field(default_factory=DocentConfig)
+    """Exporting episodes to Docent while training."""
     async_: AsyncConfig | None = Field(None, alias="async")
     """Sample the next steps while training (off-policy by at most max_steps_off_policy); None: synchronous."""
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
