@@ -91,6 +91,13 @@ function chartData(series) {
   return [xs, ...ys];
 }
 
+// a flat series (all values equal) gets a unit band around it instead of uPlot's 0..100
+function yRange(u, min, max) {
+  if (min == null || max == null) return [0, 1];
+  const pad = min === max ? Math.max(Math.abs(min) * 0.1, 0.5) : (max - min) * 0.05;
+  return [min - pad, max + pad];
+}
+
 function addChart(title, series) {
   const data = chartData(series);
   const div = document.createElement("div");
@@ -104,7 +111,7 @@ function addChart(title, series) {
   }
   const opts = {
     width: Math.max(420, div.clientWidth - 16), height: 220,
-    scales: {x: {time: false}},
+    scales: {x: {time: false}, y: {range: yRange}},
     axes: [{label: "step"}, {}],
     series: [{label: "step"}, ...series.map((s, i) => ({
       label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: data[0].length < 40},
@@ -143,7 +150,8 @@ function renderWarmStart(ids, name) {
   div.innerHTML = "<h4>warm start: supervised NLL per token</h4>";
   $("#charts").appendChild(div);
   state.charts.push(new uPlot({
-    width: Math.max(420, div.clientWidth - 16), height: 220, scales: {x: {time: false}}, axes: [{label: "sft step"}, {}],
+    width: Math.max(420, div.clientWidth - 16), height: 220, scales: {x: {time: false}, y: {range: yRange}},
+    axes: [{label: "sft step"}, {}],
     series: [{label: "step"}, ...series.map((s, i) => ({label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5}))],
   }, [xs, ...ys], div));
 }
