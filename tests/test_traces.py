@@ -200,10 +200,15 @@ def test_with_credentials_the_export_uploads_to_the_docent_api(tiny_run, tmp_pat
         assert sorted(r.metadata["step"] for r in received) == [0] * 8 + [1] * 8 + [2] * 8
         assert not (tiny_run["run"] / "docent_agent_runs.json").exists()
 
-        # a wrong key: one line naming the failure, exit 1
+        # a refused key: one line naming the failure, exit 1, and the runs kept in a file
         env["DOCENT_API_KEY"] = "wrong"
-        bad = subprocess.run([*cmd, "--steps", "0"], env=env, capture_output=True, text=True, timeout=120)
+        kept = tmp_path / "kept.json"
+        bad = subprocess.run(
+            [*cmd, "--steps", "0", "--out", str(kept)], env=env, capture_output=True, text=True, timeout=120
+        )
         assert bad.returncode == 1 and "Docent upload failed" in bad.stderr and "Traceback" not in bad.stderr
+        assert f"wrote the 8 agent runs to {kept}" in bad.stderr
+        assert len([AgentRun.model_validate(r) for r in json.loads(kept.read_text())]) == 8
 
 
 def test_bad_input_gets_one_line(tmp_path) -> None:

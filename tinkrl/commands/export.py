@@ -42,11 +42,8 @@ def traces_main(argv: list[str]) -> int:
     try:
         wanted = None if steps is None else [s for s in episode_steps(args.path) if s in steps]
         print(export_traces(args.path, wanted, args.collection, args.out, args.file))
-    except TinkrlError as e:
+    except TinkrlError as e:  # a bad directory, no SDK, a failed upload (its runs then are in a file)
         print(f"tinkrl export traces: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # the Docent API answered an error (auth, network): one line
-        print(f"tinkrl export traces: Docent upload failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -171,16 +171,28 @@ def upload_agent_runs(runs: list, collection: str) -> str:
     return collection_id
 
 
+class UploadFailed(TinkrlError):
+    """The Docent API refused or could not be reached; the agent runs were written to a file instead."""
+
+
 def export_traces(
     path: Path, steps: Iterable[int] | None, collection: str | None, out: Path | None = None, to_file: bool = False
 ) -> str:
     """Episodes of a run (the given steps, or all) or trials of an eval as Docent agent runs: uploaded to
     `collection` (default: the directory's name) when credentials are set and `to_file` is not, else
-    written to `out` (default: PATH/docent_agent_runs.json). Returns a line saying where they went."""
+    written to `out` (default: PATH/docent_agent_runs.json). Returns a line saying where they went. A
+    failed upload (no network, a refused key) writes the file too, then raises `UploadFailed`."""
     runs = agent_runs(path, steps)
+    out = out or path / "docent_agent_runs.json"
     if has_credentials() and not to_file:
         name = collection or path.resolve().name
-        cid = upload_agent_runs(runs, name)
+        try:
+            cid = upload_agent_runs(runs, name)
+        except Exception as e:  # requests' connection and HTTP errors, the SDK's own
+            written = write_agent_runs(runs, out)
+            raise UploadFailed(
+                f"Docent upload failed ({type(e).__name__}: {e}); wrote the {len(runs)} agent runs to {written}"
+            ) from e
         return f"uploaded {len(runs)} agent runs to Docent collection {name!r} ({cid})"
-    written = write_agent_runs(runs, out or path / "docent_agent_runs.json")
+    written = write_agent_runs(runs, out)
     return f"wrote {len(runs)} Docent agent runs to {written} (set DOCENT_API_KEY to upload)"
