@@ -250,6 +250,8 @@ def upload_image(beaker: Any, name: str, tag: str, budget: str | None, log: IO[s
 
 def build_image(tool: str, git: GitState, tag: str, log: IO[str] = sys.stderr) -> None:
     """Run the image build, its output going to `log`; a failed build is a ConfigError."""
+    if not (git.root / DOCKERFILE).is_file():
+        raise ConfigError(f"no {DOCKERFILE} in {git.root}: run tinkrl launch image in a tinkrl checkout")
     command = build_command(tool, git, tag)
     print("tinkrl launch: " + " ".join(command), file=log, flush=True)
     if subprocess.run(command, stdout=log, stderr=log).returncode != 0:
