@@ -248,11 +248,12 @@ def upload_image(beaker: Any, name: str, tag: str, budget: str | None, log: IO[s
     return image.full_name or full
 
 
-def build_image(tool: str, git: GitState, tag: str, log: IO[str] = sys.stderr) -> None:
+def build_image(tool: str, git: GitState, tag: str, log: IO[str] | None = None) -> None:
     """Run the image build, its output going to `log`; a failed build is a ConfigError."""
     if not (git.root / DOCKERFILE).is_file():
         raise ConfigError(f"no {DOCKERFILE} in {git.root}: run tinkrl launch image in a tinkrl checkout")
     command = build_command(tool, git, tag)
+    log = log or sys.stderr
     print("tinkrl launch: " + " ".join(command), file=log, flush=True)
     if subprocess.run(command, stdout=log, stderr=log).returncode != 0:
         raise ConfigError(f"the image build failed ({tool} build exited non-zero; its output is above)")

@@ -268,7 +268,7 @@ def submit(batch: Any, manifest: dict[str, Any]) -> None:
 
 def _job_pods(core: Any, namespace: str, name: str) -> list[Any]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
-    return sorted(pods, key=lambda p: (p.metadata.creation_timestamp or "", p.metadata.name))
+    return sorted(pods, key=lambda p: p.metadata.creation_timestamp)  # a replacement comes after a back-off
 
 
 def _main_exit_code(pod: Any) -> int | None:
@@ -288,34 +288,55 @@ def _stream_logs(core: Any, namespace: str, pod: str, out: IO[str]) -> None:
         resp.release_conn()
 
 
+def _say_why_waiting(pod: Any, said: set[tuple[str, str]], out: IO[str]) -> None:
+    """Print, once per pod and reason, why a pending pod is not running (unschedulable, image pull)."""
+    reasons = [
+        (c.reason, c.message)
+        for c in pod.status.conditions or []
+        if c.type == "PodScheduled" and c.status == "False" and c.reason
+    ]
+    for status in pod.status.container_statuses or []:
+        waiting = status.state.waiting if status.state else None
+        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            reasons.append((waiting.reason, waiting.message))
+    for reason, message in reasons:
+        if (pod.metadata.name, reason) not in said:
+            said.add((pod.metadata.name, reason))
+            out.write(f"tinkrl launch: pod {pod.metadata.name} is waiting: {reason}: {message or ''}\n")
+            out.flush()
+
+
 def follow(batch: Any, core: Any, namespace: str, name: str, out: IO[str], poll_s: float = 1.0) -> int:
     """Stream the logs of each of the Job's pods in turn (a retry is a new pod) until the Job completes
     or fails; returns 0, or the last pod's exit code (1 when it has none)."""
     followed: set[str] = set()
-    last_code: int | None = None
+    said: set[tuple[str, str]] = set()
     while True:
-        for pod in _job_pods(core, namespace, name):
-            if pod.metadata.name in followed or pod.status.phase == "Pending":
+        # read the Job first: once it is final, the pods listed after it are all of its pods
+        conditions = batch.read_namespaced_job(name, namespace).status.conditions or []
+        done = {c.type for c in conditions if c.type in FINAL and c.status == "True"}
+        pods = _job_pods(core, namespace, name)
+        for pod in pods:
+            if pod.metadata.name in followed:
+                continue
+            if pod.status.phase == "Pending":
+                _say_why_waiting(pod, said, out)
                 continue
             followed.add(pod.metadata.name)
             _stream_logs(core, namespace, pod.metadata.name, out)
-        pods = [p for p in _job_pods(core, namespace, name) if p.metadata.name in followed]
-        codes = [c for c in (_main_exit_code(p) for p in pods) if c is not None]
-        last_code = codes[-1] if codes else last_code
-        conditions = batch.read_namespaced_job(name, namespace).status.conditions or []
-        done = {c.type for c in conditions if c.type in FINAL and c.status == "True"}
         if "Complete" in done:
             return 0
         if "Failed" in done:
-            return last_code or 1
+            codes = [c for c in map(_main_exit_code, _job_pods(core, namespace, name)) if c is not None]
+            return codes[-1] if codes and codes[-1] else 1
         time.sleep(poll_s)
 
 
-def warn_ephemeral(manifest: dict[str, Any], log: IO[str] = sys.stderr) -> None:
+def warn_ephemeral(manifest: dict[str, Any], log: IO[str] | None = None) -> None:
     """Say so when /results dies with its pod (no S3 sync in the values, no pvc=)."""
     if not keeps_results(manifest):
         print(
             "tinkrl launch: /results is an emptyDir (no results.s3Uri in the values, no pvc=): "
             "a replacement pod starts the run over",
-            file=log,
+            file=log or sys.stderr,
         )
