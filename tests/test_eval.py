@@ -351,3 +351,27 @@ def test_a_registry_dataset_offline_is_one_line(tmp_path, monkeypatch, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "terminal-bench-core" in err[0], err
+
+
+def test_backend_auto_samples_a_remote_checkpoint_on_the_tinker_service(isolated_home, monkeypatch):
+    """The seed's `tb run` names a checkpoint on the Tinker service: with TINKER_API_KEY set it is sampled
+    there; a checkpoint on this machine, or no key, stays on the embedded engine."""
+    from tinkrl.commands.eval import _apply_agent_kwargs, _backend, build_parser
+
+    def backend(*argv: str) -> str:
+        parser = build_parser()
+        args = parser.parse_args(list(argv))
+        _apply_agent_kwargs(args, parser)
+        return _backend(args)[0]
+
+    remote = "checkpoint_path=tinker://a4782131-a6c1-41bb-800d-af2f9b5a3db1/sampler_weights/000061"
+    seed = ["--agent", "terminus-tinker", "--agent-kwarg", remote, "--agent-kwarg", "model_name=Qwen/Qwen3-8B"]
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    assert backend(*seed) == "local"
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    assert backend(*seed) == "tinker"
+    (isolated_home / "checkpoints" / "a4782131-a6c1-41bb-800d-af2f9b5a3db1" / "sampler_weights" / "000061").mkdir(
+        parents=True
+    )
+    assert backend(*seed) == "local"
+    assert backend(*seed, "--backend", "tinker") == "tinker"
