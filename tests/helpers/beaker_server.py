@@ -35,6 +35,8 @@ from beaker import beaker_pb2 as pb2
 from beaker import beaker_pb2_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from helpers.http_json import send_json
+
 TOKEN = "beaker-test-token"
 
 
@@ -136,12 +138,18 @@ class Servicer(beaker_pb2_grpc.BeakerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"organization {request.organization_name} not found")
         return pb2.ResolveOrganizationNameResponse(organization_id="01ORGAI2")
 
+    @staticmethod
+    def _find(table: dict, key, what: str, context):
+        if key not in table:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{what} {key} not found")
+        return table[key]
+
     def ResolveWorkspaceName(self, request, context):
         self._auth("ResolveWorkspaceName", context)
         full = f"{request.owner_name}/{request.workspace_name}"
-        if full not in self.state.workspaces:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"workspace {full} not found")
-        return pb2.ResolveWorkspaceNameResponse(workspace_id=self.state.workspaces[full])
+        return pb2.ResolveWorkspaceNameResponse(
+            workspace_id=self._find(self.state.workspaces, full, "workspace", context)
+        )
 
     def GetUser(self, request, context):
         self._auth("GetUser", context)
@@ -150,9 +158,7 @@ class Servicer(beaker_pb2_grpc.BeakerServicer):
     def ResolveImageName(self, request, context):
         self._auth("ResolveImageName", context)
         full = f"{request.author_name}/{request.image_name}"
-        if full not in self.state.images:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"image {full} not found")
-        return pb2.ResolveImageNameResponse(image_id=self.state.images[full])
+        return pb2.ResolveImageNameResponse(image_id=self._find(self.state.images, full, "image", context))
 
     def GetImage(self, request, context):
         self._auth("GetImage", context)
@@ -169,9 +175,8 @@ class Servicer(beaker_pb2_grpc.BeakerServicer):
 
     def GetWorkload(self, request, context):
         self._auth("GetWorkload", context)
-        if request.workload_id not in self.state.workloads:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"workload {request.workload_id} not found")
-        return pb2.GetWorkloadResponse(workload=self.state.workloads[request.workload_id])
+        workload = self._find(self.state.workloads, request.workload_id, "workload", context)
+        return pb2.GetWorkloadResponse(workload=workload)
 
     def ListJobs(self, request, context):
         self._auth("ListJobs", context)
@@ -180,9 +185,7 @@ class Servicer(beaker_pb2_grpc.BeakerServicer):
 
     def GetJob(self, request, context):
         self._auth("GetJob", context)
-        if request.job_id not in self.state.jobs:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id} not found")
-        return pb2.GetJobResponse(job=self.state.jobs[request.job_id])
+        return pb2.GetJobResponse(job=self._find(self.state.jobs, request.job_id, "job", context))
 
     def StreamJobLogs(self, request, context):
         self._auth("StreamJobLogs", context)
@@ -203,12 +206,7 @@ def _http_handler(state: BeakerState):
             pass
 
         def _reply(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, code, body)
 
         def _body(self) -> bytes:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))

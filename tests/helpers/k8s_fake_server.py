@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from helpers.http_json import send_json
+
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -319,20 +321,7 @@ class FakeKube:
         )
         pod["_log"], pod["_done"] = bytearray(), False
         started = _now()
-        pod["status"].update(
-            phase="Running",
-            containerStatuses=[
-                {
-                    "name": c["name"],
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "imageID": "",
-                    "image": c["image"],
-                    "state": {"running": {"startedAt": started}},
-                }
-            ],
-        )
+        pod["status"].update(phase="Running", containerStatuses=[_running(c, started)])
 
         def reap() -> None:
             for chunk in iter(lambda: proc.stdout.read1(65536), b""):
@@ -399,17 +388,7 @@ class FakeKube:
             st["conditions"] = [
                 {"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
             ]
-            st["containerStatuses"] = [
-                {
-                    "name": c["name"],
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "imageID": "",
-                    "image": c["image"],
-                    "state": {"running": {"startedAt": _now()}},
-                }
-            ]
+            st["containerStatuses"] = [_running(c, _now())]
 
     def _run_args(self, key: tuple[str, str], pod: dict) -> list[str]:
         c = pod["spec"]["containers"][0]
@@ -451,12 +430,7 @@ def _make_handler(kube: FakeKube):
 
         # -- plumbing ----------------------------------------------------------------------
         def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, code, body)
 
         def _user(self) -> str | None:
             auth = self.headers.get("Authorization", "")
@@ -831,6 +805,19 @@ class _WebSocket:
         self._send_frame(0x8, struct.pack(">H", 1000))
         with self.wlock:
             self.closed = True
+
+
+def _running(container: dict, started: str) -> dict:
+    """A container status that is running since `started`, as the kubelet reports it."""
+    return {
+        "name": container["name"],
+        "ready": True,
+        "started": True,
+        "restartCount": 0,
+        "imageID": "",
+        "image": container["image"],
+        "state": {"running": {"startedAt": started}},
+    }
 
 
 def _waiting(container: dict, reason: str, message: str) -> dict:

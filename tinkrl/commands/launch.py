@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from tinkrl.errors import ConfigError
 
@@ -55,22 +56,27 @@ def _options_class(target: str) -> type:
     return {"beaker": BeakerOptions, "k8s": JobOptions, "image": ImageOptions}[target]
 
 
-def _check_name(name: str, pattern: re.Pattern, what: str) -> str:
-    if not pattern.match(name):
+def _prepare(target: str, argv: list[str], name_rule: re.Pattern, what: str) -> tuple[Any, Any, Any, str]:
+    """The line, options, checkout and run name of `tinkrl launch TARGET ... -- COMMAND` (bad input,
+    a dirty checkout without allow_dirty, or a name the cluster would refuse: a ConfigError)."""
+    from tinkrl.launch.common import build_options, default_name, git_state, option_keys, require_clean, split_line
+
+    cls = _options_class(target)
+    line = split_line(argv, option_keys(cls), "tinkrl launch " + TARGETS[target][0])
+    opts = build_options(cls, line.options)
+    git = git_state()
+    require_clean(git, opts.allow_dirty)
+    name = opts.name or default_name(git)
+    if not name_rule.match(name):
         raise ConfigError(f"name={name}: not a valid {what} name")
-    return name
+    return line, opts, git, name
 
 
 def launch_beaker(argv: list[str]) -> int:
     """`tinkrl launch beaker`: the spec (dry run), or the experiment created (and followed)."""
     from tinkrl.launch import beaker as bk
-    from tinkrl.launch.common import build_options, default_name, git_state, option_keys, require_clean, split_line
 
-    line = split_line(argv, option_keys(bk.BeakerOptions), "tinkrl launch " + TARGETS["beaker"][0])
-    opts = build_options(bk.BeakerOptions, line.options)
-    git = git_state()
-    require_clean(git, opts.allow_dirty)
-    name = _check_name(opts.name or default_name(git), BEAKER_NAME, "Beaker experiment")
+    line, opts, git, name = _prepare("beaker", argv, BEAKER_NAME, "Beaker experiment")
     image = opts.image or bk.image_name(git)
     if line.dry_run:
         print(bk.spec_yaml(bk.experiment_spec(opts, line.command, git, image), opts.workspace, name), end="")
@@ -91,13 +97,8 @@ def launch_beaker(argv: list[str]) -> int:
 def launch_k8s(argv: list[str]) -> int:
     """`tinkrl launch k8s`: the Job manifest (dry run), or the Job created (and followed)."""
     from tinkrl.launch import kubernetes_job as kj
-    from tinkrl.launch.common import build_options, default_name, git_state, option_keys, require_clean, split_line
 
-    line = split_line(argv, option_keys(kj.JobOptions), "tinkrl launch " + TARGETS["k8s"][0])
-    opts = build_options(kj.JobOptions, line.options)
-    git = git_state()
-    require_clean(git, opts.allow_dirty)
-    name = _check_name(opts.name or default_name(git), K8S_NAME, "Kubernetes Job (DNS label)")
+    line, opts, git, name = _prepare("k8s", argv, K8S_NAME, "Kubernetes Job (DNS label)")
     chart = kj.chart_settings(git, opts.release, opts.values)
     manifest = kj.job_manifest(opts, chart, line.command, git, name)
     kj.warn_ephemeral(manifest)
@@ -126,7 +127,9 @@ def launch_image(argv: list[str]) -> int:
     )
     git = git_state()
     require_clean(git, opts.allow_dirty)
-    name = _check_name(opts.name or bk.image_name(git), BEAKER_NAME, "Beaker image")
+    name = opts.name or bk.image_name(git)
+    if not BEAKER_NAME.match(name):
+        raise ConfigError(f"name={name}: not a valid Beaker image name")
     tag = f"tinkrl:{git.short}"
     if "--dry-run" in argv:
         tool = opts.tool or next((t for t in ("docker", "podman") if shutil.which(t)), "docker")
