@@ -61,8 +61,9 @@ class ChartSettings:
 
     @property
     def fullname(self) -> str:
-        """`tinkrl.fullname`: the release name, at most 50 characters."""
-        return self.release[:50].rstrip("-")
+        """`tinkrl.fullname`: the release name cut to 50 characters, less one trailing dash (trimSuffix)."""
+        name = self.release[:50]
+        return name[:-1] if name.endswith("-") else name
 
     @property
     def service_account(self) -> str:
