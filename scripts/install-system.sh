@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# System packages tinkrl needs outside Python: bubblewrap (the local sandbox) and Debian's
-# python3 + pytest (what sandboxed task tests run with: the sandbox never sees our venv).
+# System packages tinkrl needs outside Python: bubblewrap (the local sandbox), Debian's python3 +
+# pytest (what sandboxed task tests run with: the sandbox never sees our venv), and the tools the
+# tests drive (podman, chromium).
 set -u
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
@@ -17,6 +18,7 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
 [ -x /usr/lib/podman/netavark ] || need+=(netavark iptables)  # podman bridge network (tasks that ask for network)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # tinkrl view's browser tests (headless, via Playwright)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing system packages: ${need[*]}"

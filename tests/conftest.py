@@ -36,3 +36,44 @@ def bwrap_provider():
     provider = get_provider("bwrap")
     yield provider
     provider.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> dict[str, Path]:
+    """A real 3-step `tinkrl train` run of the tiny model on arithmetic (episodes exported to Docent
+    files every 2 steps) and a `tinkrl eval` output on a shipped task dir: what the viewer and the
+    trace exports read."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.engine import TINY
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    home = root / "home"
+    home.mkdir()
+    (home / "models").symlink_to(real_models_dir(), target_is_directory=True)
+    env = {**os.environ, "TINKRL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("DOCENT_API_KEY", None)
+    env["HOME"] = str(root)  # no ~/.docent/docent.env: the export writes files
+    run = root / "runs" / "arith"
+    cmd = [sys.executable, "-m", "tinkrl.cli", "train", "env=arithmetic", f"model_name={TINY}", "batch_size=8"]
+    cmd += ["group_size=4", "max_tokens=8", "eval_problems=4", "eval_every=2", "max_steps=3", f"log_path={run}"]
+    cmd += ["docent.export_every=2"]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    train_log = out.stdout + out.stderr
+    evals = root / "evals"
+    tasks = Path(__file__).resolve().parents[1] / "tasks"
+    cmd = [sys.executable, "-m", "tinkrl.cli", "eval", "--tasks", str(tasks), "--task-id", "hello-file"]
+    cmd += ["--model", TINY, "--n", "2", "--max-turns", "2", "--max-tokens", "8", "--output-path", str(evals)]
+    cmd += ["--run-id", "hello"]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return {
+        "root": root,
+        "run": run,
+        "eval": evals / "hello",
+        "home": home,
+        "logs": train_log + out.stdout + out.stderr,
+    }

@@ -18,13 +18,22 @@ ROOT = Path(tinkrl.__file__).parent
 LAYERS: list[tuple[str, list[str]]] = [
     ("commands", ["tinkrl.cli", "tinkrl.commands"]),
     ("launch", ["tinkrl.launch"]),
-    ("servers", ["tinkrl.proxy", "tinkrl.tinker_server", "tinkrl.envs.ors.server", "tinkrl.envs.ors.task_server"]),
+    (
+        "servers",
+        [
+            "tinkrl.proxy",
+            "tinkrl.tinker_server",
+            "tinkrl.viewer",
+            "tinkrl.envs.ors.server",
+            "tinkrl.envs.ors.task_server",
+        ],
+    ),
     ("environments", ["tinkrl.envs"]),
     ("agents", ["tinkrl.agents"]),
     ("task directories", ["tinkrl.taskdirs"]),
     ("sandboxes", ["tinkrl.sandbox"]),
     ("rl", ["tinkrl.rl"]),
-    ("chat and logs", ["tinkrl.renderers", "tinkrl.tracking"]),
+    ("chat and logs", ["tinkrl.renderers", "tinkrl.tracking", "tinkrl.traces"]),
     ("tinker seam", ["tinkrl.backends"]),
     ("engine", ["tinkrl.local"]),
     (

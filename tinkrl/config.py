@@ -78,6 +78,16 @@ class EnvEntry(Strict):
     """The environment's own fields (see its config class)."""
 
 
+class DocentConfig(Strict):
+    """Exporting episodes to Docent (Transluce) while training: `tinkrl export traces` every N steps."""
+
+    export_every: int = Field(0, ge=0)
+    """Every N steps, the episodes of the steps since the last export become Docent agent runs; 0: never.
+    Uploaded when DOCENT_API_KEY is set, else written to <run_dir>/docent/steps_A-B.json."""
+    collection: str | None = None
+    """Docent collection name or id; None: the run's name."""
+
+
 class WandbConfig(Strict):
     """Weights & Biases logging (metrics.jsonl is always written)."""
 
@@ -335,6 +345,7 @@ class TrainConfig(BackendConfig):
     environments: dict[str, EnvEntry] = Field(default_factory=dict)
     """The environments to train on, by name (`env=NAME env.field=...` makes a one-entry map)."""
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    docent: DocentConfig = Field(default_factory=DocentConfig)
     """Weights & Biases logging."""
     async_: AsyncConfig | None = Field(None, alias="async")
     """Sample the next steps while training (off-policy by at most max_steps_off_policy); None: synchronous."""

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 import numpy as np
 from tinker import types
 
+from tinkrl.rl.advantages import compute_advantages
 from tinkrl.rl.data import SequenceData
-from tinkrl.rl.types import Metrics, TrajectoryGroup
+from tinkrl.rl.types import Metrics, Trajectory, TrajectoryGroup
 
 KeyedGroups = list[tuple[str, TrajectoryGroup]]  # (environment key, group) pairs of one step
 
@@ -107,18 +108,62 @@ def rollout_rows(seq_infos: list[tuple[SequenceData, dict]], tokenizer, step: in
     return rows
 
 
-def episode_rows(keyed_groups: list[tuple[str, TrajectoryGroup]], step: int) -> list[dict]:
+def token_transcript(traj: Trajectory, tokenizer) -> list[dict]:
+    """An episode as text, for environments that log no transcript of their own: the first prompt as
+    rendered (`prompt`), then each action (`assistant`) and the tokens its environment added before
+    the next one (`observation`)."""
+    turns: list[dict] = []
+    context: list[int] = []
+    for t in traj.transitions:
+        try:
+            ob = t.ob.to_ints()
+        except ValueError:  # an image chunk: only its text turns can be shown
+            ob = []
+        new = ob[len(context) :] if ob[: len(context)] == context else ob
+        if new:
+            turns.append({"role": "observation" if turns else "prompt", "content": tokenizer.decode(new)})
+        turns.append({"role": "assistant", "content": tokenizer.decode(t.ac_tokens)})
+        context = ob + list(t.ac_tokens)
+    return turns
+
+
+def episode_rows(
+    keyed_groups: KeyedGroups,
+    step: int,
+    tokenizer,
+    trained: set[int],
+    adv_estimator: str = "grpo",
+    adv_beta: float = 2.0,
+) -> list[dict]:
     """One `episodes/step_*.jsonl` row per episode of the step, trained on or not: environment, group,
-    reward, turns, failure, and what the environment logged (agent tasks: the transcript of commands and
-    outputs, how the episode ended, the grade)."""
+    reward, its advantage within the group, token counts, truncation, failure, and what the environment
+    logged (agent tasks: the transcript of commands and outputs, how the episode ended, the grade).
+    `trained` holds the `id` of each group the step trained on; an environment that logs no
+    `tasks/transcript` gets the episode's text as `transcript` (`token_transcript`)."""
     rows = []
     for g, (key, group) in enumerate(keyed_groups):
         rewards = group.total_rewards()
-        for traj, reward in zip(group.trajectories_G, rewards):
+        advantages = compute_advantages(rewards, adv_estimator, adv_beta) if rewards else []
+        for i, (traj, reward, adv) in enumerate(zip(group.trajectories_G, rewards, advantages)):
             logs = {k: v for t in traj.transitions for k, v in t.logs.items()}
-            rows.append(
-                {"step": step, "env": key, "group": g, "reward": reward, "turns": len(traj.transitions), **logs}
-            )
+            row = {
+                "step": step,
+                "env": key,
+                "group": g,
+                "episode": i,
+                "reward": reward,
+                "advantage": float(adv),
+                "trained": id(group) in trained,
+                "turns": len(traj.transitions),
+                "ac_tokens": sum(len(t.ac_tokens) for t in traj.transitions),
+                "ob_tokens": traj.transitions[0].ob.length if traj.transitions else 0,
+                "truncated": any(t.stop_reason == "length" for t in traj.transitions),
+                "tags": group.tags,
+                **logs,
+            }
+            if "tasks/transcript" not in logs:
+                row["transcript"] = token_transcript(traj, tokenizer)
+            rows.append(row)
         for traj in group.failures:
             rows.append(
                 {
@@ -126,6 +171,8 @@ def episode_rows(keyed_groups: list[tuple[str, TrajectoryGroup]], step: int) -> 
                     "env": key,
                     "group": g,
                     "reward": None,
+                    "trained": False,
+                    "tags": group.tags,
                     "failure_mode": traj.failure_mode,
                     "failure_detail": traj.failure_detail,
                 }

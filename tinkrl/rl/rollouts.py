@@ -17,6 +17,7 @@ from tinker import types
 
 from tinkrl.config import TrainConfig
 from tinkrl.errors import InfraFailure
+from tinkrl.progress import progress_bar
 from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, Trajectory, TrajectoryGroup, Transition
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,17 @@ async def sample_groups(
         own = config.environments[key].temperature
         return config.temperature if own is None else own
 
-    groups = await asyncio.gather(
-        *(
-            do_group_rollout(b, sampling_client, config.max_tokens, temperature(key), config.top_p, semaphore)
-            for key, b in jobs
+    bar = progress_bar(len(jobs), f"sample step {step}", unit="group", leave=False)
+
+    async def one(key: str, builder: EnvGroupBuilder) -> TrajectoryGroup:
+        group = await do_group_rollout(
+            builder, sampling_client, config.max_tokens, temperature(key), config.top_p, semaphore
         )
-    )
+        bar.update(1)
+        return group
+
+    try:
+        groups = await asyncio.gather(*(one(key, b) for key, b in jobs))
+    finally:
+        bar.close()
     return [(key, g) for (key, _), g in zip(jobs, groups)]

@@ -18,6 +18,7 @@ import numpy as np
 from tinker import types
 
 from tinkrl.errors import ConfigError
+from tinkrl.progress import progress_bar
 
 Message = dict[str, Any]
 
@@ -117,6 +118,7 @@ async def train_supervised(
     rng = np.random.default_rng([seed, 0x5F7])
     order: list[int] = []
     history = []
+    bar = progress_bar(steps, "supervised", unit="step")
     for step in range(steps):
         batch = []
         while len(batch) < min(batch_size, len(datums)):
@@ -134,6 +136,9 @@ async def train_supervised(
             "sft/grad_norm": float((opt.metrics or {}).get("grad_norm:mean", float("nan"))),
         }
         history.append(m)
+        bar.update(1)
+        bar.set_postfix(nll=f"{m['sft/nll']:.3f}")
         if on_step is not None:
             on_step(step, m)
+    bar.close()
     return history

@@ -26,6 +26,7 @@ from typing import Any
 from tinkrl.backends import choose_backend, make_service_client
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
+from tinkrl.progress import progress_bar
 from tinkrl.renderers import choose_renderer, get_renderer
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.data import add_kl_penalty, add_observation_logprobs, build_sequences, select_groups
@@ -37,6 +38,7 @@ from tinkrl.rl.schedule import RolloutQueue, TimeBudget
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
+from tinkrl.traces.docent import export_traces
 from tinkrl.tracking import RunLogger
 
 EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir) -> environments by key
@@ -118,9 +120,10 @@ async def train(
     max_lag = c.async_.max_steps_off_policy if c.async_ else 0
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
     budget = TimeBudget(c.time_budget_s, t0)
-    progress = _progress_bar(c, start)
+    progress = progress_bar(c.max_steps, "train", unit="step", initial=start)
     final_sampler = None
     metrics: Metrics = {}
+    exported = start  # episodes of steps before this one went to Docent (docent.export_every)
     for step in range(start, c.max_steps):
         t_step = time.time()
         metrics = {
@@ -162,7 +165,9 @@ async def train(
             if env.on_step is not None:
                 metrics.update(env.on_step(step, [g for k, g in keyed_groups if k == key]))
         logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
-        logger.write_rollouts(step, episode_rows(keyed_groups, step), kind="episodes")
+        trained = {id(g) for _, g in kept}
+        episodes = episode_rows(keyed_groups, step, tokenizer, trained, c.adv_estimator, c.adv_beta)
+        logger.write_rollouts(step, episodes, kind="episodes")
 
         # New weights -> a new sampling client, from a checkpoint when one is due.
         done = step + 1
@@ -187,6 +192,9 @@ async def train(
         progress.set_postfix(reward=f"{metrics.get('env/all/reward/total', float('nan')):.3f}")
         progress.update(1)
         print(summary_line(step, metrics), flush=True)
+        if c.docent.export_every and (done % c.docent.export_every == 0 or last):
+            await _export_docent(c, exported, done)
+            exported = done
         if last:
             if done < c.max_steps:
                 print(f"stopping after step {step}: time_budget_s={c.time_budget_s:.0f} would be exceeded")
@@ -198,14 +206,13 @@ async def train(
     return metrics
 
 
-def _progress_bar(c: TrainConfig, start: int):
-    from tqdm import tqdm
-
-    return tqdm(
-        total=c.max_steps,
-        initial=start,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-        disable=not sys.stderr.isatty() and not c.run_name,
-    )
+async def _export_docent(c: TrainConfig, first: int, end: int) -> None:
+    """Steps first..end-1's episodes to Docent (`docent.export_every`); a failure is printed, never fatal."""
+    out = c.run_dir / "docent" / f"steps_{first:06d}-{end - 1:06d}.json"
+    try:
+        line = await asyncio.to_thread(
+            export_traces, c.run_dir, range(first, end), c.docent.collection or c.run_name, out
+        )
+        print(line, flush=True)
+    except Exception as e:  # an unreachable Docent must not stop training
+        print(f"Docent export of steps {first}..{end - 1} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ import tinker
 from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
 from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
 from tinkrl.errors import ConfigError, InfraFailure
+from tinkrl.progress import progress_bar
 from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, RLDataset, StepResult, StopCondition
 from tinkrl.sandbox import LazyProvider
 from tinkrl.sandbox.base import SandboxProvider
@@ -46,12 +47,14 @@ log = logging.getLogger(__name__)
 def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
     """The tasks that pass the gate (`run_gate`); the others are logged and left out."""
     keep = []
-    for task in tasks:
-        res = run_gate(task, provider)
-        if res.ok:
-            keep.append(task)
-        else:
-            log.warning("task %s failed the gate and is not trained on: %s", task.id, res.detail)
+    with progress_bar(len(tasks), "gate", unit="task") as bar:
+        for task in tasks:
+            res = run_gate(task, provider)
+            if res.ok:
+                keep.append(task)
+            else:
+                log.warning("task %s failed the gate and is not trained on: %s", task.id, res.detail)
+            bar.update(1)
     return keep
 
 

@@ -24,13 +24,13 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tinkrl.errors import InfraFailure, TinkrlError
+from tinkrl.progress import progress_bar, progress_line
 from tinkrl.taskdirs.model import Task
 
 log = logging.getLogger(__name__)
@@ -292,6 +292,7 @@ async def evaluate(
         partial_path.parent.mkdir(parents=True, exist_ok=True)
         partial = open(partial_path, "a")
     total, finished = len(tasks) * n, 0
+    bar = progress_bar(total, "eval trials", unit="trial") if progress else None
 
     async def one(task: Task, attempt: int) -> Trial:
         nonlocal finished
@@ -313,14 +314,15 @@ async def evaluate(
                 if trial.failure_mode is None
                 else f"FAILED ({trial.failure_mode}: {trial.failure_detail[:120]})"
             )
-            print(
-                f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)", file=sys.stderr, flush=True
-            )
+            progress_line(f"[{finished}/{total}] {task.id}#{attempt} {what} ({trial.seconds:.1f}s)")
+            bar.update(1)
         return trial
 
     try:
         return list(await asyncio.gather(*(one(t, a) for t in tasks for a in range(1, n + 1))))
     finally:
+        if bar is not None:
+            bar.close()
         if partial is not None:
             partial.close()
 
