@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,22 @@ def test_make_results_fetches_a_run(s3, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert (results / "myrun" / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert (results / "myrun" / "checkpoints" / "000010" / "adapter.safetensors").stat().st_size == 200_000
+
+
+def test_a_repeating_push_makes_a_last_pass_on_sigterm(s3, tmp_path):
+    """The sidecar is stopped with SIGTERM when its pod ends (a launched Job's command exited): what the
+    run wrote since the last pass is still sent, and the sidecar exits 0."""
+    url, client = s3
+    run = _run_dir(tmp_path / "src")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinkrl.storage", "push", str(run), "s3://runs-bucket/runs/last", "--every", "3600"],
+        env={**os.environ, "TINKRL_S3_ENDPOINT_URL": url, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().startswith("pushed 3 file(s)")  # the first pass
+    (run / "final.json").write_text('{"done": true}\n')  # written after it, before the pod ends
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    body = client.get_object(Bucket="runs-bucket", Key="runs/last/final.json")["Body"].read()
+    assert body == b'{"done": true}\n'

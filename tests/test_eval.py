@@ -8,11 +8,15 @@ over), or with HTTP 500 (an infrastructure failure, recorded, and the run goes o
 from __future__ import annotations
 
 import json
+import logging
+import shlex
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers.http_json import send_json
+from helpers.ors import free_port
 from helpers.requirements import needs_bwrap
 
 from tinkrl.commands.eval import cli_main
@@ -155,12 +159,7 @@ class ScriptedModel(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def do_GET(self):
         if self.path.endswith("/models"):
@@ -205,7 +204,7 @@ def endpoint():
 
 
 @needs_bwrap
-def test_eval_against_an_openai_compatible_endpoint(endpoint, tmp_path):
+def test_eval_against_an_openai_compatible_endpoint(endpoint, tmp_path, capsys):
     rc = cli_main(
         [
             "--dataset-path",
@@ -250,8 +249,125 @@ def test_eval_against_an_openai_compatible_endpoint(endpoint, tmp_path):
 
     summary = json.loads((out / "results.json").read_text())
     assert summary["overall"]["infra_failures"] == 1 and summary["overall"]["resolved"] == 2
+    # each task's verdict: solved, or error when no trial could run (neither solved nor unsolved)
+    assert summary["resolved_ids"] == ["hello-file", "calc__calc-1"] and summary["unresolved_ids"] == []
+    assert verdicts(capsys.readouterr().out) == {
+        "hello-file": "solved",
+        "calc__calc-1": "solved",
+        "fix-permissions": "error",
+        "all (3 tasks)": "2/3",
+    }
     assert summary["overall"]["pass@1"] == 1.0  # infra failures are left out, not scored 0
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 1 and preds[0]["instance_id"] == "calc__calc-1"
     assert preds[0]["model_name_or_path"] == "scripted-model"
     assert '+        raise ValueError("division by zero")' in preds[0]["model_patch"]
+
+
+# ---------------------------------------------------------------------------------------------
+# seed 001's `minitb run` (and `tb run`) command lines
+
+
+def verdicts(text: str) -> dict[str, str]:
+    """{task: its solved column} from the results table in `text` (printed, or results.md)."""
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")][1:]
+    return {cells[0].strip(): cells[-1].strip() for cells in rows}
+
+
+@needs_bwrap
+def test_seed_minitb_run_command_as_written(tmp_path, isolated_home, capsys, caplog, monkeypatch):
+    """Seed 001's `minitb run` command, with `minitb` replaced by `tinkrl eval` and its checkpoint, model,
+    task dir and task id by a tiny checkpoint, its base model and shipped tasks (the task id twice)."""
+    from tinkrl.cli import main as tinkrl
+    from tinkrl.local import ServiceClient
+
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    tc = ServiceClient().create_lora_training_client("tinkrl/tiny-llama", rank=4)
+    checkpoint = tc.save_weights_for_sampler("000061").result().path
+    assert checkpoint.startswith("tinker://") and checkpoint.endswith("/sampler_weights/000061")
+    command = f"""tinkrl eval run
+      --agent terminus-tinker
+      --agent-kwarg checkpoint_path={checkpoint}
+      --agent-kwarg model_name=tinkrl/tiny-llama
+      --dataset-path {TASKS}
+      --task-id hello-file --task-id tb-hello
+      --n-concurrent 1
+      --output-path {tmp_path / "tbench"}
+      --log-level debug"""
+    rc = tinkrl(shlex.split(command)[1:])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"backend local ({checkpoint} is on this machine)" in err
+    [run_dir] = (tmp_path / "tbench").iterdir()
+    summary = json.loads((run_dir / "results.json").read_text())
+    assert summary["model"] == checkpoint and summary["base_model"] == "tinkrl/tiny-llama"
+    # random weights solve nothing: each task is reported, printed and written, as not solved
+    assert summary["unresolved_ids"] == ["hello-file", "tb-hello"] and summary["resolved_ids"] == []
+    assert [(r["task"], r["solved"]) for r in summary["tasks"]] == [("hello-file", False), ("tb-hello", False)]
+    expected = {"hello-file": "unsolved", "tb-hello": "unsolved", "all (2 tasks)": "0/2"}
+    assert verdicts(out) == verdicts((run_dir / "results.md").read_text()) == expected
+    trials = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert [t["task_id"] for t in trials] == ["hello-file", "tb-hello"] and all(
+        t["failure_mode"] is None for t in trials
+    )
+    assert any(r.levelno == logging.DEBUG for r in caplog.records)  # --log-level debug
+
+
+def test_tb_run_flags_check_their_values(capsys):
+    for argv, message in [
+        (["run", "--agent", "oracle"], "argument --agent: invalid choice: 'oracle'"),
+        (["--agent-kwarg", "temperature"], "--agent-kwarg 'temperature': expected KEY=VALUE"),
+        (
+            ["--agent-kwarg", "beam=4"],
+            "--agent-kwarg beam: the terminus-tinker agent takes checkpoint_path, model_name",
+        ),
+        (["--agent-kwarg", "max_turns=many"], "--agent-kwarg max_turns=many: expected a int"),
+        (["--checkpoint", "c", "--agent-kwarg", "checkpoint_path=d"], "--agent-kwarg checkpoint_path and --checkpoint"),
+        (["--base-url", "http://x/v1", "--agent-kwarg", "model_name=m"], "--base-url evaluates a served model"),
+        (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            cli_main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_a_registry_dataset_offline_is_one_line(tmp_path, monkeypatch, capsys):
+    """`--dataset NAME==VERSION` (tb run's spelling) with no cached copy and no registry: one line."""
+    monkeypatch.setenv("TINKRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TINKRL_TB_REGISTRY", f"http://127.0.0.1:{free_port()}/registry.json")
+    argv = [
+        "run",
+        "--dataset",
+        "terminal-bench-core==0.1.1",
+        "--task-id",
+        "hello-world",
+        "--model",
+        "tinkrl/tiny-llama",
+    ]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "terminal-bench-core" in err[0], err
+
+
+def test_backend_auto_samples_a_remote_checkpoint_on_the_tinker_service(isolated_home, monkeypatch):
+    """The seed's `tb run` names a checkpoint on the Tinker service: with TINKER_API_KEY set it is sampled
+    there; a checkpoint on this machine, or no key, stays on the embedded engine."""
+    from tinkrl.commands.eval import _apply_agent_kwargs, _backend, build_parser
+
+    def backend(*argv: str) -> str:
+        parser = build_parser()
+        args = parser.parse_args(list(argv))
+        _apply_agent_kwargs(args, parser)
+        return _backend(args)[0]
+
+    remote = "checkpoint_path=tinker://a4782131-a6c1-41bb-800d-af2f9b5a3db1/sampler_weights/000061"
+    seed = ["--agent", "terminus-tinker", "--agent-kwarg", remote, "--agent-kwarg", "model_name=Qwen/Qwen3-8B"]
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    assert backend(*seed) == "local"
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    assert backend(*seed) == "tinker"
+    (isolated_home / "checkpoints" / "a4782131-a6c1-41bb-800d-af2f9b5a3db1" / "sampler_weights" / "000061").mkdir(
+        parents=True
+    )
+    assert backend(*seed) == "local"
+    assert backend(*seed, "--backend", "tinker") == "tinker"

@@ -13,13 +13,13 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import threading
 import zlib
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers.git_repo import git
 from helpers.ors import free_port
 from helpers.requirements import needs
 
@@ -37,11 +37,6 @@ from tinkrl.taskdirs.registry import (
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 pytestmark = needs("git", "registry datasets are fetched with git")
-
-
-def git(repo: Path, *args: str) -> str:
-    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main", *args]
-    return subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The `tinkrl` command: train, sft, eval, export, view, tasks, sandbox, serve.
+"""The `tinkrl` command: train, sft, eval, export, view, tasks, sandbox, launch, serve.
 
 Each subcommand is a module of `tinkrl.commands` with a `cli_main(argv) -> exit code` (its
 argument parsing, wiring the library parts together), imported only when it runs, so
@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "view": "a local web page over runs and evals (curves, episodes, transcripts): tinkrl view RUN_DIR...",
     "tasks": "task directories: tinkrl tasks check DIR...",
     "sandbox": "sandboxes: tinkrl sandbox run -- CMD, tinkrl sandbox reap",
+    "launch": "run a command on Beaker or as a Kubernetes Job: tinkrl launch beaker|k8s|image ...",
 }
 # `tinkrl serve NAME` runs tinkrl.commands.serve_NAME
 SERVE: dict[str, str] = {

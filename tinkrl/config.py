@@ -19,6 +19,7 @@ proportion to `weight` (equal by default).
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import secrets
 import time
@@ -444,16 +445,16 @@ def set_dotted(d: dict, dotted: str, value: Any) -> None:
             nxt = d[k] = {}
         d = nxt
     if isinstance(value, dict) and isinstance(d.get(keys[-1]), dict):
-        _merge(d[keys[-1]], value)
+        merge_mapping(d[keys[-1]], value)
     else:
         d[keys[-1]] = value
 
 
-def _merge(dst: dict, src: dict) -> None:
+def merge_mapping(dst: dict, src: dict) -> None:
     """Merge mapping `src` into `dst`, key by key (keys taken literally, not as dotted paths)."""
     for k, v in src.items():
         if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _merge(dst[k], v)
+            merge_mapping(dst[k], v)
         else:
             dst[k] = v
 
@@ -571,8 +572,9 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
 
     The dialect (`tinkrl.dialects`) is read from both together and recorded in `config.dialect`
     (its reason in `config.dialect_reason`). Each environment's own fields are checked by its
-    config class (`tinkrl.envs.resolve_config`), not here: this module knows no environment."""
-    pairs = top_level_pairs(load_yaml(config_path)) if config_path else []
+    config class (`tinkrl.envs.resolve_config`), not here: this module knows no environment.
+    Without a config file, the cluster's sandbox settings apply (`cluster_sandbox_pairs`)."""
+    pairs = top_level_pairs(load_yaml(config_path)) if config_path else cluster_sandbox_pairs()
     pairs += parse_overrides(list(overrides or []))
     dialect = detect(pairs)
     raw = apply_pairs({}, to_tinkrl(pairs, dialect))
@@ -583,6 +585,17 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         raise ConfigError(_format_error(e)) from None
     config.dialect_reason = dialect.reason
     return config
+
+
+def cluster_sandbox_pairs() -> list[Pair]:
+    """The `sandbox:` section of the cluster's run config, `$TINKRL_CONFIG` (the Helm chart mounts it in
+    its pods and in Jobs `tinkrl launch k8s` starts), as a pair the command line's keys override; [] when
+    the variable is unset or the section is absent."""
+    path = os.environ.get("TINKRL_CONFIG")
+    if not path:
+        return []
+    section = load_yaml(path).get("sandbox")
+    return [("sandbox", section)] if isinstance(section, dict) else []
 
 
 def load_dotenv_file(path: str | Path = ".env") -> None:

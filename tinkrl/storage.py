@@ -3,7 +3,8 @@
 On a cluster the orchestrator pod's `sync-results` sidecar runs
 `python -m tinkrl.storage push /runs s3://BUCKET/runs --every 60`, an init container runs
 `pull` before training starts (so a restarted pod resumes from its checkpoints), and
-`make -C deploy results` runs `pull` on a laptop. A file is sent when its size or content
+`make -C deploy results` runs `pull` on a laptop. A repeating push makes one last pass when it
+gets SIGTERM (its pod is ending: the Job's sidecar after the command, a rollout), then exits 0. A file is sent when its size or content
 differs from the stored object (MD5 against the ETag of single-part uploads; size and
 mtime are remembered between passes so unchanged checkpoints are not re-read).
 The endpoint comes from --endpoint-url, else $TINKRL_S3_ENDPOINT_URL, else AWS.
@@ -14,8 +15,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import sys
-import time
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -146,7 +148,11 @@ def cli_main(argv: list[str] | None = None) -> int:
             print(f"pulled {len(got)} file(s) from {args.s3_uri} into {args.local}")
             return 0
         pusher = Pusher(args.local, args.s3_uri, args.endpoint_url)
+        stop = threading.Event()
+        if args.every:  # a sidecar is stopped with SIGTERM when its pod ends: one last pass, then exit
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
         while True:
+            final = stop.is_set()
             if args.local.is_dir():
                 try:
                     sent = pusher.push_once()
@@ -157,9 +163,9 @@ def cli_main(argv: list[str] | None = None) -> int:
                     sent = []
                 if sent or not args.every:
                     print(f"pushed {len(sent)} file(s) to {args.s3_uri}", flush=True)
-            if not args.every:
+            if not args.every or final:
                 return 0
-            time.sleep(args.every)
+            stop.wait(args.every)
     except ValueError as e:
         print(f"tinkrl.storage: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,16 @@ exec subresource over WebSocket (`v5.channel.k8s.io`/`v4.channel.k8s.io`: channe
 frames, stdin close on v5, exit status on channel 3). With a podman engine, pods really run
 as podman containers and exec really runs in them (`podman exec -i`); without one, pods
 only reach Running and exec answers with a Status error.
+
+For `tinkrl launch k8s` it also serves batch/v1 Jobs (create, read) with the Job controller's
+part (a pod from the template per attempt, labelled `job-name`, the next one `job_backoff_s`
+after a failure; `failed`/`succeeded` counts;
+`Complete`, or `Failed` with `BackoffLimitExceeded` past `backoffLimit`), pod logs
+(`pods/{name}/log`, `follow=true` as a chunked stream until the container ends), and reads of
+ServiceAccounts and ConfigMaps added with `FakeKube.add` (e.g. the chart's rendered ones).
+Pods whose image is in `host_images` run their container's command as a process on this
+machine (in `host_workdir`, with the container's `env`; init containers are not run): their
+output is the pod log and their exit code the container's `terminated.exitCode`.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -29,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from helpers.http_json import send_json
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -102,7 +115,7 @@ class Rbac:
             return user == f"system:serviceaccount:{ns}:{subject['name']}"
         return subject["kind"] == "User" and subject["name"] == user
 
-    def allowed(self, user: str, verb: str, namespace: str, resource: str, name: str = "") -> bool:
+    def allowed(self, user: str, verb: str, namespace: str, resource: str, name: str = "", group: str = "") -> bool:
         for b in self.bindings:
             bns = b["metadata"].get("namespace", "")
             if b["kind"] == "RoleBinding" and bns != namespace:
@@ -113,7 +126,7 @@ class Rbac:
             role = self.roles.get((bns if ref["kind"] == "Role" else "", ref["name"]))
             for rule in (role or {}).get("rules", []):
                 if (
-                    ("" in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+                    (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
                     and (resource in rule.get("resources", []) or "*" in rule.get("resources", []))
                     and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
                     and (not rule.get("resourceNames") or name in rule["resourceNames"])
@@ -133,8 +146,16 @@ class FakeKube:
         tokens: dict[str, str] | None = None,
         rbac: Rbac | None = None,
         pull_delay_s: float = 0.05,
+        host_images: set[str] | None = None,
+        host_workdir: Path | None = None,
+        job_backoff_s: float = 1.0,
     ):
         self.podman = podman  # tests/podman_helper.Podman or None
+        self.host_images = set(host_images or ())  # images whose pods run their command on this machine
+        self.host_workdir = host_workdir
+        self.job_backoff_s = job_backoff_s  # before a failed Job pod is replaced (real clusters: 10 s, doubling)
+        self.jobs: dict[tuple[str, str], dict] = {}
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
         self.images = dict(images or {})  # image as pods name it -> local podman image
         self.node = node or Node()
         self.tokens = dict(tokens or {"admin-token": "admin"})  # bearer token -> user
@@ -166,6 +187,12 @@ class FakeKube:
             keys = list(self.pods)
         for ns, name in keys:
             self._remove_container(ns, name)
+
+    def add(self, obj: dict) -> None:
+        """Store a ServiceAccount or ConfigMap (e.g. one the Helm chart renders) for reads."""
+        resource = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps"}[obj["kind"]]
+        md = obj["metadata"]
+        self.objects[(resource, md.get("namespace", "default"), md["name"])] = obj
 
     def kubeconfig(self, path: Path, token: str = "admin-token", namespace: str = "default") -> Path:
         import yaml
@@ -228,7 +255,94 @@ class FakeKube:
                 pending = [(k, p) for k, p in self.pods.items() if p["status"]["phase"] == "Pending"]
             for key, pod in pending:
                 self._advance(key, pod)
+            with self.lock:
+                for key, job in list(self.jobs.items()):
+                    self._control(key, job)
             self._stop.wait(0.02)
+
+    # -- the Job controller ------------------------------------------------------------------
+    def _control(self, key: tuple[str, str], job: dict) -> None:
+        """One pass of the Job controller over `job` (called with the lock held)."""
+        st = job["status"]
+        if any(c["status"] == "True" for c in st.get("conditions", [])):
+            return
+        pods = [p for (ns, _), p in self.pods.items() if ns == key[0] and p.get("_job") == key[1]]
+        st["active"] = sum(p["status"]["phase"] in ("Pending", "Running") for p in pods)
+        st["succeeded"] = sum(p["status"]["phase"] == "Succeeded" for p in pods)
+        st["failed"] = sum(p["status"]["phase"] == "Failed" for p in pods)
+        if st["succeeded"]:
+            st["conditions"] = [_condition("Complete", "Completed")]
+            st["completionTime"] = _now()
+        elif st["failed"] > job["spec"].get("backoffLimit", 6):
+            st["conditions"] = [_condition("Failed", "BackoffLimitExceeded")]
+        elif not st["active"]:
+            finished = [p["_finished"] for p in pods if "_finished" in p]
+            if not finished or time.time() - max(finished) >= self.job_backoff_s:
+                self._job_pod(key, job)
+
+    def _job_pod(self, key: tuple[str, str], job: dict) -> None:
+        template = json.loads(json.dumps(job["spec"]["template"]))
+        uid = job["metadata"]["uid"]
+        own = {"job-name": key[1], "batch.kubernetes.io/job-name": key[1], "controller-uid": uid}
+        name = f"{key[1]}-{uuid.uuid4().hex[:5]}"
+        metadata = template.get("metadata") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": key[0],
+                "labels": {**(metadata.get("labels") or {}), **own},
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now(),
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": key[1], "uid": uid}],
+            },
+            "spec": template["spec"],
+            "status": {"phase": "Pending", "conditions": []},
+            "_created": time.time(),
+            "_job": key[1],
+        }
+        self.pods[(key[0], name)] = pod
+
+    # -- containers run as processes on this machine ------------------------------------------
+    def _run_on_host(self, key: tuple[str, str], pod: dict) -> None:
+        c = pod["spec"]["containers"][0]
+        fields = {"metadata.name": key[1], "metadata.namespace": key[0], "metadata.uid": pod["metadata"]["uid"]}
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+            env[e["name"]] = fields.get(ref, "") if ref else str(e.get("value", ""))
+        proc = subprocess.Popen(
+            [*(c.get("command") or []), *(c.get("args") or [])],
+            cwd=self.host_workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        pod["_log"], pod["_done"] = bytearray(), False
+        started = _now()
+        pod["status"].update(phase="Running", containerStatuses=[_running(c, started)])
+
+        def reap() -> None:
+            for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+                with self.lock:
+                    pod["_log"] += chunk
+            code = proc.wait()
+            with self.lock:
+                status = pod["status"]["containerStatuses"][0]
+                status.update(ready=False, started=False)
+                status["state"] = {
+                    "terminated": {
+                        "exitCode": code,
+                        "startedAt": started,
+                        "finishedAt": _now(),
+                        "reason": "Completed" if code == 0 else "Error",
+                    }
+                }
+                pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+                pod["_done"], pod["_finished"] = True, time.time()
+
+        threading.Thread(target=reap, daemon=True).start()
 
     def _advance(self, key: tuple[str, str], pod: dict) -> None:
         st = pod["status"]
@@ -244,6 +358,11 @@ class FakeKube:
                 st["conditions"] = [{"type": "PodScheduled", "status": "True"}]
         c = pod["spec"]["containers"][0]
         age = time.time() - pod["_created"]
+        if c["image"] in self.host_images:
+            with self.lock:
+                if key in self.pods and pod["status"]["phase"] == "Pending":
+                    self._run_on_host(key, pod)
+            return
         if c["image"] not in self.images:
             if age < self.pull_delay_s:
                 return
@@ -269,17 +388,7 @@ class FakeKube:
             st["conditions"] = [
                 {"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
             ]
-            st["containerStatuses"] = [
-                {
-                    "name": c["name"],
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "imageID": "",
-                    "image": c["image"],
-                    "state": {"running": {"startedAt": _now()}},
-                }
-            ]
+            st["containerStatuses"] = [_running(c, _now())]
 
     def _run_args(self, key: tuple[str, str], pod: dict) -> list[str]:
         c = pod["spec"]["containers"][0]
@@ -308,6 +417,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _condition(kind: str, reason: str) -> dict:
+    return {"type": kind, "status": "True", "reason": reason, "lastProbeTime": _now(), "lastTransitionTime": _now()}
+
+
 def _make_handler(kube: FakeKube):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -317,12 +430,7 @@ def _make_handler(kube: FakeKube):
 
         # -- plumbing ----------------------------------------------------------------------
         def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, code, body)
 
         def _user(self) -> str | None:
             auth = self.headers.get("Authorization", "")
@@ -335,7 +443,13 @@ def _make_handler(kube: FakeKube):
             user = self._user()
             if user is None:
                 return self._send(401, status(401, "Unauthorized", "Unauthorized"))
-            # /api/v1/namespaces/{ns}/pods[/{name}[/exec]]
+            # /apis/batch/v1/namespaces/{ns}/jobs[/{name}]
+            if len(parts) in (6, 7) and parts[:4] == ["apis", "batch", "v1", "namespaces"] and parts[5] == "jobs":
+                return self._jobs(method, user, parts[4], parts[6] if len(parts) == 7 else "")
+            # /api/v1/namespaces/{ns}/{serviceaccounts,configmaps}/{name}
+            if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] in OBJECT_RESOURCES:
+                return self._object(method, user, parts[4], parts[3], parts[5])
+            # /api/v1/namespaces/{ns}/pods[/{name}[/exec|/log]]
             if len(parts) < 5 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
                 return self._send(404, status(404, "NotFound", "the server could not find the requested resource"))
             ns = parts[3]
@@ -350,22 +464,12 @@ def _make_handler(kube: FakeKube):
                     "POST": "create",
                     "DELETE": "delete",
                 }.get(method, method.lower())
-            kube.requests.append((user, verb, url.path))
-            if kube.rbac is not None and not kube.rbac.allowed(user, verb, ns, resource, name):
-                what = f'{resource} "{name}"' if name else resource
-                return self._send(
-                    403,
-                    status(
-                        403,
-                        "Forbidden",
-                        f'{what} is forbidden: User "{user}" cannot {verb} resource '
-                        f'"{resource}" in API group "" in the namespace "{ns}"',
-                        name=name,
-                        kind=resource,
-                    ),
-                )
+            if not self._allowed(user, verb, ns, resource, name, url.path):
+                return None
             if sub == "exec":
                 return self._exec(ns, name, query)
+            if sub == "log":
+                return self._log(ns, name, query)
             if sub:
                 return self._send(404, status(404, "NotFound", "unsupported subresource"))
             if method == "POST" and not name:
@@ -394,6 +498,118 @@ def _make_handler(kube: FakeKube):
                 pod["metadata"]["deletionTimestamp"] = _now()
                 return self._send(200, _public(pod))
             return self._send(405, status(405, "MethodNotAllowed", "method not allowed"))
+
+        def _allowed(self, user: str, verb: str, ns: str, resource: str, name: str, path: str, group: str = "") -> bool:
+            """Record the request; under RBAC, answer 403 (and return False) when the user may not."""
+            kube.requests.append((user, verb, path))
+            if kube.rbac is None or kube.rbac.allowed(user, verb, ns, resource, name, group):
+                return True
+            what = f'{resource} "{name}"' if name else resource
+            self._send(
+                403,
+                status(
+                    403,
+                    "Forbidden",
+                    f'{what} is forbidden: User "{user}" cannot {verb} resource '
+                    f'"{resource}" in API group "{group}" in the namespace "{ns}"',
+                    name=name,
+                    kind=resource,
+                ),
+            )
+            return False
+
+        def _body(self) -> dict | None:
+            n = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(n) or b"{}")
+            except ValueError:
+                return None
+            return body if isinstance(body, dict) else None
+
+        # -- ServiceAccounts and ConfigMaps (read only), Jobs ------------------------------------
+        def _object(self, method: str, user: str, resource: str, ns: str, name: str) -> None:
+            if method != "GET":
+                return self._send(405, status(405, "MethodNotAllowed", "method not allowed"))
+            if not self._allowed(user, "get", ns, resource, name, self.path):
+                return None
+            obj = kube.objects.get((resource, ns, name))
+            if obj is None:
+                return self._send(
+                    404, status(404, "NotFound", f'{resource} "{name}" not found', name=name, kind=resource)
+                )
+            self._send(200, obj)
+
+        def _jobs(self, method: str, user: str, ns: str, name: str) -> None:
+            verb = {"GET": "get" if name else "list", "POST": "create"}.get(method, method.lower())
+            if not self._allowed(user, verb, ns, "jobs", name, self.path, group="batch"):
+                return None
+            if method == "POST" and not name:
+                job = self._body()
+                try:
+                    job_name = job["metadata"]["name"]
+                    pod = job["spec"]["template"]["spec"]
+                    assert pod["containers"] and all(c.get("name") and c.get("image") for c in pod["containers"])
+                    assert pod.get("restartPolicy") in ("Never", "OnFailure")
+                except (TypeError, KeyError, AssertionError):
+                    return self._send(
+                        422,
+                        status(
+                            422,
+                            "Invalid",
+                            "Job is invalid: metadata.name, spec.template.spec.containers (name, image) are "
+                            'required; spec.template.spec.restartPolicy: Unsupported value: "Never" or "OnFailure"',
+                        ),
+                    )
+                with kube.lock:
+                    if (ns, job_name) in kube.jobs:
+                        return self._send(
+                            409, status(409, "AlreadyExists", f'jobs.batch "{job_name}" already exists', name=job_name)
+                        )
+                    job["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+                    job["status"] = {"startTime": _now()}
+                    kube.jobs[(ns, job_name)] = job
+                return self._send(201, job)
+            if method == "GET" and name:
+                with kube.lock:
+                    job = kube.jobs.get((ns, name))
+                    body = json.loads(json.dumps(job)) if job else None
+                if body is None:
+                    return self._send(404, status(404, "NotFound", f'jobs.batch "{name}" not found', name=name))
+                return self._send(200, body)
+            self._send(405, status(405, "MethodNotAllowed", "method not allowed"))
+
+        # -- pod logs ------------------------------------------------------------------------------
+        def _log(self, ns: str, name: str, query: dict) -> None:
+            with kube.lock:
+                pod = kube.pods.get((ns, name))
+            if pod is None:
+                return self._send(404, status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods"))
+            names = [c["name"] for c in pod["spec"]["containers"]]
+            container = (query.get("container") or names[:1])[0]
+            if container not in names:
+                return self._send(400, status(400, "BadRequest", f"container {container} is not valid for pod {name}"))
+            if "_log" not in pod:
+                return self._send(
+                    400, status(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start')
+                )
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent, follow = 0, _flag(query, "follow")
+            while True:
+                with kube.lock:
+                    data, done = bytes(pod["_log"][sent:]), pod["_done"]
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                    sent += len(data)
+                elif done or not follow:
+                    break
+                else:
+                    time.sleep(0.02)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
         def _create(self, ns: str) -> None:
             n = int(self.headers.get("Content-Length") or 0)
@@ -516,6 +732,9 @@ def _make_handler(kube: FakeKube):
     return Handler
 
 
+OBJECT_RESOURCES = ("serviceaccounts", "configmaps")
+
+
 def _flag(query: dict, key: str) -> bool:
     return (query.get(key) or [""])[0] in ("1", "t", "T", "true", "TRUE", "True")
 
@@ -586,6 +805,19 @@ class _WebSocket:
         self._send_frame(0x8, struct.pack(">H", 1000))
         with self.wlock:
             self.closed = True
+
+
+def _running(container: dict, started: str) -> dict:
+    """A container status that is running since `started`, as the kubelet reports it."""
+    return {
+        "name": container["name"],
+        "ready": True,
+        "started": True,
+        "restartCount": 0,
+        "imageID": "",
+        "image": container["image"],
+        "state": {"running": {"startedAt": started}},
+    }
 
 
 def _waiting(container: dict, reason: str, message: str) -> dict:

@@ -1,13 +1,20 @@
-"""`tinkrl eval`: run an agent K times on each task and report pass@1 / pass@K.
+"""`tinkrl eval`: run an agent K times on each task and report pass@1 / pass@K and each task's verdict.
 
     tinkrl eval --tasks tasks --model HuggingFaceTB/SmolLM2-135M-Instruct --n 4
     tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --n 4
     tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --backend tinker
     tinkrl eval --dataset-path tasks --task-id 'tb-*' --base-url http://localhost:8000/v1 --served-model M
 
-`--model`/`--checkpoint` sample through the Tinker API (`--backend local`: the embedded engine,
-the default; `--backend tinker`: the Tinker service at $TINKER_BASE_URL); `--base-url` evaluates
-any OpenAI-compatible endpoint. Results go to `<output-path>/<run-id>/` (see
+`tb run` / `minitb run` command lines run as written with the program replaced by `tinkrl eval`
+(the word `run` may stay): `--agent terminus-tinker` is tinkrl's agent, `--agent-kwarg
+checkpoint_path=... --agent-kwarg model_name=...` its checkpoint and base model, and `--dataset
+NAME==VERSION`, `--dataset-path`, `--task-id` (repeatable), `--n-concurrent`, `--output-path`,
+`--log-level` mean what they mean there.
+
+`--model`/`--checkpoint` sample through the Tinker API (`--backend auto`, the default: the Tinker
+service for a checkpoint not on this machine or a model not on it when TINKER_API_KEY is set, else
+the embedded engine; `local` / `tinker` decide outright); `--base-url` evaluates any
+OpenAI-compatible endpoint. Results go to `<output-path>/<run-id>/` (see
 `tinkrl.envs.agent_tasks.evaluation`).
 """
 
@@ -17,12 +24,25 @@ import argparse
 import asyncio
 import datetime as dt
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tinkrl.errors import TinkrlError
+
+# the agents `--agent` names: terminal-bench's name for a Terminus agent sampling through Tinker is tinkrl's own
+AGENTS = {"terminus-tinker": "tinkrl's agent, sampling through the Tinker API (or --base-url)"}
+# `--agent-kwarg KEY=VALUE` -> (the flag it sets, its type)
+AGENT_KWARGS: dict[str, tuple[str, type]] = {
+    "checkpoint_path": ("checkpoint", str),
+    "model_name": ("model", str),
+    "temperature": ("temperature", float),
+    "max_turns": ("max_turns", int),
+    "max_tokens": ("max_tokens", int),
+}
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="base model to sample through the Tinker API (default: the default model)")
     src.add_argument("--checkpoint", help="sampler weights or a state (tinker://... or a directory)")
     src.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    p.add_argument(
+        "--agent", default="terminus-tinker", choices=sorted(AGENTS), help="the agent (tb run's --agent spelling)"
+    )
+    p.add_argument(
+        "--agent-kwarg",
+        dest="agent_kwargs",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"an agent setting (repeatable): {', '.join(AGENT_KWARGS)}; model_name with checkpoint_path is its "
+        "base model",
+    )
     p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
     p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
     p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
@@ -86,12 +117,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", default="bwrap", help="sandbox provider (bwrap, docker, kubernetes)")
     p.add_argument(
         "--backend",
-        choices=("local", "tinker"),
-        default="local",
-        help="for --model/--checkpoint: local (the embedded engine) or tinker (the service at $TINKER_BASE_URL)",
+        choices=("auto", "local", "tinker"),
+        default="auto",
+        help="for --model/--checkpoint: local (the embedded engine), tinker (the service at $TINKER_BASE_URL), "
+        "or auto (tinker for what is not on this machine when TINKER_API_KEY is set)",
     )
     p.add_argument("--device", default=None, help="embedded engine device (cuda/cpu; default: the best there is)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="logging level (default: warning)")
     return p
+
+
+def _apply_agent_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Set the flags the `--agent-kwarg KEY=VALUE` settings name; `args.base_model` is model_name when a
+    checkpoint is given too (the checkpoint's base model)."""
+    args.base_model = None
+    given: dict[str, str] = {}
+    for item in args.agent_kwargs or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            parser.error(f"--agent-kwarg {item!r}: expected KEY=VALUE")
+        if key not in AGENT_KWARGS:
+            parser.error(f"--agent-kwarg {key}: the {args.agent} agent takes {', '.join(AGENT_KWARGS)}")
+        given[key] = value
+    for key, value in given.items():
+        dest, kind = AGENT_KWARGS[key]
+        if key in ("checkpoint_path", "model_name") and getattr(args, dest) is not None:
+            parser.error(f"--agent-kwarg {key} and --{dest} both given: keep one")
+        try:
+            setattr(args, dest, kind(value))
+        except ValueError:
+            parser.error(f"--agent-kwarg {key}={value}: expected a {kind.__name__}")
+    if args.checkpoint and args.model:  # model_name with checkpoint_path: the checkpoint's base model
+        args.base_model, args.model = args.model, None
+    if args.base_url and (args.checkpoint or args.model):
+        parser.error("--base-url evaluates a served model: no --model/--checkpoint/model_name/checkpoint_path")
+
+
+def _backend(args: argparse.Namespace) -> tuple[str, str]:
+    """(local or tinker, why) for --model/--checkpoint under --backend."""
+    from tinkrl.backends import choose_backend
+    from tinkrl.config import BackendConfig
+    from tinkrl.local.model_files import tinkrl_home
+
+    if args.backend != "auto":
+        return args.backend, "--backend"
+    if args.device:
+        return "local", "--device is an option of the embedded engine"
+    if args.checkpoint:
+        path = args.checkpoint
+        local = tinkrl_home() / "checkpoints" / path[len("tinker://") :] if path.startswith("tinker://") else None
+        if local is None or local.is_dir():
+            return "local", f"{path} is on this machine"
+        if os.environ.get("TINKER_API_KEY"):
+            return "tinker", f"TINKER_API_KEY is set and {path} is not on this machine"
+        return "local", "TINKER_API_KEY is not set"
+    model = args.model or args.base_model or BackendConfig().model_name
+    return choose_backend(BackendConfig(model_name=model))
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -104,8 +185,8 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--temperature must be >= 0")
     if (args.api_key or args.served_model) and not args.base_url:
         parser.error("--api-key and --served-model go with --base-url")
-    if args.device and args.backend != "local":
-        parser.error("--device goes with --backend local")
+    if args.device and args.backend == "tinker":
+        parser.error("--device goes with the embedded engine (--backend local or auto)")
     if args.dataset:
         from tinkrl.taskdirs.registry import parse_spec
 
@@ -162,9 +243,11 @@ async def _main(args: argparse.Namespace) -> int:
             from tinkrl.config import BackendConfig
             from tinkrl.renderers import get_renderer
 
-            backend = BackendConfig(backend=args.backend, device=args.device)
-            if args.model:
-                backend.model_name = args.model
+            chosen, why = _backend(args)
+            print(f"tinkrl eval: backend {chosen} ({why})", file=sys.stderr)
+            backend = BackendConfig(backend=chosen, device=args.device)
+            if args.model or args.base_model:
+                backend.model_name = args.model or args.base_model
             service = make_service_client(backend)
             if args.checkpoint:
                 sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
@@ -178,6 +261,8 @@ async def _main(args: argparse.Namespace) -> int:
                 sc = await asyncio.to_thread(service.create_sampling_client, base_model=backend.model_name)
                 model_label = backend.model_name
             model_name = sc.get_base_model()
+            if args.base_model and model_name != args.base_model:
+                raise TinkrlError(f"{args.checkpoint} was trained from {model_name}, not model_name={args.base_model}")
             renderer = get_renderer(sc.get_tokenizer(), model_name, cfg.tool_format)
             policy = SamplingClientPolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
         run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
@@ -216,14 +301,21 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def cli_main(argv: list[str]) -> int:
-    """`tinkrl eval`: exit 1 when every trial failed on infrastructure, 2 on a bad flag or setup error."""
+    """`tinkrl eval` (or `tinkrl eval run`, tb's spelling): exit 1 when every trial failed on infrastructure,
+    2 on a bad flag or setup error."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
+    _apply_agent_kwargs(args, parser)
     _check(args, parser)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="tinkrl eval: %(message)s")
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format="tinkrl eval: %(levelname)s %(name)s: %(message)s")
+    before = root.level
+    root.setLevel(getattr(logging, args.log_level.upper()))
     try:
         return asyncio.run(_main(args))
     except TinkrlError as e:
         print(f"tinkrl eval: {e}", file=sys.stderr)
         return 2
+    finally:
+        root.setLevel(before)

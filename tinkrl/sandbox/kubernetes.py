@@ -67,22 +67,29 @@ def _k8s():
     return client, config
 
 
-def new_api(cfg: KubernetesSandboxConfig):
-    """A CoreV1Api on its own Configuration and ApiClient (never the client's global default)."""
+def api_client(kubeconfig: str | None = None, context: str | None = None):
+    """An ApiClient on its own Configuration (never the client's global default): in-cluster credentials
+    inside a pod when no kubeconfig is named, else the kubeconfig (default ~/.kube/config) and context."""
     client, config = _k8s()
     conf = client.Configuration()
     try:
-        if cfg.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=conf)
         else:
             config.load_kube_config(
-                config_file=cfg.kubeconfig, context=cfg.context, client_configuration=conf, persist_config=False
+                config_file=kubeconfig, context=context, client_configuration=conf, persist_config=False
             )
     except Exception as e:  # noqa: BLE001 - a missing/bad kubeconfig reads the same to the user
         raise SandboxError(
-            f"cannot load Kubernetes credentials ({cfg.kubeconfig or 'default kubeconfig'}): {e}", "sandbox_unavailable"
+            f"cannot load Kubernetes credentials ({kubeconfig or 'default kubeconfig'}): {e}", "sandbox_unavailable"
         ) from None
-    return client.CoreV1Api(client.ApiClient(configuration=conf))
+    return client.ApiClient(configuration=conf)
+
+
+def new_api(cfg: KubernetesSandboxConfig):
+    """A CoreV1Api on its own Configuration and ApiClient (never the client's global default)."""
+    client, _ = _k8s()
+    return client.CoreV1Api(api_client(cfg.kubeconfig, cfg.context))
 
 
 def _status_of(e: Exception) -> int:

@@ -9,7 +9,9 @@ is the command.
 
 Written to an output directory: `results.jsonl` (one line per trial: reward, turns, end reason,
 failure_mode, grade detail, transcript), `results.json` and `results.md` (the per-task table
-with unbiased pass@k), and for SWE tasks (SWE-bench, R2E-Gym rows) `predictions.jsonl` in
+with unbiased pass@k and each task's verdict: solved when a valid trial resolved it, unsolved, or
+error when no trial could run; `results.json` also lists terminal-bench's `resolved_ids` /
+`unresolved_ids`), and for SWE tasks (SWE-bench, R2E-Gym rows) `predictions.jsonl` in
 SWE-bench's format (`instance_id`, `model_name_or_path`, `model_patch` = the git diff of the
 workspace), one file per attempt when K > 1. Infrastructure failures are recorded per trial and
 left out of pass@k. While it runs, finished trials are appended to `results.partial.jsonl`.
@@ -345,6 +347,7 @@ def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
                 "mean_turns": sum(t.turns for t in valid) / n if n else None,
                 "pass@1": pass_at_k(n, c, 1) if n >= 1 else None,
                 f"pass@{k}": pass_at_k(n, c, k) if n >= k else None,
+                "solved": c > 0 if n else None,  # None: every trial failed on infrastructure
             }
         )
 
@@ -362,12 +365,17 @@ def summarize(trials: list[Trial], k: int) -> tuple[list[dict], dict]:
         "mean_turns": mean("mean_turns"),
         "pass@1": mean("pass@1"),
         f"pass@{k}": mean(f"pass@{k}"),
+        "solved": sum(r["solved"] is True for r in rows),  # tasks solved
     }
     return rows, overall
 
 
+VERDICTS = {True: "solved", False: "unsolved", None: "error"}  # error: no trial ran (infrastructure)
+
+
 def format_table(rows: list[dict], overall: dict, k: int) -> str:
-    """The per-task rows and the overall row as a Markdown table."""
+    """The per-task rows and the overall row as a Markdown table; the last column is each task's verdict
+    (solved, unsolved, or error) and, overall, how many tasks were solved."""
     cols = ["task", "format", "trials", "infra_failures", "resolved", "mean_reward", "mean_turns", "pass@1"]
     if k > 1:
         cols.append(f"pass@{k}")
@@ -377,19 +385,26 @@ def format_table(rows: list[dict], overall: dict, k: int) -> str:
             return "-"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows + [overall]:
-        lines.append("| " + " | ".join(cell(r[c]) for c in cols) + " |")
+    lines = ["| " + " | ".join(cols + ["solved"]) + " |", "|" + "|".join("---" for _ in range(len(cols) + 1)) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join([*(cell(r[c]) for c in cols), VERDICTS[r["solved"]]]) + " |")
+    lines.append("| " + " | ".join([*(cell(overall[c]) for c in cols), f"{overall['solved']}/{len(rows)}"]) + " |")
     return "\n".join(lines)
 
 
 def write_outputs(out_dir: Path, trials: list[Trial], rows: list[dict], overall: dict, table: str, meta: dict) -> None:
-    """Write results.jsonl, results.json, results.md and, for SWE tasks, one predictions file per attempt."""
+    """Write results.jsonl, results.json (with resolved_ids / unresolved_ids), results.md and, for SWE tasks,
+    one predictions file per attempt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "results.jsonl", "w") as f:
         for t in trials:
             f.write(json.dumps(asdict(t), ensure_ascii=False) + "\n")
-    (out_dir / "results.json").write_text(json.dumps({**meta, "tasks": rows, "overall": overall}, indent=2) + "\n")
+    ids = {
+        "resolved_ids": [r["task"] for r in rows if r["solved"]],
+        "unresolved_ids": [r["task"] for r in rows if r["solved"] is False],
+    }
+    summary = {**meta, **ids, "tasks": rows, "overall": overall}
+    (out_dir / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / "results.md").write_text(table + "\n")
     repo = [t for t in trials if t.format in ("swebench", "r2e")]
     if not repo:
