@@ -19,9 +19,9 @@ from helpers.engine import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 PHASE_STOP = Path(__file__).with_name("phase_stop.py")
-# A short arithmetic run that trains every step (constant-reward groups kept) and checkpoints every step.
-TRAIN_ARGS = [
-    "env=arithmetic",
+# A short run that trains every step (constant-reward groups kept) and checkpoints every step; TRAIN_ARGS on
+# the arithmetic environment.
+RUN_ARGS = [
     f"model_name={TINY}",
     "batch_size=4",
     "group_size=2",
@@ -32,6 +32,7 @@ TRAIN_ARGS = [
     "remove_constant_reward_groups=false",
     "seed=3",
 ]
+TRAIN_ARGS = ["env=arithmetic", *RUN_ARGS]
 
 
 def train_env(home: Path) -> dict[str, str]:
@@ -40,19 +41,34 @@ def train_env(home: Path) -> dict[str, str]:
     return {**os.environ, "TINKRL_HOME": str(home), "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
 
 
-def train(home: Path, cwd: Path, *argv: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """`tinkrl train TRAIN_ARGS argv` to its end (`prefix`: a command line to run it under)."""
-    cmd = [*prefix, sys.executable, "-m", "tinkrl.cli", "train", *TRAIN_ARGS, *argv]
-    return subprocess.run(cmd, cwd=cwd, env=train_env(home), capture_output=True, text=True, timeout=400)
+def train(
+    home: Path,
+    cwd: Path,
+    *argv: str,
+    prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    base: list[str] = TRAIN_ARGS,
+) -> subprocess.CompletedProcess:
+    """`tinkrl train base argv` to its end (`prefix`: a command line to run it under; `env`: more environment
+    variables)."""
+    cmd = [*prefix, sys.executable, "-m", "tinkrl.cli", "train", *base, *argv]
+    run_env = {**train_env(home), **(env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=run_env, capture_output=True, text=True, timeout=400)
 
 
 def start_stopping(
-    home: Path, cwd: Path, phase: str, nth: int | str, *argv: str, prefix: tuple[str, ...] = ()
+    home: Path,
+    cwd: Path,
+    phase: str,
+    nth: int | str,
+    *argv: str,
+    prefix: tuple[str, ...] = (),
+    base: list[str] = TRAIN_ARGS,
 ) -> tuple[subprocess.Popen, Path]:
     """Start `tinkrl train` that freezes the `nth` time it reaches `phase` ("N+": and every later time);
     returns (process, marker file)."""
     marker = cwd / f"stopped-{phase}-{str(nth).rstrip('+')}-{time.monotonic_ns()}"
-    cmd = [*prefix, sys.executable, str(PHASE_STOP), phase, str(nth), str(marker), "--", "train", *TRAIN_ARGS, *argv]
+    cmd = [*prefix, sys.executable, str(PHASE_STOP), phase, str(nth), str(marker), "--", "train", *base, *argv]
     # through a pipe, copied to a file here: a limit set on the run (RLIMIT_FSIZE) must not stop its own output
     proc = subprocess.Popen(cmd, cwd=cwd, env=train_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log_path = cwd / f"{marker.name}.log"
