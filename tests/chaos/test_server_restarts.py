@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers.chaos import (
     PHASE_STOP,
@@ -74,6 +75,7 @@ def test_request_ids_differ_between_server_processes():
     assert PromiseTable().create("x").request_id != PromiseTable().create("x").request_id
 
 
+@pytest.mark.slow  # ~30 s: two server starts and two runs
 def test_tinker_server_killed_mid_step_and_restarted(home, tmp_path):
     port = free_port()
     nth = random.Random(SEED).randint(2, 3)  # the forward_backward of step 1 or 2: a checkpoint exists
@@ -118,6 +120,7 @@ def test_tinker_server_killed_mid_step_and_restarted(home, tmp_path):
     assert json.loads((final / "tinkrl_meta.json").read_text())["step"] == steps  # every optim_step once
 
 
+@pytest.mark.slow  # ~30 s
 def test_env_server_killed_between_steps_and_restarted(home, tmp_path):
     port = free_port()
     serve = ["-m", "tinkrl.cli", "serve", "env", "--port", str(port), "--train-size", "20", "arithmetic"]
