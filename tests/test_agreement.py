@@ -28,7 +28,8 @@ BF16_TOLERANCE = 1e-1 if cpu_class() == "amx_bf16" and not torch.cuda.is_availab
 TOLERANCE = {"float32": 1e-3, "bfloat16": BF16_TOLERANCE}
 
 
-def test_the_default_precision_is_checked_here_within_the_bound():
+def test_the_default_precision_is_checked_here_within_the_bound(monkeypatch):
+    monkeypatch.delenv("TINKRL_DTYPE", raising=False)
     default = next(name for name in TOLERANCE if parse_dtype(name) == default_dtype(torch.device("cpu")))
     assert TOLERANCE[default] <= AGREEMENT_BOUND
 

@@ -45,26 +45,30 @@ class SmallDisk:
         subprocess.run(
             [*self.prefix, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, timeout=30
         )
-        self.path = path
+        self.path, self.size = path, size
 
     def inside(self, p: Path) -> Path:
         """`p` (a path under the tmpfs) as this process sees it."""
         return Path(f"/proc/{self.holder.pid}/root") / p.relative_to("/")
 
     def fill(self) -> Path:
-        """Write a file until not one more byte fits; returns it."""
+        """Write a file until not one more byte fits; returns it. Only ever the small tmpfs: the filesystem is
+        checked first, and the writing stops at its size whatever happens."""
+        fs = os.statvfs(self.inside(self.path))
+        assert fs.f_blocks * fs.f_frsize <= self.size, "not the small tmpfs: refusing to fill it"
         filler = self.inside(self.path / "filler")
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            chunk = 1 << 20
-            while chunk:
+            chunk, written = 1 << 20, 0
+            while chunk and written <= self.size:
                 try:
-                    os.write(fd, b"\0" * chunk)
+                    written += os.write(fd, b"\0" * chunk)
                 except OSError as e:
                     assert e.errno == errno.ENOSPC, e
                     chunk //= 2
         finally:
             os.close(fd)
+        assert written <= self.size
         return filler
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ SEED = 5
 TEMPLATES = ["write_line", "copy_file", "count_lines"]
 GROUP_SIZE = 3
 FAULT_SLEEP = {"kill": "1.71", "oom": "1.72", "disk_full": "1.73"}  # the marked sleeps: which fault, where
+LOGS_DISK_LIMIT = 256 << 20  # the sandbox's /logs is a tmpfs of at most this size
 EXPECTED_MODE = {"kill": "sandbox_died", "oom": "sandbox_died", "disk_full": "sandbox_disk_full"}
 
 
@@ -113,14 +114,22 @@ def sandbox_init(cgroup: Path) -> int:
 
 # Fills a file until the disk refuses, as the sandbox's own uid (fsuid only: root keeps its right to reach
 # the sandbox's root through /proc, and the file belongs to the sandbox's root inside).
+# Never more than the sandbox's own small disk: the filesystem's size is checked first, and the writing
+# stops past it whatever happens.
 FILL = """
 import ctypes, errno, os, sys
+path, uid, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fs = os.statvfs(os.path.dirname(path))
+if fs.f_blocks * fs.f_frsize > limit:
+    sys.exit("not the sandbox's small disk: refusing to fill it")
 libc = ctypes.CDLL(None)
-libc.setfsgid(int(sys.argv[2])); libc.setfsuid(int(sys.argv[2]))
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+libc.setfsgid(uid); libc.setfsuid(uid)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+written = 0
 try:
-    while True:
-        os.write(fd, bytes(65536))
+    while written <= limit:
+        written += os.write(fd, bytes(65536))
+    print("not full")
 except OSError as e:
     print(errno.errorcode[e.errno])
 """
@@ -157,7 +166,9 @@ def inject(fault: str, sleeper: int, evidence: dict) -> None:
     elif fault == "disk_full":
         uid = os.stat(f"/proc/{init}").st_uid
         r = subprocess.run(
-            [sys.executable, "-c", FILL, f"/proc/{init}/root/logs/fill", str(uid)], capture_output=True, text=True
+            [sys.executable, "-c", FILL, f"/proc/{init}/root/logs/fill", str(uid), str(LOGS_DISK_LIMIT)],
+            capture_output=True,
+            text=True,
         )
         evidence["fill"] = r.stdout.strip() or r.stderr
 
