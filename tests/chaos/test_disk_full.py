@@ -36,16 +36,22 @@ needs_tmpfs = unless(_why_no_tmpfs())
 
 
 class SmallDisk:
-    """A tmpfs of `size` bytes at `path` inside a mount namespace that a holder process keeps alive."""
+    """A tmpfs of `size` bytes at `path` inside a mount namespace of its own, which a holder process keeps alive
+    (mounted by the holder itself once its namespace exists, so the mount can never land in this one)."""
 
     def __init__(self, path: Path, size: int):
         path.mkdir(parents=True)
-        self.holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "900"])
-        self.prefix = ("nsenter", f"--target={self.holder.pid}", "--mount", "--")
-        subprocess.run(
-            [*self.prefix, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, timeout=30
-        )
         self.path, self.size = path, size
+        mount = f"mount -t tmpfs -o size={size} tmpfs {path} && echo ready && exec sleep 900"
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount], stdout=subprocess.PIPE, text=True
+        )
+        ready = self.holder.stdout.readline().strip()
+        self.prefix = ("nsenter", f"--target={self.holder.pid}", "--mount", "--")
+        fs = os.statvfs(self.inside(path)) if ready == "ready" else None
+        if fs is None or fs.f_blocks * fs.f_frsize != size:
+            self.close()
+            raise AssertionError(f"the {size}-byte tmpfs is not at {path} in its namespace")
 
     def inside(self, p: Path) -> Path:
         """`p` (a path under the tmpfs) as this process sees it."""
@@ -72,6 +78,7 @@ class SmallDisk:
         return filler
 
     def close(self) -> None:
+        """End the holder: its namespace, and the tmpfs with it, go away."""
         self.holder.kill()
         self.holder.wait()
 
