@@ -232,7 +232,7 @@ def test_faulted_sandboxes_are_infra_failures_and_the_run_goes_on(renderer, bwra
     assert ok == [1.0] * (episodes - len(faults))  # the rest of each group graded as usual
     m = group_metrics(keyed)
     assert m["env/shell/failures"] == len(faults) and m["env/shell/total_episodes"] == episodes - len(faults)
-    rows = [r for r in episode_rows(keyed, 0) if r.get("failure_mode")]
+    rows = [r for r in episode_rows(keyed, 0, shell_renderer.tokenizer, set()) if r.get("failure_mode")]
     assert len(rows) == len(faults) and all(r["reward"] is None and r["failure_detail"] for r in rows)
     kept, sel = select_groups(keyed, {"shell": GROUP_SIZE - 2}, remove_constant=False)
     assert len(kept) == sum(len(g.failures) <= GROUP_SIZE - 2 for _, g in keyed)
