@@ -347,11 +347,11 @@ def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
     return GradeResult(0.0, "not resolved: " + "; ".join(parts), tests)
 
 
-def _check_room_for_results(sandbox: Sandbox) -> None:
+def _check_room_for_results(task: Task, sandbox: Sandbox) -> None:
     """SandboxError (`sandbox_disk_full`) when /logs/verifier has no room left: the tests could not write their
     result, which says nothing of the agent's work, so the episode must not be scored 0 for it."""
     probe = "head -c 4096 /dev/zero > /logs/verifier/.room; code=$?; rm -f /logs/verifier/.room; exit $code"
-    r = sandbox.exec(probe, timeout=30, workdir="/")
+    r = sandbox.exec(_pinned(probe, task, sandbox), timeout=30, workdir="/")
     if r.exit_code != 0 and "No space left" in r.output:
         raise SandboxError(
             "the sandbox's disk is full: the tests could not write their result to /logs/verifier", "sandbox_disk_full"
@@ -398,7 +398,7 @@ def grade(task: Task, sandbox: Sandbox) -> GradeResult:
     if task.grader == "reward_file":
         files = {name: _read_optional(sandbox, f"/logs/verifier/{name}") for name in ("reward.json", "reward.txt")}
         if not any(files.values()):
-            _check_room_for_results(sandbox)
+            _check_room_for_results(task, sandbox)
         res = grade_reward_file(files)
     elif task.grader == "pytest":
         res = grade_pytest(output)
