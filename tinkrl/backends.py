@@ -88,6 +88,26 @@ def check_service(base_url: str, api_key: str, timeout_s: float = PREFLIGHT_TIME
         )
 
 
+def service_failure(exc: BaseException) -> str | None:
+    """One line for an SDK error that ends a run on the Tinker service, or None for any other error.
+
+    The service keeps a training run's state in memory: after it restarts, the SDK reconnects and finds
+    the request it waits for unknown there (410: it raises for the caller to re-send it) and the run's
+    models unknown (404). Nothing is applied twice, but what was trained since the last checkpoint is
+    gone, so the way on is to start the run again, which resumes from that checkpoint."""
+    try:
+        import tinker
+        from tinker.lib.retryable_exception import RetryableException
+    except ImportError:
+        return None
+    how = "run the same command again to resume from the last checkpoint"
+    if isinstance(exc, (RetryableException, tinker.NotFoundError)):
+        return f"the Tinker service lost this run's state (restarted?): {_short(str(exc))}; {how}"
+    if isinstance(exc, tinker.APIConnectionError):
+        return f"the Tinker service stopped answering: {_short(str(exc))}; once it is back, {how}"
+    return None
+
+
 def _short(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "…"

@@ -94,3 +94,42 @@ def real_models_dir() -> Path:
     resolve_model_dir(REAL)  # dequantises the GGUF on a fresh machine (~20 s, once)
     home = Path(os.environ.get("TINKRL_HOME", Path.home() / ".tinkrl")).expanduser()
     return home / "models"
+
+
+def max_disagreement(tc, sc, prompts: list[types.ModelInput], temperature: float, max_tokens: int = 16) -> float:
+    """Max |sampler - trainer| logprob over the tokens `sc` samples from `prompts` (2 each, one batch),
+    the trainer's being `tc.forward` on the same tokens, as an RL datum trains on them."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=17, stop=[])
+    futures = [sc.sample(p, 2, params) for p in prompts]  # submitted together: decoded as one batch
+    responses = [f.result() for f in futures]
+    data, spans = [], []
+    for p, resp in zip(prompts, responses):
+        for s in resp.sequences:
+            assert len(s.tokens) == max_tokens and len(s.logprobs) == max_tokens
+            full = p.to_ints() + list(s.tokens)
+            weights = np.zeros(len(full) - 1)
+            weights[p.length - 1 :] = 1.0  # the sampled tokens
+            data.append(datum(full, weights=weights))
+            spans.append((p.length - 1, np.asarray(s.logprobs, dtype=np.float64)))
+    fwd = logprobs_of(tc.forward(data).result())
+    return max(float(np.abs(lp[start:] - sampled).max()) for lp, (start, sampled) in zip(fwd, spans))
+
+
+def assert_agreement_before_and_after_a_step(tc, prompts: list[types.ModelInput], tol: float, label: str) -> None:
+    """Sampler and trainer agree within `tol` at T=1 and T=0.7, for the base weights and after an
+    optim_step has made the LoRA adapter visibly non-zero."""
+    for temperature in (1.0, 0.7):
+        diff = max_disagreement(tc, tc.save_weights_and_get_sampling_client(), prompts, temperature)
+        print(f"{label} base T={temperature}: max |sample - forward| = {diff:.2e}")
+        assert diff <= tol
+    probe = [datum(p.to_ints() + [42, 43, 44], weights=np.ones(p.length + 2)) for p in prompts]
+    before = np.concatenate(logprobs_of(tc.forward(probe).result()))
+    tc.forward_backward(probe).result()
+    tc.optim_step(types.AdamParams(learning_rate=2e-3)).result()
+    after = np.concatenate(logprobs_of(tc.forward(probe).result()))
+    assert np.abs(after - before).max() > 0.05  # the adapter is live
+    trained_sc = tc.save_weights_and_get_sampling_client()
+    for temperature in (1.0, 0.7):
+        diff = max_disagreement(tc, trained_sc, prompts, temperature)
+        print(f"{label} trained T={temperature}: max |sample - forward| = {diff:.2e}")
+        assert diff <= tol

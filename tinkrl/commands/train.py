@@ -138,4 +138,11 @@ def cli_main(argv: list[str]) -> int:
     except TinkrlError as e:
         print(f"tinkrl train: {e}", file=sys.stderr)
         return 1
+    except Exception as e:
+        from tinkrl.backends import service_failure
+
+        if (line := service_failure(e)) is None:
+            raise
+        print(f"tinkrl train: {line}", file=sys.stderr)
+        return 1
     return 0

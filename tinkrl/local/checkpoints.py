@@ -52,6 +52,7 @@ def write_checkpoint(name: str, meta: dict, lora: dict[str, torch.Tensor], optim
     run_id, kind = meta["run_id"], meta["kind"]
     out = _root() / run_id / kind / name
     out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # saved again under this name: incomplete until its new META is written
     save_file(lora, out / "lora.safetensors")
     if optimizer_state is not None:
         torch.save(optimizer_state, out / "optimizer.pt")

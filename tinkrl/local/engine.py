@@ -24,7 +24,8 @@ from torch import nn
 
 from tinkrl.local.futures import LocalFuture
 from tinkrl.local.lora import LoraSpec, add_lora
-from tinkrl.local.models import cpu_has_bf16_math, default_dtype, load_model, pick_device
+from tinkrl.local.models import default_dtype, load_model, parse_dtype, pick_device
+from tinkrl.local.precision import cpu_class, default_rule
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm
 
@@ -80,10 +81,10 @@ class Engine:
             return cls._engines[key]
 
     def __init__(self, model_name: str, device: torch.device, dtype: torch.dtype):
-        if device.type == "cpu" and dtype != torch.float32 and not cpu_has_bf16_math():
+        rule = default_rule(device.type)
+        if device.type == "cpu" and parse_dtype(rule.precision) != dtype:
             warnings.warn(
-                "bfloat16 on a CPU without AMX: oneDNN keeps fp32 matrix products there, so this engine "
-                "computes in fp32; float32 is as fast and merges LoRA adapters for sampling",
+                f"{dtype} on this {cpu_class()} CPU, whose measured default is {rule.precision}: {rule.measured}",
                 stacklevel=3,
             )
         loaded = load_model(model_name, device, torch.float32)

@@ -20,7 +20,6 @@ repo), is one `ModelNotFoundError` line: what is missing, where it looked, how t
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from tinkrl.local.model_files import (
     tinkrl_home,
     tinkrl_model_dir,
 )
+from tinkrl.local.precision import cpu_class, default_rule
 
 __all__ = [  # the names other modules import from here (several now live in model_files)
     "DEFAULT_MODEL",
@@ -225,16 +225,12 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@functools.cache
 def cpu_has_bf16_math() -> bool:
     """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
 
     With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (docs/engine.md).
     """
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return cpu_class() == "amx_bf16"
 
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -250,16 +246,16 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the hardware runs the engine's matrix products in it (CUDA with bf16, AMX CPUs).
+    """The device's default precision by the measured rule of its hardware class (`precision.py`):
+    fp32 on every CPU class measured so far, bf16 (TF32 products) on CUDA with bf16.
 
     `TINKRL_DTYPE` (a name `parse_dtype` accepts) overrides it.
     """
     override = os.environ.get("TINKRL_DTYPE")
     if override:
         return parse_dtype(override)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if cpu_has_bf16_math() else torch.float32
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return parse_dtype(default_rule(device.type, cuda_bf16).precision)
 
 
 def _tiny_model(name: str, dtype: torch.dtype):

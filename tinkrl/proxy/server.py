@@ -7,7 +7,7 @@ that rollout id, for agents that cannot set headers):
                                 stop, seed, logprobs/top_logprobs, stream (SSE)
     POST /v1/completions        prompt (text or token ids), same sampling options
     GET  /v1/models[/<id>]      the served model
-    GET  /health                liveness + the current policy version
+    GET  /health                liveness, the current policy version, requests in flight
     GET|DELETE /v1/rollouts/<id>  captured calls of a rollout (DELETE also forgets them)
     POST /v1/admin/weights      {"model_path": ...}: sample from new weights from now on
 
@@ -112,6 +112,7 @@ class ProxyServer:
         self._policy = Policy(sampling_client, 0, label or model_name)
         self._swap_lock = threading.Lock()
         self.started = int(time.time())
+        self.in_flight = 0  # requests being handled (also those whose client went away), not counting /health
         self.app = self._make_app()
 
     # -- policy ---------------------------------------------------------------------------------
@@ -150,8 +151,10 @@ class ProxyServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        counted = request.path != "/health"
+        self.in_flight += counted
         try:
-            if request.path != "/health":
+            if counted:
                 self._check_key(request)
             return await handler(request)
         except ApiError as e:
@@ -176,11 +179,15 @@ class ProxyServer:
                 ).body(),
                 status=405,
             )
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             raise
+        except ConnectionResetError:  # the client went away (a stream cancels its sampling): no one to answer
+            return web.Response(status=499)
         except Exception as e:  # an engine failure: the client gets a 500 with the reason
             log.exception("request %s failed", request.path)
             return web.json_response(ApiError(500, f"the sampler failed: {type(e).__name__}: {e}").body(), status=500)
+        finally:
+            self.in_flight -= counted
 
     def _check_key(self, request: web.Request) -> None:
         if self.api_key is None:
@@ -557,7 +564,13 @@ class ProxyServer:
     async def health(self, request: web.Request) -> web.Response:
         p = self._policy
         return web.json_response(
-            {"status": "ok", "model": self.served_model_name, "policy_version": p.version, "weights": p.label}
+            {
+                "status": "ok",
+                "model": self.served_model_name,
+                "policy_version": p.version,
+                "weights": p.label,
+                "in_flight": self.in_flight,
+            }
         )
 
     async def get_rollout(self, request: web.Request) -> web.Response:

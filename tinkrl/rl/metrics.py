@@ -64,7 +64,12 @@ def group_metrics(keyed_groups: KeyedGroups) -> Metrics:
 def optim_metrics(
     seqs: list[SequenceData], fwd: types.ForwardBackwardOutput, loss_fn_config: dict[str, float] | None
 ) -> Metrics:
-    """The loss, and how far the trainer's logprobs moved from the sampler's on the action tokens."""
+    """The loss, and how far the trainer's logprobs are from the sampler's on the action tokens.
+
+    `optim/dlogprob_mean` and `optim/dlogprob_max` are the mean and max |trainer - sampler| logprob:
+    on-policy (same weights) they measure the numerical sampler/trainer mismatch, which a default
+    precision of the embedded engine keeps within 2e-2 (docs/engine.md); off-policy they include the
+    weights' drift."""
     q_all, p_all = [], []
     for s, out in zip(seqs, fwd.loss_fn_outputs):
         mask = s.action_mask.astype(bool)
@@ -80,6 +85,8 @@ def optim_metrics(
             {
                 "optim/kl_sample_train_v1": float(np.mean(q - p)),
                 "optim/kl_sample_train_v2": float(0.5 * np.mean((q - p) ** 2)),
+                "optim/dlogprob_mean": float(np.mean(np.abs(p - q))),
+                "optim/dlogprob_max": float(np.max(np.abs(p - q))),
                 "optim/entropy": float(-np.mean(q)),
                 "optim/ratio_mean": float(ratio.mean()),
                 "optim/ratio_max": float(ratio.max()),

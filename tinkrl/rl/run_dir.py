@@ -20,6 +20,7 @@ import yaml
 
 from tinkrl.config import TrainConfig
 from tinkrl.errors import ConfigError
+from tinkrl.tracking import writing
 
 RUN_FILE = "run.json"
 
@@ -115,12 +116,13 @@ def claim_run_dir(config: TrainConfig) -> RunRecord:
     """The run directory's record, made (with a fresh run id) when the run is new; see `check_run_dir`."""
     record = check_run_dir(config)
     run_dir = config.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if record is None:
-        record = RunRecord(
-            run_id=uuid.uuid4().hex[:12],
-            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            identity=identity_of(config.model_dump(mode="json", by_alias=True)),
-        )
-        (run_dir / RUN_FILE).write_text(json.dumps(asdict(record), indent=2) + "\n")
+    with writing(run_dir / RUN_FILE):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if record is None:
+            record = RunRecord(
+                run_id=uuid.uuid4().hex[:12],
+                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                identity=identity_of(config.model_dump(mode="json", by_alias=True)),
+            )
+            (run_dir / RUN_FILE).write_text(json.dumps(asdict(record), indent=2) + "\n")
     return record

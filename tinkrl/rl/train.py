@@ -39,7 +39,7 @@ from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
 from tinkrl.traces.docent import export_traces
-from tinkrl.tracking import RunLogger
+from tinkrl.tracking import RunLogger, writing
 
 EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir) -> environments by key
 
@@ -55,7 +55,8 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
         config = config.model_copy(update={"backend": choose_backend(config)[0]})
     run_dir = config.run_dir
     record = claim_run_dir(config)  # a directory of another run stops here, before any work
-    (run_dir / "config.yaml").write_text(resolved_yaml(config))
+    with writing(run_dir / "config.yaml"):
+        (run_dir / "config.yaml").write_text(resolved_yaml(config))
     checkpointer = Checkpointer(run_dir)
     done = checkpointer.steps_done()
     if done >= config.max_steps:  # before any model or service is touched
@@ -124,83 +125,85 @@ async def train(
     final_sampler = None
     metrics: Metrics = {}
     exported = start  # episodes of steps before this one went to Docent (docent.export_every)
-    for step in range(start, c.max_steps):
-        t_step = time.time()
-        metrics = {
-            "progress/step": step,
-            "progress/done_frac": (step + 1) / max(1, c.max_steps),
-            "optim/lr": c.learning_rate,
-        }
-        if c.eval_every and step % c.eval_every == 0:
-            with timed(metrics, "time/eval"):
-                metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
-            budget.note_eval(metrics["time/eval"])
+    try:
+        for step in range(start, c.max_steps):
+            t_step = time.time()
+            metrics = {
+                "progress/step": step,
+                "progress/done_frac": (step + 1) / max(1, c.max_steps),
+                "optim/lr": c.learning_rate,
+            }
+            if c.eval_every and step % c.eval_every == 0:
+                with timed(metrics, "time/eval"):
+                    metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
+                budget.note_eval(metrics["time/eval"])
 
-        # Sample: this step's groups (already in flight in async mode); select those worth training on.
-        with timed(metrics, "time/sample"):
-            keyed_groups, sampled_with = await rollouts.take(step, sc, sc_step)
-        if max_lag:  # how many optimizer steps behind the trained weights the sampling weights were
-            metrics["async/staleness"] = step - sampled_with
-        metrics.update(group_metrics(keyed_groups))
-        kept, selection = select_groups(keyed_groups, max_failing, c.remove_constant_reward_groups)
-        metrics.update(selection)
+            # Sample: this step's groups (already in flight in async mode); select those worth training on.
+            with timed(metrics, "time/sample"):
+                keyed_groups, sampled_with = await rollouts.take(step, sc, sc_step)
+            if max_lag:  # how many optimizer steps behind the trained weights the sampling weights were
+                metrics["async/staleness"] = step - sampled_with
+            metrics.update(group_metrics(keyed_groups))
+            kept, selection = select_groups(keyed_groups, max_failing, c.remove_constant_reward_groups)
+            metrics.update(selection)
 
-        # Datums: advantages per group, trajectories laid out as token sequences.
-        seq_infos = build_sequences(kept, c.adv_estimator, c.adv_beta)
-        seqs = [s for s, _ in seq_infos]
-        if c.loss_fn == "dro" and seqs:
-            await add_observation_logprobs(seqs, sc)
-        if base_client is not None and seqs:
-            metrics.update(await add_kl_penalty(seqs, base_client, c.kl_penalty_coef))
+            # Datums: advantages per group, trajectories laid out as token sequences.
+            seq_infos = build_sequences(kept, c.adv_estimator, c.adv_beta)
+            seqs = [s for s, _ in seq_infos]
+            if c.loss_fn == "dro" and seqs:
+                await add_observation_logprobs(seqs, sc)
+            if base_client is not None and seqs:
+                metrics.update(await add_kl_penalty(seqs, base_client, c.kl_penalty_coef))
 
-        # Train: forward_backward and optim_step submitted back to back.
-        with timed(metrics, "time/train"):
-            if seqs:
-                fwd_future = tc.forward_backward([s.to_datum(c.loss_fn) for s in seqs], c.loss_fn, c.loss_fn_config)
-                optim_future = tc.optim_step(adam)
-                fwd, opt = await fwd_future, await optim_future
-                metrics.update(optim_metrics(seqs, fwd, c.loss_fn_config))
-                metrics.update({f"optim/{k.split(':')[0]}": v for k, v in (opt.metrics or {}).items()})
-        for key, env in envs.items():
-            if env.on_step is not None:
-                metrics.update(env.on_step(step, [g for k, g in keyed_groups if k == key]))
-        logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
-        trained = {id(g) for _, g in kept}
-        episodes = episode_rows(keyed_groups, step, tokenizer, trained, c.adv_estimator, c.adv_beta)
-        logger.write_rollouts(step, episodes, kind="episodes")
+            # Train: forward_backward and optim_step submitted back to back.
+            with timed(metrics, "time/train"):
+                if seqs:
+                    fwd_future = tc.forward_backward([s.to_datum(c.loss_fn) for s in seqs], c.loss_fn, c.loss_fn_config)
+                    optim_future = tc.optim_step(adam)
+                    fwd, opt = await fwd_future, await optim_future
+                    metrics.update(optim_metrics(seqs, fwd, c.loss_fn_config))
+                    metrics.update({f"optim/{k.split(':')[0]}": v for k, v in (opt.metrics or {}).items()})
+            for key, env in envs.items():
+                if env.on_step is not None:
+                    metrics.update(env.on_step(step, [g for k, g in keyed_groups if k == key]))
+            logger.write_rollouts(step, rollout_rows(seq_infos, tokenizer, step))
+            trained = {id(g) for _, g in kept}
+            episodes = episode_rows(keyed_groups, step, tokenizer, trained, c.adv_estimator, c.adv_beta)
+            logger.write_rollouts(step, episodes, kind="episodes")
 
-        # New weights -> a new sampling client, from a checkpoint when one is due.
-        done = step + 1
-        last = done == c.max_steps or budget.exhausted(steps_run=done - start)
-        checkpoint = None
-        if (c.save_every and done % c.save_every == 0) or last:
-            checkpoint = await checkpointer.save(tc, "final" if last else f"{done:06d}", done, final=last)
-            final_sampler = checkpoint["sampler_path"]
-            sc = await asyncio.to_thread(service.create_sampling_client, model_path=final_sampler)
-        else:
-            sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
-        sc_step = done
-        if last and (c.eval_every or c.eval_problems):
-            with timed(metrics, "time/final_eval"):
-                metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
+            # New weights -> a new sampling client, from a checkpoint when one is due.
+            done = step + 1
+            last = done == c.max_steps or budget.exhausted(steps_run=done - start)
+            checkpoint = None
+            if (c.save_every and done % c.save_every == 0) or last:
+                checkpoint = await checkpointer.save(tc, "final" if last else f"{done:06d}", done, final=last)
+                final_sampler = checkpoint["sampler_path"]
+                sc = await asyncio.to_thread(service.create_sampling_client, model_path=final_sampler)
+            else:
+                sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
+            sc_step = done
+            if last and (c.eval_every or c.eval_problems):
+                with timed(metrics, "time/final_eval"):
+                    metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
 
-        metrics["time/step"] = time.time() - t_step
-        metrics["time/total"] = time.time() - t0
-        logger.log(step, metrics)
-        if checkpoint is not None:  # the commit point: a resume starts after a logged step
-            checkpointer.commit(checkpoint)
-        progress.set_postfix(reward=f"{metrics.get('env/all/reward/total', float('nan')):.3f}")
-        progress.update(1)
-        print(summary_line(step, metrics), flush=True)
-        if c.docent.export_every and (done % c.docent.export_every == 0 or last):
-            await _export_docent(c, exported, done)
-            exported = done
-        if last:
-            if done < c.max_steps:
-                print(f"stopping after step {step}: time_budget_s={c.time_budget_s:.0f} would be exceeded")
-            break
-    rollouts.cancel()
-    progress.close()
+            metrics["time/step"] = time.time() - t_step
+            metrics["time/total"] = time.time() - t0
+            logger.log(step, metrics)
+            if checkpoint is not None:  # the commit point: a resume starts after a logged step
+                checkpointer.commit(checkpoint)
+            progress.set_postfix(reward=f"{metrics.get('env/all/reward/total', float('nan')):.3f}")
+            progress.update(1)
+            print(summary_line(step, metrics), flush=True)
+            if c.docent.export_every and (done % c.docent.export_every == 0 or last):
+                await _export_docent(c, exported, done)
+                exported = done
+            if last:
+                if done < c.max_steps:
+                    print(f"stopping after step {step}: time_budget_s={c.time_budget_s:.0f} would be exceeded")
+                break
+    finally:  # also when a step fails: the bar's last repaint comes before the error
+        rollouts.cancel()
+        progress.close()
     if final_sampler:
         print(f"final sampler weights: {final_sampler}")
     return metrics

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from tinkrl.errors import ConfigError
-from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 from tinkrl.taskdirs.loaders import PROTECTED_NAMES
 from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError
 
@@ -347,6 +347,17 @@ def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
     return GradeResult(0.0, "not resolved: " + "; ".join(parts), tests)
 
 
+def _check_room_for_results(task: Task, sandbox: Sandbox) -> None:
+    """SandboxError (`sandbox_disk_full`) when /logs/verifier has no room left: the tests could not write their
+    result, which says nothing of the agent's work, so the episode must not be scored 0 for it."""
+    probe = "head -c 4096 /dev/zero > /logs/verifier/.room; code=$?; rm -f /logs/verifier/.room; exit $code"
+    r = sandbox.exec(_pinned(probe, task, sandbox), timeout=30, workdir="/")
+    if r.exit_code != 0 and "No space left" in r.output:
+        raise SandboxError(
+            "the sandbox's disk is full: the tests could not write their result to /logs/verifier", "sandbox_disk_full"
+        )
+
+
 def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
     try:
         return sandbox.read_file(path)
@@ -385,9 +396,10 @@ def grade(task: Task, sandbox: Sandbox) -> GradeResult:
             0.0, f"the tests timed out after {task.verifier_timeout_s:g}s", output=output[-OUTPUT_TAIL:], exit_code=None
         )
     if task.grader == "reward_file":
-        res = grade_reward_file(
-            {name: _read_optional(sandbox, f"/logs/verifier/{name}") for name in ("reward.json", "reward.txt")}
-        )
+        files = {name: _read_optional(sandbox, f"/logs/verifier/{name}") for name in ("reward.json", "reward.txt")}
+        if not any(files.values()):
+            _check_room_for_results(task, sandbox)
+        res = grade_reward_file(files)
     elif task.grader == "pytest":
         res = grade_pytest(output)
     elif task.grader == "r2e":

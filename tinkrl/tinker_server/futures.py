@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,17 +46,21 @@ class Promise:
 
 
 class PromiseTable:
-    """request id -> Promise, on one event loop."""
+    """request id -> Promise, on one event loop.
+
+    Request ids carry a prefix of their own table (one per server process): a client that polls an id
+    of a server that was restarted meanwhile gets "unknown" (410), never another request's result."""
 
     def __init__(self) -> None:
         self._promises: dict[str, Promise] = {}
+        self._prefix = f"req-{secrets.token_hex(4)}"
         self._ids = itertools.count(1)
         self._last_sweep = time.monotonic()
 
     def create(self, kind_of_request: str) -> Promise:
         if time.monotonic() - self._last_sweep > 5.0:
             self.sweep()
-        promise = Promise(request_id=f"req-{next(self._ids)}", kind_of_request=kind_of_request)
+        promise = Promise(request_id=f"{self._prefix}-{next(self._ids)}", kind_of_request=kind_of_request)
         self._promises[promise.request_id] = promise
         return promise
 

@@ -1,0 +1,84 @@
+"""The engine's default precision, one rule per hardware class, each backed by a measurement.
+
+The sampler's and the trainer's logprobs for the same weights and tokens must agree, so a faster
+precision becomes a class's default only where it is measured to be faster *and* keeps that
+agreement within `AGREEMENT_BOUND` (max |dlogprob| between `sample()` and `forward()` on the same
+tokens), or is shown to learn equally well. Every CPU class measured so far defaults to fp32
+(docs/engine.md, "Precision policy", has the figures behind each entry). `TINKRL_DTYPE` or an
+explicit precision overrides the rule. No torch here: the rule is read by plans and docs too.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+# The largest sampler/trainer disagreement (max |dlogprob|) a default precision may have.
+AGREEMENT_BOUND = 2e-2
+
+CpuClass = Literal["amx_bf16", "avx512_bf16", "other"]
+Precision = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    """A hardware class's default precision and the measurement it rests on."""
+
+    precision: Precision
+    measured: str
+
+
+CPU_RULES: dict[CpuClass, PrecisionRule] = {
+    "amx_bf16": PrecisionRule(
+        "float32",
+        "Intel Xeon with AMX, 2 cores, SmolLM2-135M: the bf16 math mode gave no speed gain (make train 3.58 vs "
+        "3.51 s/step in fp32) and sampler/trainer max |dlogprob| 5.3e-2 (fp32: 1.5e-5), over the bound",
+    ),
+    "avx512_bf16": PrecisionRule(
+        "float32",
+        "AMD EPYC Zen 4, AVX512-BF16 without AMX: oneDNN keeps fp32 kernels under the bf16 math mode, so bf16 "
+        "computes fp32 at fp32 speed; fp32 agreement max |dlogprob| ~5e-5 on SmolLM2",
+    ),
+    "other": PrecisionRule("float32", "no bf16 matrix instructions: bf16 products would be emulated"),
+}
+# CUDA with bf16 support multiplies in TF32 under the bfloat16 setting (fp32 activations and logits).
+CUDA_RULE = PrecisionRule(
+    "bfloat16", "H100: TF32 products with fp32 activations; tests/test_agreement.py bounds bf16 by 2e-2"
+)
+CUDA_NO_BF16_RULE = PrecisionRule("float32", "a GPU without bf16 support")
+
+
+def cpu_class_of(flags: frozenset[str] | set[str]) -> CpuClass:
+    """The CPU class of a set of /proc/cpuinfo flags: AMX tiles with bf16, AVX512-BF16 alone, or neither."""
+    if "amx_bf16" in flags:
+        return "amx_bf16"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return "other"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_class() -> CpuClass:
+    """This machine's CPU class (see `cpu_class_of`)."""
+    return cpu_class_of(cpu_flags())
+
+
+def default_rule(device_type: str, cuda_bf16: bool = False) -> PrecisionRule:
+    """The rule that picks the default precision for a device type ("cpu", "cuda") on this machine."""
+    if device_type == "cuda":
+        return CUDA_RULE if cuda_bf16 else CUDA_NO_BF16_RULE
+    return CPU_RULES[cpu_class()]
