@@ -126,5 +126,4 @@ def make_app(paths: list[Path]) -> web.Application:
     app.router.add_get("/api/episodes", _no_cache(viewer.episodes))
     app.router.add_get("/api/eval", _no_cache(viewer.evaluation))
     app.router.add_static("/static/", STATIC)
-    app["viewer"] = viewer
     return app
