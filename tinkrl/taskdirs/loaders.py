@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tinkrl.taskdirs import swebench_harness
 from tinkrl.taskdirs.dockerfile import build_dockerfile
 from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError, hash_paths
 
@@ -294,7 +295,8 @@ def _patched_files(patch: str) -> list[str]:
 
 
 def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
-    """A SWE-bench row as a Task: its test patch applied at grading, graded by FAIL_TO_PASS and PASS_TO_PASS."""
+    """A SWE-bench row as a Task: its test patch applied at grading, the tests run with swebench's command for the
+    row's repo and version, graded by FAIL_TO_PASS and PASS_TO_PASS through swebench's parser and grading."""
     for field in ("instance_id", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"):
         if field not in row:
             raise TaskLoadError(where, "missing (required)", field)
@@ -324,7 +326,13 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
         else:
             removes.append(f"rm -f {shlex.quote(rel)}")
     pre = " && ".join(removes + ["git apply --whitespace=nowarn /tests/test.patch"])
-    files = sorted({t.split("::")[0] for t in f2p + p2p})
+    try:
+        official = swebench_harness.test_command(row)
+    except swebench_harness.SwebenchMissing as e:
+        raise TaskLoadError(where, str(e), "swebench") from None
+    if official is None:  # a repo swebench has no spec for: pytest on the files of the test ids
+        files = sorted({t.split("::")[0] for t in f2p + p2p})
+        official = f"{PYTEST} {' '.join(shlex.quote(f) for f in files)}"
     patch = row.get("patch") or ""
     return Task(
         id=row["instance_id"],
@@ -336,10 +344,10 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
         build=steps,
         tests=[FileCopy(dest="/tests/test.patch", data=test_patch.encode()), *fresh],
         pre_test_command=pre,
-        test_command=(SWEBENCH_IMAGE_ENV if image else "") + f"{PYTEST} {' '.join(shlex.quote(f) for f in files)}",
+        test_command=(SWEBENCH_IMAGE_ENV if image else "") + official,
         solution=[FileCopy(dest="/solution/gold.patch", data=patch.encode())] if patch else [],
         solution_command="git apply --whitespace=nowarn /solution/gold.patch" if patch else "",
-        expected={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p},
+        expected={"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "repo": row.get("repo") or ""},
         original_files=_original_protected(steps),
         content_hash=hash_paths([ws] if ws else [], json.dumps(row, sort_keys=True).encode()),
         metadata={k: row[k] for k in ("repo", "base_commit", "version") if k in row},

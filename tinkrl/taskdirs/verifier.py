@@ -7,7 +7,8 @@ shadow, ...) are reset to the task's originals and new ones removed; /tests and
 under `env -i` with PATH pinned to the read-only system dirs (so `python3`/`pytest` are
 Debian's) and no user site-packages; whatever they started is killed before the result is
 read. Graders: Harbor reward file, pytest summary (terminal-bench), R2E-Gym expected
-output, SWE-bench FAIL_TO_PASS/PASS_TO_PASS.
+output, SWE-bench FAIL_TO_PASS/PASS_TO_PASS through the official swebench package's
+per-repo parsers and grading (`swebench_harness`).
 
 A task with a container image (`Task.image`) runs from that image on docker/kubernetes and
 its local build is skipped. The originals that grading restores (test-steering files, the
@@ -27,6 +28,7 @@ from pathlib import PurePosixPath
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
+from tinkrl.taskdirs import swebench_harness
 from tinkrl.taskdirs.loaders import PROTECTED_NAMES
 from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError
 
@@ -328,13 +330,19 @@ def grade_r2e(output: str, expected: dict[str, str]) -> GradeResult:
     return GradeResult(1.0, f"all {len(want)} tests match the expected output", parsed)
 
 
-def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
-    """1 when every FAIL_TO_PASS test passes (or xfails) and no PASS_TO_PASS test fails or errors, else 0."""
-    tests = parse_pytest_summary(output)
-    f2p_bad = [t for t in f2p if tests.get(t) not in ("PASSED", "XFAIL")]
-    p2p_bad = [t for t in p2p if tests.get(t) not in ("PASSED", "XFAIL", "SKIPPED")]
-    if not f2p_bad and not p2p_bad:
+def grade_swebench(output: str, f2p: list[str], p2p: list[str], repo: str = "") -> GradeResult:
+    """1 when swebench's parser for `repo` and its grading call the instance resolved (every FAIL_TO_PASS test
+    passes or xfails, no PASS_TO_PASS test fails or errors), else 0; see `swebench_harness`."""
+    try:
+        v = swebench_harness.grade_log(output, f2p, p2p, repo)
+    except swebench_harness.SwebenchMissing as e:
+        return GradeResult(0.0, str(e))
+    tests = v.tests
+    if v.resolved:
         return GradeResult(1.0, f"resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS pass", tests)
+    f2p_ok = set(v.report["FAIL_TO_PASS"]["success"])
+    f2p_bad = [t for t in f2p if t not in f2p_ok]
+    p2p_bad = v.report["PASS_TO_PASS"]["failure"]
     parts = []
     if f2p_bad:
         parts.append(
@@ -344,7 +352,7 @@ def grade_swebench(output: str, f2p: list[str], p2p: list[str]) -> GradeResult:
         parts.append(
             f"PASS_TO_PASS {len(p2p) - len(p2p_bad)}/{len(p2p)} ({p2p_bad[0]}: {tests.get(p2p_bad[0], 'missing')})"
         )
-    return GradeResult(0.0, "not resolved: " + "; ".join(parts), tests)
+    return GradeResult(0.0, f"not resolved ({v.status}): " + "; ".join(parts or ["no tests parsed"]), tests)
 
 
 def _check_room_for_results(task: Task, sandbox: Sandbox) -> None:
@@ -405,7 +413,9 @@ def grade(task: Task, sandbox: Sandbox) -> GradeResult:
     elif task.grader == "r2e":
         res = grade_r2e(output, task.expected["tests"])
     elif task.grader == "swebench":
-        res = grade_swebench(output, task.expected["FAIL_TO_PASS"], task.expected["PASS_TO_PASS"])
+        res = grade_swebench(
+            output, task.expected["FAIL_TO_PASS"], task.expected["PASS_TO_PASS"], task.expected.get("repo", "")
+        )
     else:
         raise TaskLoadError(task.source, f"unknown grader {task.grader!r}", "grader")
     res.output, res.exit_code = output[-OUTPUT_TAIL:], r.exit_code
