@@ -192,16 +192,23 @@ def _source_and_out(rng, lo: int = 4, hi: int = 9) -> tuple[str, str, list[str]]
     return f, out, _lines(rng, lo, hi)
 
 
+def _to_new_file(name: str, f: str, lines: list[str], out: str, text: str, prompt: str, command: str) -> Instance:
+    """An instance whose start is one file `f` of `lines` and whose end adds a new file `out` holding `text`."""
+    start = {f: Entry("file", _text(lines))}
+    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command])
+
+
 def count_lines(rng) -> Instance:
     """wc -l: the number of lines of a file, as a number in a new file."""
     f, out, lines = _source_and_out(rng)
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "count_lines",
+        f,
+        lines,
+        out,
+        f"{len(lines)}\n",
         f"Write the number of lines in {f} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", f"{len(lines)}\n")}),
-        [f"wc -l < {f} > {out}"],
+        f"wc -l < {f} > {out}",
     )
 
 
@@ -213,14 +220,15 @@ def count_matches(rng) -> Instance:
     """grep -c: the number of lines containing a word."""
     f, out, lines = _source_and_out(rng, 5, 9)
     w = _word_in(rng, lines)
-    start = {f: Entry("file", _text(lines))}
     n = sum(w in line for line in lines)
-    return Instance(
+    return _to_new_file(
         "count_matches",
+        f,
+        lines,
+        out,
+        f"{n}\n",
         f"Write the number of lines in {f} that contain {w} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", f"{n}\n")}),
-        [f"grep -c {w} {f} > {out}"],
+        f"grep -c {w} {f} > {out}",
     )
 
 
@@ -228,13 +236,14 @@ def grep_lines(rng) -> Instance:
     """grep: the lines containing a word, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     w = _word_in(rng, lines)
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "grep_lines",
+        f,
+        lines,
+        out,
+        _text([line for line in lines if w in line]),
         f"Write the lines of {f} that contain {w} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", _text([line for line in lines if w in line]))}),
-        [f"grep {w} {f} > {out}"],
+        f"grep {w} {f} > {out}",
     )
 
 
@@ -242,26 +251,28 @@ def head_lines(rng) -> Instance:
     """head: the first k lines, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     k = int(rng.integers(1, 4))
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "head_lines",
+        f,
+        lines,
+        out,
+        _text(lines[:k]),
         f"Write the first {k} lines of {f} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", _text(lines[:k]))}),
-        [f"head -n {k} {f} > {out}"],
+        f"head -n {k} {f} > {out}",
     )
 
 
 def sort_lines(rng) -> Instance:
     """sort: a file's lines sorted, into a new file."""
     f, out, lines = _source_and_out(rng)
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "sort_lines",
+        f,
+        lines,
+        out,
+        _text(sorted(lines)),
         f"Write the lines of {f}, sorted alphabetically, to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", _text(sorted(lines)))}),
-        [f"sort {f} > {out}"],
+        f"sort {f} > {out}",
     )
 
 
@@ -358,27 +369,29 @@ def tail_lines(rng) -> Instance:
     """tail (held out; a relative of head_lines): the last k lines, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     k = int(rng.integers(1, 4))
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "tail_lines",
+        f,
+        lines,
+        out,
+        _text(lines[-k:]),
         f"Write the last {k} lines of {f} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", _text(lines[-k:]))}),
-        [f"tail -n {k} {f} > {out}"],
+        f"tail -n {k} {f} > {out}",
     )
 
 
 def count_words(rng) -> Instance:
     """wc -w (held out; a relative of count_lines): the number of words of a file."""
     f, out, lines = _source_and_out(rng)
-    start = {f: Entry("file", _text(lines))}
     n = sum(len(line.split()) for line in lines)
-    return Instance(
+    return _to_new_file(
         "count_words",
+        f,
+        lines,
+        out,
+        f"{n}\n",
         f"Write the number of words in {f} to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", f"{n}\n")}),
-        [f"wc -w < {f} > {out}"],
+        f"wc -w < {f} > {out}",
     )
 
 
@@ -397,13 +410,14 @@ def unique_lines(rng) -> Instance:
     base = _lines(rng, 3, 5)
     lines = base + [base[int(i)] for i in rng.integers(0, len(base), size=int(rng.integers(2, 5)))]
     rng.shuffle(lines)
-    start = {f: Entry("file", _text(lines))}
-    return Instance(
+    return _to_new_file(
         "unique_lines",
+        f,
+        lines,
+        out,
+        _text(sorted(set(lines))),
         f"Write the distinct lines of {f}, sorted alphabetically, to a new file {out}.",
-        start,
-        _set(start, {out: Entry("file", _text(sorted(set(lines))))}),
-        [f"sort -u {f} > {out}"],
+        f"sort -u {f} > {out}",
     )
 
 
