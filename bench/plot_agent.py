@@ -12,7 +12,6 @@ wall clock (model loading included), with the warm start's end marked.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -20,11 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from tinkrl.tracking import read_jsonl  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +28,8 @@ def main() -> None:
     ap.add_argument("--env", default="shell", help="the environment key (default shell)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    phases = load(args.run_dir / "warm_start.jsonl")
-    steps = load(args.run_dir / "metrics.jsonl")
+    phases = read_jsonl(args.run_dir / "warm_start.jsonl")
+    steps = read_jsonl(args.run_dir / "metrics.jsonl")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(
         [r["progress/step"] for r in steps], [r.get("env/all/reward/total") for r in steps], linewidth=1, label="RL"

@@ -3,13 +3,12 @@
     python bench/plot_train.py runs/arithmetic/metrics.jsonl [more metrics.jsonl ...] --out docs/make_train.png
 
 Left: mean train reward per step. Right: eval accuracy (greedy, and sampled) against the
-run's wall clock (`time/total`), the axis issue 3's 10-minute target is about.
+run's wall clock (`time/total`), the axis `make train`'s 10-minute budget is about.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -17,9 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from tinkrl.tracking import read_jsonl  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +28,7 @@ def main() -> None:
     labels = args.labels or [p.parent.name for p in args.metrics]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for path, label in zip(args.metrics, labels):
-        rows = load(path)
+        rows = read_jsonl(path)
         left.plot(
             [r["progress/step"] for r in rows],
             [r.get("env/all/reward/total", float("nan")) for r in rows],
