@@ -17,11 +17,25 @@ from typing import Any
 from tinkrl.tracking import read_jsonl
 
 STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
-ORS_LOG_KEY = "openreward.rollout"  # an ORS episode's record (messages, rewards), as its env logs it
+ORS_LOG_KEY = "openreward.rollout"  # the log key an ORS episode's record (messages, rewards) is under
 # log keys shown as the episode's fields rather than among its other logs
 _FIELD_KEYS = {"tasks/task", "tasks/end", "tasks/grade", "tasks/transcript", "transcript", ORS_LOG_KEY}
-_ROW_KEYS = {"step", "env", "group", "episode", "reward", "advantage", "trained", "turns", "ac_tokens", "ob_tokens"}
-_ROW_KEYS |= {"truncated", "tags", "failure_mode", "failure_detail"}
+_ROW_KEYS = {
+    "step",
+    "env",
+    "group",
+    "episode",
+    "reward",
+    "advantage",
+    "trained",
+    "turns",
+    "ac_tokens",
+    "ob_tokens",
+    "truncated",
+    "tags",
+    "failure_mode",
+    "failure_detail",
+}
 
 
 @dataclass
@@ -137,10 +151,12 @@ def find_dirs(paths: list[Path]) -> list[Path]:
     """The run and eval directories among `paths` and their direct subdirectories (so `runs/` lists
     every run in it), in the order given, each once."""
     found: list[Path] = []
+    seen: set[Path] = set()
     for p in paths:
         candidates = [p] if is_run_dir(p) or is_eval_dir(p) else sorted(c for c in p.iterdir() if c.is_dir())
         for c in candidates:
-            if (is_run_dir(c) or is_eval_dir(c)) and c.resolve() not in [f.resolve() for f in found]:
+            if (is_run_dir(c) or is_eval_dir(c)) and c.resolve() not in seen:
+                seen.add(c.resolve())
                 found.append(c)
     return found
 

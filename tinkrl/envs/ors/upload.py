@@ -17,8 +17,9 @@ from typing import Any
 
 from tinkrl.errors import ConfigError
 from tinkrl.rl.types import Metrics
+from tinkrl.traces.runs import ORS_LOG_KEY
 
-LOG_KEY = "openreward.rollout"  # key of an episode's final step logs holding its record (written by env.py)
+LOG_KEY = ORS_LOG_KEY  # key of an episode's final step logs holding its record (written by env.py)
 
 
 def _upload_events(messages: list[dict]) -> list[Any]:
