@@ -98,11 +98,11 @@ function yRange(u, min, max) {
   return [min - pad, max + pad];
 }
 
-function addChart(title, series) {
-  const data = chartData(series);
+// one chart under #charts: data = [xs, ...one ys per label]; `id` is its data-metric attribute
+function drawChart(id, title, xLabel, labels, data) {
   const div = document.createElement("div");
   div.className = "chart";
-  div.dataset.metric = title;
+  div.dataset.metric = id;
   div.innerHTML = `<h4>${esc(title)}</h4>`;
   $("#charts").appendChild(div);
   if (data[0].length === 0) {
@@ -112,12 +112,17 @@ function addChart(title, series) {
   const opts = {
     width: Math.max(420, div.clientWidth - 16), height: 220,
     scales: {x: {time: false}, y: {range: yRange}},
-    axes: [{label: "step"}, {}],
-    series: [{label: "step"}, ...series.map((s, i) => ({
-      label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: data[0].length < 40},
+    axes: [{label: xLabel}, {}],
+    series: [{label: xLabel}, ...labels.map((label, i) => ({
+      label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: {show: data[0].length < 40},
     }))],
   };
   state.charts.push(new uPlot(opts, data, div));
+}
+
+// a metric of metrics.jsonl per step, one series per (run, key)
+function addChart(title, series) {
+  drawChart(title, title, "step", series.map((s) => s.label), chartData(series));
 }
 
 function renderCharts() {
@@ -140,20 +145,10 @@ function renderCharts() {
 
 function renderWarmStart(ids, name) {
   // supervised warm-start steps (warm_start.jsonl): loss per step, their own x axis
-  const series = ids.map((id) => ({run: id, label: name(id)}));
   const sft = (id) => state.metrics[id].warm_start.filter((r) => r["sft/nll"] != null);
   const xs = [...new Set(ids.flatMap((id) => sft(id).map((r) => r.sft_step)))].sort((a, b) => a - b);
   const ys = ids.map((id) => xs.map((x) => sft(id).find((r) => r.sft_step === x)?.["sft/nll"] ?? null));
-  const div = document.createElement("div");
-  div.className = "chart";
-  div.dataset.metric = "warm_start/sft_nll";
-  div.innerHTML = "<h4>warm start: supervised NLL per token</h4>";
-  $("#charts").appendChild(div);
-  state.charts.push(new uPlot({
-    width: Math.max(420, div.clientWidth - 16), height: 220, scales: {x: {time: false}, y: {range: yRange}},
-    axes: [{label: "sft step"}, {}],
-    series: [{label: "step"}, ...series.map((s, i) => ({label: s.label, stroke: COLORS[i % COLORS.length], width: 1.5}))],
-  }, [xs, ...ys], div));
+  drawChart("warm_start/sft_nll", "warm start: supervised NLL per token", "sft step", ids.map(name), [xs, ...ys]);
 }
 
 async function refreshCurves() {
