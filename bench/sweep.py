@@ -7,8 +7,10 @@ default config plus overrides; its eval metrics per step land in <out>/<name>/me
         --variant lr1e-3 learning_rate=1e-3 --variant lr2e-3 learning_rate=2e-3 [--common max_steps=40]
     (prefix a command with `taskset -c 0,1` style pinning via --cpus 0,1 2,3 ... for CPU runs)
 
-Writes bench/results/sweep/<machine class>.json: per variant its steps, final and best
-held-out greedy accuracy, and wall time; the record is named after the --out directory.
+`--collect` runs nothing and tabulates variants already run into <out>/<name> (e.g. one at a
+time, pinned by hand). Writes bench/results/sweep/<machine class>.json: per variant its steps,
+final and best held-out greedy accuracy, and wall time; the record is named after the --out
+directory.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--cpus", nargs="*", default=[], help="CPU lists to pin variants to, e.g. 0,1 2,3")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--collect", action="store_true", help="run nothing: tabulate the variants' finished runs in --out")
     add_results_arg(ap)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    pending = list(args.variant)
+    pending = [] if args.collect else list(args.variant)
     running: list[tuple[str, subprocess.Popen, float, str]] = []
     free_cpus = list(args.cpus)
     t0 = time.time()

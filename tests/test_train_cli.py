@@ -1,6 +1,6 @@
 """`tinkrl train` end to end on the tiny model: the run directory's files and their contents, the
-final sampler checkpoint loading into a fresh ServiceClient, and resuming after a SIGKILL with no
-duplicated or missing step in metrics.jsonl."""
+final sampler checkpoint loading into a fresh ServiceClient, the learning-rate schedule as applied,
+and resuming after a SIGKILL with no duplicated or missing step in metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -101,6 +101,18 @@ def test_train_smoke(home, tmp_path, monkeypatch):
         types.ModelInput.from_ints(r["tokens"][:10]), 1, types.SamplingParams(max_tokens=4, seed=0)
     ).result()
     assert len(resp.sequences[0].tokens) == 4 and np.all(np.asarray(resp.sequences[0].logprobs) <= 0)
+
+
+def test_train_applies_the_lr_schedule(home, tmp_path):
+    run = tmp_path / "run"
+    argv = ["max_steps=4", "eval_every=0", "eval_problems=0", "save_every=0", "lr_schedule=linear"]
+    out = train(home, tmp_path, *argv, "learning_rate=1e-3", f"log_path={run}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    metrics = rows(run / "metrics.jsonl")
+    lrs = [m["optim/lr"] for m in metrics]
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    # what the optimizer applied (the engine's optim_step reports it), not only what was logged
+    assert [m["optim/learning_rate"] for m in metrics] == pytest.approx(lrs)
 
 
 def run_and_kill(home, cwd, argv, ckpt_file: Path, until, must_kill: bool) -> str:

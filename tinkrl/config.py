@@ -281,7 +281,10 @@ class TrainConfig(BackendConfig):
     lora_rank: int = Field(32, ge=1)
     """LoRA rank."""
     learning_rate: float = Field(4e-4, gt=0)
-    """Adam learning rate."""
+    """Adam learning rate (its peak, under a decaying lr_schedule)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The learning rate over the run: constant, or linear/cosine decay to 0 at its end (the end is
+    max_steps, or where time_budget_s will stop the run, estimated from the pace so far)."""
     adam_beta1: float = 0.9
     """Adam beta1."""
     adam_beta2: float = 0.95

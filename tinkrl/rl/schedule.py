@@ -1,8 +1,10 @@
-"""When things run: rollouts sampled ahead of training (async mode), and when a time budget ends the run."""
+"""When things run: rollouts sampled ahead of training (async mode), when a time budget ends the run,
+and how far through the run a step is (the learning-rate schedule's clock)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,6 +53,14 @@ class TimeBudget:
         """Record the first eval's duration."""
         self.eval_s = self.eval_s or seconds
 
+    def steps_left(self, steps_run: int) -> float:
+        """How many more steps fit in the budget at the pace so far (inf without a budget or before a step)."""
+        if self.budget_s is None or steps_run < 1:
+            return math.inf
+        elapsed = time.time() - self.t0
+        per_step = (elapsed - self.eval_s) / steps_run
+        return max(0.0, (self.budget_s - elapsed - self.eval_s) / max(per_step, 1e-9))
+
     def exhausted(self, steps_run: int) -> bool:
         """Would another step (plus the final eval) overrun the budget?"""
         if self.budget_s is None:
@@ -58,3 +68,29 @@ class TimeBudget:
         elapsed = time.time() - self.t0
         per_step = (elapsed - self.eval_s) / max(1, steps_run)
         return elapsed + per_step + self.eval_s > self.budget_s
+
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_multiplier(schedule: str, progress: float) -> float:
+    """The learning rate's factor at `progress` (0 at the first step, 1 at the end of the run):
+    constant 1; linear and cosine decay from 1 to 0."""
+    p = min(1.0, max(0.0, progress))
+    if schedule == "linear":
+        return 1.0 - p
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * p))
+    if schedule == "constant":
+        return 1.0
+    raise ValueError(f"unknown lr_schedule {schedule!r}; one of {', '.join(LR_SCHEDULES)}")
+
+
+def run_progress(step: int, start: int, max_steps: int, budget: TimeBudget) -> float:
+    """How far through the run `step` is: its share of the steps the run will take, which is max_steps
+    or, when the time budget will end the run first, the steps run so far plus those that fit in it."""
+    total = float(max_steps)
+    left = budget.steps_left(step - start)
+    if step + left < total:
+        total = step + left
+    return step / max(total, 1.0)

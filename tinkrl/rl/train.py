@@ -34,7 +34,7 @@ from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollout_rows, summary_line, timed
 from tinkrl.rl.rollouts import sample_groups
 from tinkrl.rl.run_dir import claim_run_dir, new_run_hint
-from tinkrl.rl.schedule import RolloutQueue, TimeBudget
+from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
@@ -116,7 +116,6 @@ async def train(
         f"{sum(n * c.group_size_for(k) for k, n in c.groups_per_env().items())} rollouts/step, "
         f"ready in {time.time() - t0:.1f}s"
     )
-    adam = adam_params(c, c.learning_rate)
     max_failing = {key: entry.max_failing_rollouts for key, entry in c.environments.items()}
     max_lag = c.async_.max_steps_off_policy if c.async_ else 0
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
@@ -128,10 +127,11 @@ async def train(
     try:
         for step in range(start, c.max_steps):
             t_step = time.time()
+            lr = c.learning_rate * lr_multiplier(c.lr_schedule, run_progress(step, start, c.max_steps, budget))
             metrics = {
                 "progress/step": step,
                 "progress/done_frac": (step + 1) / max(1, c.max_steps),
-                "optim/lr": c.learning_rate,
+                "optim/lr": lr,
             }
             if c.eval_every and step % c.eval_every == 0:
                 with timed(metrics, "time/eval"):
@@ -159,7 +159,7 @@ async def train(
             with timed(metrics, "time/train"):
                 if seqs:
                     fwd_future = tc.forward_backward([s.to_datum(c.loss_fn) for s in seqs], c.loss_fn, c.loss_fn_config)
-                    optim_future = tc.optim_step(adam)
+                    optim_future = tc.optim_step(adam_params(c, lr))
                     fwd, opt = await fwd_future, await optim_future
                     metrics.update(optim_metrics(seqs, fwd, c.loss_fn_config))
                     metrics.update({f"optim/{k.split(':')[0]}": v for k, v in (opt.metrics or {}).items()})
