@@ -1,0 +1,212 @@
+"""tinkrl inside the official Harbor and terminal-bench packages (`make test-harness`).
+
+`harbor run` from the harness virtualenv (`make harness`: `.venv-harness`, Python >= 3.12) runs
+shipped Harbor tasks with tinkrl's bwrap sandbox as its environment, and tinkrl's agent sampling a
+checkpoint from a local `tinkrl serve tinker`: the job's result and the agent's token trajectory
+are checked, the logprobs against the server's own. terminal-bench loads the agent through its
+import-path mechanism; its trials need docker-compose containers, which this machine cannot start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.engine import TINY, real_models_dir
+
+pytestmark = pytest.mark.harness
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS_BIN = ROOT / ".venv-harness" / "bin"
+AGENT = "tinkrl.harness.harbor_agent:TinkrlAgent"
+ENVIRONMENT = "tinkrl.harness.harbor_env:BwrapEnvironment"
+MAX_TURNS = 3
+
+if not (HARNESS_BIN / "harbor").exists():
+    pytest.skip(
+        f"the harness virtualenv is not built ({HARNESS_BIN.parent} has no harbor): run `make harness`",
+        allow_module_level=True,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """A fresh $TINKRL_HOME (checkpoints) sharing the real model cache."""
+    h = tmp_path_factory.mktemp("harness") / "home"
+    h.mkdir()
+    (h / "models").symlink_to(real_models_dir(), target_is_directory=True)
+    return h
+
+
+@pytest.fixture(scope="module")
+def server(home):
+    """`tinkrl serve tinker` as a process on a free port, the tiny model preloaded."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "TINKRL_HOME": str(home)}
+    cmd = [sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--port", str(port), "--model", TINY]
+    proc = subprocess.Popen(
+        [*cmd, "--log-level", "WARNING"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(480):
+            try:
+                if httpx.get(f"{url}/api/v1/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        else:
+            pytest.fail("tinkrl serve tinker did not come up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(server) -> str:
+    """A sampler checkpoint saved by the server (a LoRA training run of the tiny model), as a tinker:// path."""
+    import tinker
+
+    with tinker.ServiceClient(base_url=server, api_key="tml-harness") as sc:
+        tc = sc.create_lora_training_client(TINY, rank=8).result()
+        return tc.save_weights_for_sampler("harbor").result().path
+
+
+def harness_env(server: str, home: Path) -> dict[str, str]:
+    """The environment a user runs the harness CLIs in: the Tinker URL and key, litellm kept offline."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(
+        TINKER_BASE_URL=server,
+        TINKER_API_KEY="tml-harness",
+        TINKRL_HOME=str(home),
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        PATH=f"{HARNESS_BIN}:{env.get('PATH', '')}",
+    )
+    return env
+
+
+def harbor_run(task: str, agent: str, jobs: Path, env: dict[str, str], *extra: str) -> dict:
+    """`harbor run` of one shipped task with tinkrl's environment; the one trial's result.json."""
+    cmd = [str(HARNESS_BIN / "harbor"), "run", "-p", str(ROOT / "tasks" / task), "--agent", agent]
+    cmd += ["--env", ENVIRONMENT, "-o", str(jobs), "-n", "1", *extra]
+    out = subprocess.run(cmd, cwd=jobs.parent, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = sorted(jobs.glob(f"*/{task}__*/result.json"))
+    assert len(results) == 1, (results, out.stdout[-2000:])
+    return json.loads(results[0].read_text())
+
+
+@pytest.mark.parametrize(
+    ("task", "agent", "reward"),
+    [
+        ("hello-file", "oracle", 1.0),
+        ("hello-file", "nop", 0.0),
+        ("fix-permissions", "oracle", 1.0),
+        ("fix-permissions", "nop", 0.0),
+    ],
+)
+def test_harbor_grades_shipped_tasks_in_the_bwrap_environment(tmp_path, server, home, task, agent, reward):
+    """Harbor's own oracle (the task's solution) scores 1 and its no-op agent 0 in tinkrl's sandbox:
+    the workspace is built (fix-permissions: its Dockerfile's COPY and RUN steps), Harbor's verifier
+    uploads and runs the tests, and reads their reward back."""
+    result = harbor_run(task, agent, tmp_path / "jobs", harness_env(server, home))
+    assert result["exception_info"] is None, result["exception_info"]
+    assert result["config"]["environment"]["import_path"] == ENVIRONMENT
+    assert result["verifier_result"]["rewards"]["reward"] == reward
+
+
+def test_harbor_runs_tinkrl_agent_on_a_checkpoint_and_records_its_tokens(tmp_path, server, home, checkpoint):
+    """tinkrl's agent samples the checkpoint from `tinkrl serve tinker` in tinkrl's environment: the
+    trial ends cleanly and is graded, and the token trajectory (in the agent dir and in Harbor's
+    rollout_details) holds every turn's prompt, sampled tokens and the server's logprobs for them."""
+    import tinker
+
+    from tinkrl.local.models import load_tokenizer
+
+    extra = ["-m", TINY, "--ak", f"checkpoint_path={checkpoint}", "--ak", f"max_turns={MAX_TURNS}"]
+    extra += ["--ak", "max_tokens_per_turn=12"]
+    result = harbor_run("hello-file", AGENT, tmp_path / "jobs", harness_env(server, home), *extra)
+    assert result["exception_info"] is None, result["exception_info"]
+    assert result["verifier_result"]["rewards"]["reward"] in (0.0, 1.0)
+
+    trial = Path(result["trial_uri"].removeprefix("file://"))
+    traj = json.loads((trial / "agent" / "tinkrl_trajectory.json").read_text())
+    assert traj["checkpoint_path"] == checkpoint and traj["action_format"] == "shell"
+    assert traj["renderer"] == "smollm2"
+    turns = traj["turns"]
+    assert 1 <= len(turns) <= MAX_TURNS
+    assert traj["end_reason"] in ("submit", "max_turns")
+    for t in turns:
+        assert 1 <= len(t["sampled_tokens"]) <= 12
+        assert len(t["logprobs"]) == len(t["sampled_tokens"])
+        assert all(lp <= 0.0 for lp in t["logprobs"])
+    for a, b in zip(turns, turns[1:]):  # one growing token sequence: trainable as one datum
+        assert b["prompt_tokens"][: len(a["prompt_tokens"]) + len(a["sampled_tokens"])] == (
+            a["prompt_tokens"] + a["sampled_tokens"]
+        )
+    first_prompt = load_tokenizer(TINY).decode(turns[0]["prompt_tokens"])
+    assert "/app/hello.txt" in first_prompt and "```bash" in first_prompt
+
+    detail = result["agent_result"]["rollout_details"][0]
+    assert detail["prompt_token_ids"] == [t["prompt_tokens"] for t in turns]
+    assert detail["completion_token_ids"] == [t["sampled_tokens"] for t in turns]
+    assert result["agent_result"]["n_output_tokens"] == sum(len(t["sampled_tokens"]) for t in turns)
+    assert result["agent_result"]["metadata"]["end_reason"] == traj["end_reason"]
+
+    # the recorded logprobs are the checkpoint's: the server scores the same tokens alike
+    with tinker.ServiceClient(base_url=server, api_key="tml-harness") as sc:
+        sampler = sc.create_sampling_client(model_path=checkpoint).result()
+        for t in turns:
+            full = t["prompt_tokens"] + t["sampled_tokens"]
+            scored = sampler.compute_logprobs(tinker.ModelInput.from_ints(full)).result()
+            got = scored[len(t["prompt_tokens"]) :]
+            assert max(abs(x - y) for x, y in zip(got, t["logprobs"])) < 2e-2
+
+
+def test_harbor_refuses_bad_agent_kwargs_with_one_line(tmp_path, server, home):
+    """A checkpoint path that is not tinker:// stops the trial with the reason, not a traceback deep inside."""
+    extra = ["-m", TINY, "--ak", "checkpoint_path=/no/such/ckpt"]
+    cmd = [str(HARNESS_BIN / "harbor"), "run", "-p", str(ROOT / "tasks" / "hello-file"), "--agent", AGENT]
+    cmd += ["--env", ENVIRONMENT, "-o", str(tmp_path / "jobs"), "-n", "1", *extra]
+    out = subprocess.run(cmd, env=harness_env(server, home), capture_output=True, text=True, timeout=300)
+    logs = out.stdout + out.stderr + "".join(p.read_text() for p in (tmp_path / "jobs").rglob("*.log"))
+    logs += "".join(p.read_text() for p in (tmp_path / "jobs").rglob("result.json"))
+    assert "checkpoint_path must be a tinker:// path" in logs
+
+
+def test_terminal_bench_loads_the_agent_by_import_path_and_stops_at_docker(tmp_path, server, home, checkpoint):
+    """`tb run --agent-import-path` resolves tinkrl's class through terminal-bench's AgentFactory; the trial
+    then needs terminal-bench's docker-compose container, which this machine cannot start (no Docker daemon,
+    no compose plugin): that is where it stops, and the run says so."""
+    env = harness_env(server, home)
+    probe = "from terminal_bench.agents.agent_factory import AgentFactory as F; "
+    probe += "c = F.get_agent_class(import_path='tinkrl.harness.terminal_bench:TinkrlTbAgent'); print(c.name())"
+    out = subprocess.run([str(HARNESS_BIN / "python"), "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("tinkrl"), out.stderr[-2000:]
+
+    cmd = [str(HARNESS_BIN / "tb"), "run", "--agent-import-path", "tinkrl.harness.terminal_bench:TinkrlTbAgent"]
+    cmd += ["--agent-kwarg", f"model_name={TINY}", "--agent-kwarg", f"checkpoint_path={checkpoint}"]
+    cmd += ["--dataset-path", str(ROOT / "tasks"), "--task-id", "tb-hello", "--output-path", str(tmp_path / "tb")]
+    cmd += ["--n-concurrent", "1"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert "Failed to import agent" not in text and "ModuleNotFoundError" not in text
+    if "Please ensure that Docker is installed and running" not in text:
+        pytest.skip("a Docker daemon is reachable here: terminal-bench's trials go further than this test covers")
+    results = json.loads(next((tmp_path / "tb").glob("*/results.json")).read_text())
+    assert results["n_unresolved"] == 1 and results["n_resolved"] == 0
