@@ -4,7 +4,9 @@
 shipped Harbor tasks with tinkrl's bwrap sandbox as its environment, and tinkrl's agent sampling a
 checkpoint from a local `tinkrl serve tinker`: the job's result and the agent's token trajectory
 are checked, the logprobs against the server's own. terminal-bench loads the agent through its
-import-path mechanism; its trials need docker-compose containers, which this machine cannot start.
+import-path mechanism; its trials need docker-compose containers, which this machine cannot start, so
+past that step the test makes the container itself (podman serving the Docker API) and runs
+terminal-bench's TmuxSession and the agent's perform_task on it.
 """
 
 from __future__ import annotations
@@ -178,6 +180,22 @@ def test_harbor_runs_tinkrl_agent_on_a_checkpoint_and_records_its_tokens(tmp_pat
             assert max(abs(x - y) for x, y in zip(got, t["logprobs"])) < 2e-2
 
 
+def test_an_agent_stopped_at_its_time_limit_keeps_its_turns(tmp_path, server, home, checkpoint):
+    """Harbor cancels an agent that runs past the task's time limit: the trial is still graded, and the
+    turns sampled so far are in the trajectory file and in Harbor's rollout_details."""
+    extra = ["-m", TINY, "--ak", f"checkpoint_path={checkpoint}", "--ak", "max_turns=1000"]
+    extra += ["--ak", "max_tokens_per_turn=8", "--agent-timeout-multiplier", "0.02"]  # 120 s -> 2.4 s
+    result = harbor_run("hello-file", AGENT, tmp_path / "jobs", harness_env(server, home), *extra)
+    assert result["exception_info"]["exception_type"] == "AgentTimeoutError"
+    assert result["verifier_result"]["rewards"]["reward"] == 0.0
+    trial = Path(result["trial_uri"].removeprefix("file://"))
+    traj = json.loads((trial / "agent" / "tinkrl_trajectory.json").read_text())
+    assert traj["end_reason"] is None
+    assert result["agent_result"]["metadata"]["end_reason"] == "stopped by the harness"
+    detail = result["agent_result"]["rollout_details"][0]
+    assert detail["completion_token_ids"] == [t["sampled_tokens"] for t in traj["turns"]]
+
+
 def test_harbor_refuses_bad_agent_kwargs_with_one_line(tmp_path, server, home):
     """A checkpoint path that is not tinker:// stops the trial with the reason, not a traceback deep inside."""
     extra = ["-m", TINY, "--ak", "checkpoint_path=/no/such/ckpt"]
@@ -210,3 +228,74 @@ def test_terminal_bench_loads_the_agent_by_import_path_and_stops_at_docker(tmp_p
         pytest.skip("a Docker daemon is reachable here: terminal-bench's trials go further than this test covers")
     results = json.loads(next((tmp_path / "tb").glob("*/results.json")).read_text())
     assert results["n_unresolved"] == 1 and results["n_resolved"] == 0
+
+
+TB_IMAGE = "localhost/tinkrl-tb-tmux:1"
+
+
+def tb_rootfs(dest: Path) -> Path:
+    """A root filesystem terminal-bench's session can drive: the busybox test image plus this machine's
+    bash and tmux (with their shared libraries) and the C.UTF-8 locale tmux insists on."""
+    import shutil
+    import tarfile
+
+    from helpers import podman_helper
+
+    out = dest / "tb-rootfs.tar"
+    shutil.copy(podman_helper.busybox_rootfs_tar(dest), out)
+    bins = [shutil.which("bash") or "/bin/bash", shutil.which("tmux") or "/usr/bin/tmux"]
+    libs: set[str] = set()
+    for b in bins:
+        for line in subprocess.run(["ldd", b], capture_output=True, text=True, check=True).stdout.splitlines():
+            parts = line.split()
+            path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0]
+            if path.startswith("/"):
+                libs.add(path)
+    with tarfile.open(out, "a") as tf:
+        for d in ("usr", "usr/bin", "usr/lib", "usr/lib/locale", "lib", "lib/x86_64-linux-gnu", "lib64", "logs"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(info)
+        for p in [*bins, *sorted(libs)]:
+            tf.add(str(Path(p).resolve()), arcname=p.lstrip("/"))
+        tf.add("/usr/lib/locale/C.utf8", arcname="usr/lib/locale/C.utf8")
+    return out
+
+
+def test_terminal_bench_session_episode_in_a_real_container(tmp_path, server, home, checkpoint):
+    """Past the docker-compose step: a container made here (podman serving the Docker API), then
+    terminal-bench's own TmuxSession on it and tinkrl's agent's perform_task: the episode's tokens are
+    written to the logging dir, and the agent's sandbox runs commands in that container with their exit
+    codes, stdout and stderr, and reads and writes its files."""
+    import shutil
+
+    from helpers import podman_helper
+
+    reason = podman_helper.unavailable_reason() or (None if shutil.which("tmux") else "tmux is not installed")
+    if reason:
+        pytest.skip(reason)
+    import docker
+
+    pm = podman_helper.start(tmp_path / "podman")
+    try:
+        if pm.run("image", "exists", TB_IMAGE, check=False).returncode != 0:
+            changes = ["CMD=/bin/sh", "ENV=PATH=/usr/local/bin:/usr/bin:/bin", "ENV=LANG=C.UTF-8", "WORKDIR=/app"]
+            pm.run("import", *(a for c in changes for a in ("--change", c)), str(tb_rootfs(tmp_path)), TB_IMAGE)
+        container = docker.DockerClient(base_url=pm.base_url).containers.run(TB_IMAGE, ["sleep", "600"], detach=True)
+        logs = tmp_path / "agent-logs"
+        script = Path(__file__).parent / "helpers" / "tb_session_episode.py"
+        argv = [str(HARNESS_BIN / "python"), str(script), pm.base_url, container.id, TINY, checkpoint, str(logs)]
+        out = subprocess.run(argv, env=harness_env(server, home), capture_output=True, text=True, timeout=300)
+        container.remove(force=True)
+    finally:
+        pm.stop()
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["result"]["failure_mode"] == "none"
+    traj = json.loads((logs / "tinkrl_trajectory.json").read_text())
+    assert 1 <= len(traj["turns"]) <= 2 and traj["checkpoint_path"] == checkpoint
+    assert got["result"]["total_output_tokens"] == sum(len(t["sampled_tokens"]) for t in traj["turns"])
+    assert (got["exit_code"], got["stdout"], got["stderr"]) == (3, "out\n", "err\n")
+    assert got["read_back"] == "written\n"
+    assert "written" in got["tool_observation"] and "from-tmux" in got["tool_observation"]
+    assert "/app" in got["tool_observation"] and got["tmux_alive"]

@@ -30,7 +30,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 import tinkrl
-from tinkrl.harness.policy import AgentLimits, CheckpointPolicy, harness_task, run_episode
+from tinkrl.harness.policy import AgentLimits, CheckpointPolicy, Trajectory, harness_task, new_trajectory, run_episode
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 
 TRAJECTORY_FILE = "tinkrl_trajectory.json"
@@ -168,13 +168,20 @@ class TinkrlAgent(BaseAgent):
         workdir = workdir.strip().splitlines()[-1] if workdir.strip() else "/app"
         task = harness_task(environment.environment_name, instruction, workdir)
         sandbox = HarborSandbox(environment, asyncio.get_running_loop(), workdir)
-        traj = await run_episode(self.policy, sandbox, task, self.limits)
+        traj = new_trajectory(self.policy)
+        try:
+            await run_episode(self.policy, sandbox, task, self.limits, traj)
+        finally:  # also when Harbor stops the agent at its time limit: the turns so far are kept
+            self._record(traj, context)
+
+    def _record(self, traj: Trajectory, context: AgentContext) -> None:
+        """Write the trajectory to the agent dir and fill Harbor's context from it."""
         traj.write(self.logs_dir / TRAJECTORY_FILE)
         context.n_input_tokens = sum(len(t.prompt_tokens) for t in traj.turns)
         context.n_output_tokens = sum(len(t.sampled_tokens) for t in traj.turns)
         context.rollout_details = [traj.rollout_detail()]
         context.metadata = {
-            "end_reason": traj.end_reason,
+            "end_reason": traj.end_reason or "stopped by the harness",
             "turns": len(traj.turns),
             "renderer": traj.renderer,
             "action_format": traj.action_format,

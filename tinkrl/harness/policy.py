@@ -219,16 +219,26 @@ def harness_task(task_id: str, instruction: str, workdir: str, timeout_s: float 
     )
 
 
-async def run_episode(policy: CheckpointPolicy, sandbox: Sandbox, task: Task, limits: AgentLimits) -> Trajectory:
+def new_trajectory(policy: CheckpointPolicy) -> Trajectory:
+    """An empty trajectory for an episode of `policy`."""
+    return Trajectory(policy.model_name, policy.checkpoint_path, policy.renderer.name, policy.action_format)
+
+
+async def run_episode(
+    policy: CheckpointPolicy, sandbox: Sandbox, task: Task, limits: AgentLimits, traj: Trajectory | None = None
+) -> Trajectory:
     """Play one episode of `task` in `sandbox` (already prepared by the harness) and return its trajectory.
 
     The loop is the training env's: tokens extend turn by turn; the session runs the actions and ends the
-    episode on DONE/submit, the turn, token or time limit, or a full context. It never grades."""
+    episode on DONE/submit, the turn, token or time limit, or a full context. It never grades. `traj` (when
+    given) is filled turn by turn, so a harness that stops the agent at its time limit keeps the turns so far
+    (its `end_reason` stays None)."""
     limits.action_format = policy.action_format
     session = TaskSession(task, limits, GivenSandbox(sandbox))
     renderer = policy.renderer
-    traj = Trajectory(policy.model_name, policy.checkpoint_path, renderer.name, policy.action_format)
+    traj = traj if traj is not None else new_trajectory(policy)
     messages = await session.start()
+    traj.messages = session.messages  # the live transcript: the turns so far, whenever it is read
     tokens = renderer.build_generation_prompt(messages, session.tools).to_ints()
     while not session.done:
         room = limits.max_context_tokens - len(tokens)
