@@ -75,8 +75,12 @@ def server(home):
             pytest.fail("tinkrl serve tinker did not come up")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.terminate()  # aiohttp's graceful shutdown waits up to a minute for requests still running
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +182,22 @@ def test_harbor_runs_tinkrl_agent_on_a_checkpoint_and_records_its_tokens(tmp_pat
             scored = sampler.compute_logprobs(tinker.ModelInput.from_ints(full)).result()
             got = scored[len(t["prompt_tokens"]) :]
             assert max(abs(x - y) for x, y in zip(got, t["logprobs"])) < 2e-2
+
+
+def test_harbor_agent_in_the_tools_action_format(tmp_path, server, home, checkpoint):
+    """`--ak action_format=tools`: the prompt lists tinkrl's tools in the renderer's tool format instead of
+    the shell format's short prompt, and the trajectory says which format it was played in."""
+    from tinkrl.local.models import load_tokenizer
+
+    extra = ["-m", TINY, "--ak", f"checkpoint_path={checkpoint}", "--ak", "action_format=tools"]
+    extra += ["--ak", "max_turns=1", "--ak", "max_tokens_per_turn=8"]
+    result = harbor_run("hello-file", AGENT, tmp_path / "jobs", harness_env(server, home), *extra)
+    assert result["exception_info"] is None, result["exception_info"]
+    trial = Path(result["trial_uri"].removeprefix("file://"))
+    traj = json.loads((trial / "agent" / "tinkrl_trajectory.json").read_text())
+    assert traj["action_format"] == "tools" and len(traj["turns"]) == 1
+    prompt = load_tokenizer(TINY).decode(traj["turns"][0]["prompt_tokens"])
+    assert "execute_bash" in prompt and "file_editor" in prompt and "```bash" not in prompt
 
 
 def test_an_agent_stopped_at_its_time_limit_keeps_its_turns(tmp_path, server, home, checkpoint):

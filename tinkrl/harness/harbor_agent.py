@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ class HarborSandbox(Sandbox):
 
     def read_file(self, path: str) -> bytes:
         """Download `path` (FileNotFoundError when it is not a file)."""
-        if self._wait(self.environment.exec(f"test -f '{path}'", timeout_sec=30)).return_code != 0:
+        if self._wait(self.environment.exec(f"test -f {shlex.quote(path)}", timeout_sec=30)).return_code != 0:
             raise FileNotFoundError(2, "No such file", path)
         with tempfile.TemporaryDirectory() as d:
             dst = Path(d) / "f"

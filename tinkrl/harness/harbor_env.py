@@ -10,9 +10,10 @@ COPY/RUN steps run on this machine's system). Harbor then runs its agent, upload
 
 What the sandbox is, and what it is not: the system directories are the host's, read-only; the
 workdir, /tmp, /root, /tests, /logs, /solution and /run are size-capped tmpfs; there is one user
-(root inside, an unprivileged uid outside), so Harbor's `user=` is accepted and ignored; there is
-no network unless the task's policy is public. A task that only names a prebuilt image (no recipe
-for its workspace) is refused with one line when the trial starts.
+(root inside, an unprivileged uid outside), so Harbor's `user=` is accepted and ignored; the network
+is the host's when the task's network policy is public (Harbor's default), none when it is
+`no-network`, and an allowlist is refused (bwrap cannot enforce one). A task that only names a
+prebuilt image (no recipe for its workspace) is refused with one line when the trial starts.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        """No network by default (public when a task asks); no GPUs, mounts, compose or allowlists."""
+        """Public network or none (as the task asks); no GPUs, mounts, compose or allowlists."""
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
