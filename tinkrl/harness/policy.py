@@ -104,13 +104,6 @@ class Trajectory:
     end_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def extends(self) -> list[bool]:
-        """For each turn after the first: whether its prompt starts with the previous prompt + reply."""
-        return [
-            b.prompt_tokens[: len(a.prompt_tokens) + len(a.sampled_tokens)] == a.prompt_tokens + a.sampled_tokens
-            for a, b in zip(self.turns, self.turns[1:])
-        ]
-
     def rollout_detail(self) -> dict[str, list]:
         """The episode in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
         return {
