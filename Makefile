@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train train-agent test test-all lint bench bench-deps clean
+.PHONY: install train train-agent test test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -28,7 +28,7 @@ train-agent: install
 	$(PY) bench/plot_agent.py runs/agent --out runs/agent/curve.png
 
 test: install
-	$(VENV)/bin/python -m pytest -q -rs -m "not slow" tests
+	$(VENV)/bin/python -m pytest -q -rs -m "not slow and not harness" tests
 
 lint: install
 	$(VENV)/bin/ruff format --check .
@@ -36,6 +36,21 @@ lint: install
 
 test-all: install
 	$(VENV)/bin/python -m pytest -q -rs tests
+
+# Harbor and terminal-bench need Python >= 3.12: a second virtualenv, .venv-harness, on a CPython 3.13
+# built once into ~/.cache/tinkrl from Debian's source package when the machine's Python is older
+# (scripts/build-harness-python.sh), with harbor, terminal-bench and tinkrl (--no-deps: no torch).
+HARNESS_VENV ?= .venv-harness
+
+harness: $(HARNESS_VENV)/.installed
+
+$(HARNESS_VENV)/.installed: pyproject.toml scripts/install-harness.sh scripts/build-harness-python.sh scripts/harness-requirements.txt
+	bash scripts/install-harness.sh $(HARNESS_VENV)
+	touch $@
+
+# tinkrl's agent and sandbox inside `harbor run` and `tb run` (tests/test_harness.py)
+test-harness: install harness
+	$(VENV)/bin/python -m pytest -q -rs -m harness tests/test_harness.py
 
 bench: install
 	$(PY) bench/engine.py
@@ -48,4 +63,4 @@ bench-deps: install
 	bash bench/cookbook_rl.sh --install-only
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(HARNESS_VENV) runs .pytest_cache

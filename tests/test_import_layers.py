@@ -17,6 +17,7 @@ ROOT = Path(tinkrl.__file__).parent
 # Top to bottom. A module belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, list[str]]] = [
     ("commands", ["tinkrl.cli", "tinkrl.commands"]),
+    ("harness adapters", ["tinkrl.harness"]),
     ("launch", ["tinkrl.launch"]),
     (
         "servers",

@@ -31,6 +31,17 @@ def test_harbor_dockerfile_build_steps():
     assert t.build[1].copy.dest == "/app/data.txt"
 
 
+def test_harbor_package_names_keep_the_short_task_id(tmp_path):
+    """Harbor names tasks `org/name` ([task] name); the task's id is `name`, the full name kept in metadata."""
+    t = load_task(TASKS / "hello-file")
+    assert t.id == "hello-file" and t.metadata["harbor_name"] == "tinkrl/hello-file"
+    d = tmp_path / "plain"
+    shutil.copytree(TASKS / "hello-file", d)
+    (d / "task.toml").write_text((d / "task.toml").read_text().replace('"tinkrl/hello-file"', '"plain-name"'))
+    plain = load_task(d)
+    assert plain.id == "plain-name" and "harbor_name" not in plain.metadata
+
+
 def test_terminal_bench_task():
     t = load_task(TASKS / "tb-large-files")
     assert t.grader == "pytest" and t.verifier_env == {"TEST_DIR": "/tests"}

@@ -155,8 +155,12 @@ def load_harbor(task_dir: Path) -> Task:
         raise TaskLoadError(toml_path, f"must be reward_file or pytest, got {grader!r}", "[metadata] tinkrl_grader")
     solve = d / "solution" / "solve.sh"
     where = str(toml_path)
+    name = (cfg.get("task") or {}).get("name")
+    if isinstance(name, str) and "/" in name:  # Harbor's package name, org/name: the task is `name`
+        meta["harbor_name"] = name
+        name = name.rsplit("/", 1)[1]
     return Task(
-        id=(cfg.get("task") or {}).get("name") or d.name,
+        id=name or d.name,
         source=d,
         format="harbor",
         instruction=instruction,

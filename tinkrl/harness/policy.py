@@ -1,0 +1,264 @@
+"""A Tinker checkpoint acting as an agent in someone else's harness, turn by turn, on tokens.
+
+`CheckpointPolicy` samples a checkpoint (`tinker://...` on the hosted service or a local `tinkrl serve
+tinker`, or a base model) through the official Tinker SDK. `run_episode` drives one
+`tinkrl.agents.session.TaskSession` with it, exactly as tinkrl's training env does: the prompt is
+rendered once by tinkrl's renderer, each reply's sampled tokens are kept as sampled, and the next
+prompt is `prompt + reply + continuation(observations)`, so the episode is one token sequence a
+trainer can use. Actions are read in tinkrl's action formats (`shell`: one ```bash block per turn,
+`DONE` to finish; `tools`: the renderer's tool calls) and run in whatever `Sandbox` the harness
+provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded (`Trajectory`).
+
+Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (`load_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
+from tinkrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
+from tinkrl.taskdirs.model import Task
+
+ACTION_FORMATS = ("shell", "tools")
+
+
+class PolicyError(ValueError):
+    """A bad agent argument (model, checkpoint, renderer, action format), said in one line."""
+
+
+def load_tokenizer(model_name: str, tokenizer: str | None = None) -> Any:
+    """The model's tokenizer without torch: `tokenizer` (a directory or hub id) when given, else the
+    model's files on this machine (tinkrl's model cache, a model directory, the HF cache), else a
+    download of the tokenizer files from the Hugging Face hub."""
+    from transformers import AutoTokenizer
+
+    from tinkrl.local.model_files import (
+        DEFAULT_MODEL,
+        TINY_ARCHS,
+        find_local_model,
+        has_tokenizer,
+        hf_cache_snapshot,
+        tinkrl_model_dir,
+    )
+
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(tokenizer)
+    name = DEFAULT_MODEL if model_name in TINY_ARCHS else model_name
+    for candidate in (find_local_model(name), tinkrl_model_dir(name), hf_cache_snapshot(name, weights=False)):
+        if candidate is not None and candidate.is_dir() and has_tokenizer(candidate):
+            return AutoTokenizer.from_pretrained(str(candidate))
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as e:
+        raise PolicyError(
+            f"no tokenizer for {model_name!r} on this machine and none could be downloaded ({type(e).__name__}); "
+            "run the model once with tinkrl (e.g. `tinkrl serve tinker --model NAME`) or pass tokenizer=DIR"
+        ) from None
+
+
+@dataclass
+class AgentLimits:
+    """The episode's limits and prompt (the fields `TaskSession` reads; the tasks env's names and defaults)."""
+
+    max_turns: int = 10
+    max_context_tokens: int = 8192
+    max_total_tokens: int | None = None
+    episode_timeout_s: float | None = None
+    timeout_includes_sampling: bool = True  # in a harness the wall clock is what the harness enforces
+    command_timeout_s: float = 60.0
+    max_observation_chars: int = 8000
+    system_prompt: str | None = None
+    action_format: str = "shell"
+
+
+@dataclass
+class Turn:
+    """One assistant turn: the whole prompt it was sampled from, what was sampled, and its logprobs."""
+
+    prompt_tokens: list[int]
+    sampled_tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+    text: str
+    observations: list[dict] = field(default_factory=list)
+    sample_s: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """An episode in tokens and messages: what a harness run gives back for training."""
+
+    model_name: str
+    checkpoint_path: str | None
+    renderer: str
+    action_format: str
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    end_reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def rollout_detail(self) -> dict[str, list]:
+        """The episode in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
+        return {
+            "prompt_token_ids": [t.prompt_tokens for t in self.turns],
+            "completion_token_ids": [t.sampled_tokens for t in self.turns],
+            "logprobs": [t.logprobs for t in self.turns],
+        }
+
+    def write(self, path: Path) -> Path:
+        """Write the trajectory as one JSON document (turns with tokens and logprobs, the messages)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+
+class CheckpointPolicy:
+    """A Tinker sampling client for `checkpoint_path` (or the base `model_name`), with tinkrl's renderer."""
+
+    def __init__(
+        self,
+        model_name: str,
+        checkpoint_path: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        renderer: str | None = None,
+        tokenizer: str | None = None,
+        temperature: float = 1.0,
+        max_tokens_per_turn: int = 512,
+        action_format: str = "shell",
+        tool_format: str = "hermes",
+    ):
+        if not model_name:
+            raise PolicyError("model_name is required (the checkpoint's base model, e.g. Qwen/Qwen3-8B)")
+        if checkpoint_path is not None and not checkpoint_path.startswith("tinker://"):
+            raise PolicyError(f"checkpoint_path must be a tinker:// path, got {checkpoint_path!r}")
+        if action_format not in ACTION_FORMATS:
+            raise PolicyError(f"action_format must be one of {', '.join(ACTION_FORMATS)}, got {action_format!r}")
+        self.model_name, self.checkpoint_path = model_name, checkpoint_path
+        self.base_url = (base_url or os.environ.get("TINKER_BASE_URL") or "").rstrip("/") or None
+        self.api_key = api_key or os.environ.get("TINKER_API_KEY")
+        if not self.api_key:
+            raise PolicyError("no Tinker API key: set TINKER_API_KEY (any tml-… key for a local `tinkrl serve tinker`)")
+        self.temperature, self.max_tokens_per_turn = float(temperature), int(max_tokens_per_turn)
+        self.action_format = action_format
+        from tinkrl.renderers import get_renderer
+
+        try:
+            self.renderer = get_renderer(load_tokenizer(model_name, tokenizer), model_name, tool_format, renderer)
+        except ValueError as e:
+            raise PolicyError(str(e)) from None
+        self._client: Any = None
+
+    def client(self) -> Any:
+        """The SDK's sampling client (made on first use; blocking)."""
+        if self._client is None:
+            import tinker
+
+            service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
+            if self.checkpoint_path:
+                self._client = service.create_sampling_client(model_path=self.checkpoint_path).result()
+            else:
+                self._client = service.create_sampling_client(base_model=self.model_name).result()
+        return self._client
+
+    async def sample(self, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float], str]:
+        """One reply to `prompt`: its tokens, their logprobs, and why it stopped (awaits the SDK's future,
+        so a harness that cancels the agent cancels the wait)."""
+        import tinker
+
+        client = self._client if self._client is not None else await asyncio.to_thread(self.client)
+        params = tinker.SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, stop=self.renderer.stop_sequences()
+        )
+        out = await client.sample(tinker.ModelInput.from_ints(prompt), 1, params)
+        seq = out.sequences[0]
+        return list(seq.tokens), [float(x) for x in (seq.logprobs or [])], str(seq.stop_reason)
+
+
+class GivenSandbox(SandboxProvider):
+    """A sandbox provider that hands out the one sandbox a harness already started (for `TaskSession`)."""
+
+    name = "harness"
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """The harness's sandbox (the spec is the harness's business)."""
+        return self.sandbox
+
+    def get(self) -> SandboxProvider:
+        """Itself (the `SandboxSource` a session asks for its provider)."""
+        return self
+
+
+def harness_task(task_id: str, instruction: str, workdir: str, timeout_s: float = 3600.0) -> Task:
+    """The task as the session sees it: the instruction and workdir; building and grading are the harness's."""
+    return Task(
+        id=task_id,
+        source=Path("."),
+        format="harness",
+        instruction=instruction,
+        workdir=workdir,
+        agent_timeout_s=timeout_s,
+    )
+
+
+def new_trajectory(policy: CheckpointPolicy) -> Trajectory:
+    """An empty trajectory for an episode of `policy`."""
+    return Trajectory(policy.model_name, policy.checkpoint_path, policy.renderer.name, policy.action_format)
+
+
+async def run_episode(
+    policy: CheckpointPolicy, sandbox: Sandbox, task: Task, limits: AgentLimits, traj: Trajectory | None = None
+) -> Trajectory:
+    """Play one episode of `task` in `sandbox` (already prepared by the harness) and return its trajectory.
+
+    The loop is the training env's: tokens extend turn by turn; the session runs the actions and ends the
+    episode on DONE/submit, the turn, token or time limit, or a full context. It never grades. `traj` (when
+    given) is filled turn by turn, so a harness that stops the agent at its time limit keeps the turns so far
+    (its `end_reason` stays None)."""
+    limits.action_format = policy.action_format
+    session = TaskSession(task, limits, GivenSandbox(sandbox))
+    renderer = policy.renderer
+    traj = traj if traj is not None else new_trajectory(policy)
+    messages = await session.start()
+    traj.messages = session.messages  # the live transcript: the turns so far, whenever it is read
+    tokens = renderer.build_generation_prompt(messages, session.tools).to_ints()
+    while not session.done:
+        room = limits.max_context_tokens - len(tokens)
+        if room < MIN_ACTION_TOKENS:
+            session.overflow()
+            break
+        t0 = time.monotonic()
+        action, logprobs, stop = await policy.sample(tokens, min(policy.max_tokens_per_turn, room))
+        turn = Turn(list(tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
+        traj.turns.append(turn)
+        if session.shell:
+            text, ended = renderer.reply_text(action)
+            _, visible = renderer.split_reasoning(text)
+            turn.text = text
+            observations, done = await session.act_text(text, not ended, len(action), visible)
+        else:
+            parsed = renderer.parse_response(action)
+            ended = parsed.ended_cleanly
+            turn.text = renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
+            calls = parsed.message.get("tool_calls", [])
+            observations, done = await session.act(
+                {"role": "assistant", "content": turn.text}, calls, parsed.tool_call_errors, not ended, len(action)
+            )
+        turn.observations = observations
+        if not done:
+            tokens = tokens + action + renderer.continuation(observations, ended)
+    traj.messages = list(session.messages)
+    traj.end_reason = session.end_reason
+    traj.metrics = {k: v for k, v in session.metrics().items() if not k.startswith("tasks/reward")}
+    return traj
