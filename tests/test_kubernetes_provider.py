@@ -235,3 +235,22 @@ def test_the_registry_builds_the_provider(kube):
     assert isinstance(p, KubernetesProvider) and p.config.max_concurrent == 3
     with pytest.raises(Exception, match="max_concurrent"):
         get_provider("kubernetes", max_concurrent=0)
+
+
+def test_reap_takes_namespace_and_credentials_from_the_run_config(kube, tmp_path, monkeypatch, capsys):
+    """`tinkrl sandbox reap` with no flags looks where the run config ($TINKRL_CONFIG) puts sandboxes."""
+    import yaml
+
+    sb = provider(kube, ttl_s=0.2).create(SandboxSpec(image=IMAGE))
+    time.sleep(0.5)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"sandbox": {"kubernetes": {"namespace": "sbx", "kubeconfig": kube.kc}}}))
+    monkeypatch.setenv("TINKRL_CONFIG", str(config))
+    assert reap_cli(["--namespace", "elsewhere", "--dry-run"]) == 0  # a flag still wins
+    assert "would delete 0 sandbox(es)" in capsys.readouterr().out
+    assert reap_cli([]) == 0
+    assert f"deleted {sb.name}: expired" in capsys.readouterr().out
+    assert ("sbx", sb.name) not in kube.pods
+    config.write_text("sandbox: {kubernetes: {namespace: 7, nodes: 1}}\n")
+    assert reap_cli([]) == 2
+    assert "unknown config key 'sandbox.kubernetes.nodes'" in capsys.readouterr().err
