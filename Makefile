@@ -56,7 +56,8 @@ clean:
 # here is `make -C deploy TARGET`; variables pass through (make build R2EGYM_REF=abc1234,
 # make -s template VALUES=values-training.yaml). `make lint` above lints the Helm chart too.
 CLUSTER_TARGETS := create-cluster install-autoscaler create-bucket create-ecr create-secrets build push \
-                   deploy deploy-training upgrade uninstall logs exec results teardown template run-config
+                   deploy deploy-training upgrade uninstall logs exec results teardown template run-config \
+                   cluster-config
 .PHONY: $(CLUSTER_TARGETS)
 $(CLUSTER_TARGETS):
 	@$(MAKE) --no-print-directory -C deploy $@

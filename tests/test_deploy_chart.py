@@ -330,18 +330,52 @@ def test_make_template_prints_the_manifests_and_make_lint_passes():
     assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
 
 
+def eksctl_config(**variables: str) -> dict:
+    """deploy/eksctl-cluster.yaml as `make create-cluster` hands it to eksctl (`make cluster-config`)."""
+    args = [f"{k}={v}" for k, v in variables.items()]
+    out = subprocess.run(
+        ["make", "-s", "-C", "deploy", "cluster-config", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "${" not in out.stdout  # every placeholder filled in
+    return yaml.safe_load(out.stdout)
+
+
 def test_eksctl_config_has_a_tainted_autoscaled_sandbox_group_matching_the_chart():
-    cfg = yaml.safe_load((ROOT / "deploy" / "eksctl-cluster.yaml").read_text())
+    cfg = eksctl_config()
     groups = {g["name"]: g for g in cfg["managedNodeGroups"]}
     values = yaml.safe_load((render.CHART / "values.yaml").read_text())
     sandbox, system = groups["sandbox"], groups["system"]
-    assert sandbox["minSize"] == 0 and sandbox["maxSize"] > 0
+    assert (system["instanceType"], system["minSize"], system["maxSize"]) == ("m5.xlarge", 1, 3)
+    assert (sandbox["instanceType"], sandbox["minSize"], sandbox["maxSize"]) == ("m5.4xlarge", 0, 20)
     assert sandbox["labels"] == values["nodeGroups"]["sandbox"]["nodeSelector"]
     assert system["labels"] == values["nodeGroups"]["system"]["nodeSelector"]
     taint = sandbox["taints"][0]
     tol = values["nodeGroups"]["sandbox"]["tolerations"][0]
     assert (taint["key"], taint["effect"]) == (tol["key"], tol["effect"])
+    assert "NoSchedule" in sandbox["tags"][f"k8s.io/cluster-autoscaler/node-template/taint/{taint['key']}"]
     assert sandbox["tags"]["k8s.io/cluster-autoscaler/enabled"] == "true"
+
+
+def test_eksctl_config_enforces_network_policies_and_takes_name_and_region_from_make():
+    """The chart's NetworkPolicy is inert on EKS unless the VPC CNI's network policy agent runs: the cluster
+    config turns it on, and the cluster name and region are make variables, not constants of the file."""
+    raw = yaml.safe_load((ROOT / "deploy" / "eksctl-cluster.yaml").read_text())
+    assert raw["metadata"]["name"] == "${CLUSTER}" and raw["metadata"]["region"] == "${REGION}"
+    assert (eksctl_config()["metadata"]["name"], eksctl_config()["metadata"]["region"]) == ("tinkrl", "us-west-2")
+    cfg = eksctl_config(CLUSTER="evals", REGION="eu-west-1")
+    assert (cfg["metadata"]["name"], cfg["metadata"]["region"]) == ("evals", "eu-west-1")
+    sandbox = next(g for g in cfg["managedNodeGroups"] if g["name"] == "sandbox")
+    assert sandbox["tags"]["k8s.io/cluster-autoscaler/evals"] == "owned"  # what the autoscaler discovers
+    cni = next(a for a in cfg["addons"] if a["name"] == "vpc-cni")
+    assert yaml.safe_load(cni["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    assert "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy" in cni["attachPolicyARNs"]
+    policy = by_kind(manifests(), "NetworkPolicy")[0]["spec"]  # what the agent then enforces
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["ingress"] == [] and policy["egress"] == []
+    dry = subprocess.run(
+        ["make", "-n", "-C", "deploy", "create-cluster", "CLUSTER=evals"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert "eksctl create cluster -f -" in dry.stdout and "|evals|" in dry.stdout
 
 
 def test_dockerfile_has_the_entrypoint_and_the_r2egym_pin():
