@@ -33,9 +33,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tinkrl.errors import TinkrlError
+
+if TYPE_CHECKING:
+    from tinkrl.config import SandboxConfig
 
 # the agents `--agent` names: terminal-bench's name for a Terminus agent sampling through Tinker is tinkrl's own
 AGENTS = {"terminus-tinker": "tinkrl's agent, sampling through the Tinker API (or --base-url)"}
@@ -328,19 +331,24 @@ async def _main(args: argparse.Namespace) -> int:
     return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
 
 
-def sandbox_settings(args: argparse.Namespace) -> Any:
+def sandbox_settings(args: argparse.Namespace) -> SandboxConfig:
     """The sandbox config of this evaluation: the run config's `sandbox:` section (`--config`, else
     `$TINKRL_CONFIG`: the one `tinkrl train` reads), `--set sandbox.*=...` over it, `--sandbox` picking the
-    provider; and the default output path, next to the run config's runs. ConfigError when it is bad."""
-    from tinkrl.config import load_sandbox_config, runs_dir_of
+    provider. ConfigError when it is bad."""
+    from tinkrl.config import load_sandbox_config
 
     sets = list(args.sandbox_sets) + ([f"sandbox.provider={args.sandbox}"] if args.sandbox else [])
-    if args.output_path is None:
-        args.output_path = str(Path(runs_dir_of(args.config)) / "eval")
     return load_sandbox_config(args.config, sets)
 
 
-def _where(sandbox: Any) -> str:
+def default_output_path(config_path: str | None) -> str:
+    """`<runs_dir>/eval`: next to the run config's runs (`/runs` on the cluster, on the synced volume)."""
+    from tinkrl.config import runs_dir_of
+
+    return str(Path(runs_dir_of(config_path)) / "eval")
+
+
+def _where(sandbox: SandboxConfig) -> str:
     """Where the sandboxes run, in a few words (printed at the start)."""
     if sandbox.provider != "kubernetes":
         return sandbox.provider
@@ -360,6 +368,7 @@ def cli_main(argv: list[str]) -> int:
 
     try:
         args.sandbox_config = sandbox_settings(args)
+        args.output_path = args.output_path or default_output_path(args.config)
     except ConfigError as e:
         parser.error(str(e))
     root = logging.getLogger()
