@@ -1,6 +1,7 @@
 # The README's two commands: `make train` and `make test`. `make install` is the setup both use.
+# The cluster path's targets (docs/eval-guide.md) are deploy/Makefile's, run from here too.
 VENV   ?= .venv
-PY     := $(VENV)/bin/python
+PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: install train train-agent test test-all test-harness harness lint bench bench-deps clean
@@ -33,6 +34,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory -C deploy lint PY=$(abspath $(PY))
 
 test-all: install
 	$(VENV)/bin/python -m pytest -q -rs tests
@@ -64,3 +66,13 @@ bench-deps: install
 
 clean:
 	rm -rf $(VENV) $(HARNESS_VENV) runs .pytest_cache
+
+# The cluster path (docs/eval-guide.md, docs/cluster.md): deploy/Makefile's targets, so `make TARGET`
+# here is `make -C deploy TARGET`; variables pass through (make build R2EGYM_REF=abc1234,
+# make -s template VALUES=values-training.yaml). `make lint` above lints the Helm chart too.
+CLUSTER_TARGETS := create-cluster install-autoscaler create-bucket create-ecr create-secrets build push \
+                   deploy deploy-training upgrade uninstall logs exec results teardown template run-config \
+                   cluster-config
+.PHONY: $(CLUSTER_TARGETS)
+$(CLUSTER_TARGETS):
+	@$(MAKE) --no-print-directory -C deploy $@

@@ -4,6 +4,7 @@ when `helm` is not on PATH).
 
     python deploy/render.py template [-f VALUES.yaml ...] [--set a.b=c ...] [--namespace NS]
     python deploy/render.py lint [-f VALUES.yaml ...]
+    python deploy/render.py config [-f VALUES.yaml ...]   # the run config the orchestrator reads
 """
 
 from __future__ import annotations
@@ -48,9 +49,20 @@ def render(values: dict, release: str = "tinkrl", namespace: str = "tinkrl") -> 
     return "".join(docs)
 
 
+def run_config(manifests: str) -> str:
+    """The run config (`config.yaml` of the chart's ConfigMap, the orchestrator's `$TINKRL_CONFIG`) in rendered
+    manifests."""
+    import yaml
+
+    for doc in yaml.safe_load_all(manifests):
+        if doc and doc.get("kind") == "ConfigMap" and "config.yaml" in doc.get("data", {}):
+            return doc["data"]["config.yaml"]
+    raise ValueError("the rendered manifests have no run config ConfigMap")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/render.py")
-    p.add_argument("action", choices=("template", "lint"))
+    p.add_argument("action", choices=("template", "lint", "config"))
     p.add_argument("-f", "--values", action="append", default=[])
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--namespace", default="tinkrl")
@@ -62,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         print("deploy/render.py: needs helm-python-sdk (pip install -e '.[dev]') or a helm binary", file=sys.stderr)
         return 2
     values = user_values(args.values, args.set)
-    if args.action == "template":
-        sys.stdout.write(render(values, args.release, args.namespace))
+    if args.action in ("template", "config"):
+        out = render(values, args.release, args.namespace)
+        sys.stdout.write(out if args.action == "template" else run_config(out))
         return 0
     report = helm.lint(CHART, values, strict=True, namespace=args.namespace)
     for m in report.get("messages", []):

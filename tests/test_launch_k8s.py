@@ -127,7 +127,7 @@ def test_a_claim_instead_of_s3_and_an_emptydir_warns(repo, capsys):
 
 def test_the_clusters_sandbox_settings_reach_tinkrl_train(tmp_path, monkeypatch):
     """The Job (and the orchestrator) mount the chart's run config; `tinkrl train` without a config file
-    takes its sandbox section, and the command line still wins."""
+    reads it, and the command line still wins."""
     from tinkrl.config import load_config
 
     values = tmp_path / "eks.yaml"

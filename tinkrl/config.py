@@ -576,8 +576,9 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     The dialect (`tinkrl.dialects`) is read from both together and recorded in `config.dialect`
     (its reason in `config.dialect_reason`). Each environment's own fields are checked by its
     config class (`tinkrl.envs.resolve_config`), not here: this module knows no environment.
-    Without a config file, the cluster's sandbox settings apply (`cluster_sandbox_pairs`)."""
-    pairs = top_level_pairs(load_yaml(config_path)) if config_path else cluster_sandbox_pairs()
+    Without a config file, `$TINKRL_CONFIG` is the config file (`default_config_path`)."""
+    path = config_path or default_config_path()
+    pairs = top_level_pairs(load_yaml(path)) if path else []
     pairs += parse_overrides(list(overrides or []))
     dialect = detect(pairs)
     raw = apply_pairs({}, to_tinkrl(pairs, dialect))
@@ -590,15 +591,48 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     return config
 
 
-def cluster_sandbox_pairs() -> list[Pair]:
-    """The `sandbox:` section of the cluster's run config, `$TINKRL_CONFIG` (the Helm chart mounts it in
-    its pods and in Jobs `tinkrl launch k8s` starts), as a pair the command line's keys override; [] when
-    the variable is unset or the section is absent."""
-    path = os.environ.get("TINKRL_CONFIG")
-    if not path:
-        return []
-    section = load_yaml(path).get("sandbox")
-    return [("sandbox", section)] if isinstance(section, dict) else []
+CONFIG_ENV = "TINKRL_CONFIG"
+
+
+def default_config_path() -> str | None:
+    """The run config a command uses when it is given none: the file `$TINKRL_CONFIG` names (the Helm chart
+    mounts its run config ConfigMap in the orchestrator and in Jobs `tinkrl launch k8s` starts, and points
+    the variable at it), else None. `tinkrl train`, `tinkrl eval` and `tinkrl sandbox` all read it, so a
+    cluster has one run config."""
+    return os.environ.get(CONFIG_ENV) or None
+
+
+class _SandboxSection(Strict):
+    """A run config reduced to its `sandbox:` section (what `tinkrl eval` and `tinkrl sandbox` read)."""
+
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
+def load_sandbox_config(config_path: str | None = None, overrides: list[str] | None = None) -> SandboxConfig:
+    """The `sandbox:` section of a run config (`config_path`, else `$TINKRL_CONFIG`, else every default) with
+    `sandbox.*=value` overrides applied, or a one-line ConfigError. The same section `tinkrl train` reads, so
+    training and evaluation put their sandboxes in the same place."""
+    path = config_path or default_config_path()
+    section = load_yaml(path).get("sandbox") if path else None
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"{path}: sandbox: must be a mapping (provider, bwrap, docker, kubernetes)")
+    raw: dict[str, Any] = {"sandbox": dict(section or {})}
+    for key, value in parse_overrides(list(overrides or [])):
+        if not key.startswith("sandbox."):
+            raise ConfigError(f"{key}: only sandbox.* keys can be set here (e.g. sandbox.kubernetes.namespace=NS)")
+        set_dotted(raw, key, value)
+    try:
+        return _SandboxSection.model_validate(raw).sandbox
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def runs_dir_of(config_path: str | None = None) -> str:
+    """`runs_dir` of a run config (`config_path`, else `$TINKRL_CONFIG`), else its default: where commands
+    that are not training (`tinkrl eval`) put their results, next to the runs."""
+    path = config_path or default_config_path()
+    value = load_yaml(path).get("runs_dir") if path else None
+    return str(value) if value else str(TrainConfig.model_fields["runs_dir"].default)
 
 
 def load_dotenv_file(path: str | Path = ".env") -> None:

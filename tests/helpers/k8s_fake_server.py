@@ -162,6 +162,7 @@ class FakeKube:
         self.rbac = rbac  # None: every authenticated user may do everything
         self.pull_delay_s = pull_delay_s
         self.pods: dict[tuple[str, str], dict] = {}
+        self.created: list[dict] = []  # every pod as it was created (kept after deletion, for tests to read)
         self.lock = threading.RLock()
         self.requests: list[tuple[str, str, str]] = []  # (user, verb, path) of every request
         self._stop = threading.Event()
@@ -639,6 +640,7 @@ def _make_handler(kube: FakeKube):
                 pod["status"] = {"phase": "Pending", "conditions": []}
                 pod["_created"] = time.time()
                 kube.pods[(ns, name)] = pod
+                kube.created.append(json.loads(json.dumps(_public(pod))))
             self._send(201, _public(pod))
 
         # -- exec over WebSocket -------------------------------------------------------------

@@ -5,6 +5,11 @@
     tinkrl eval --tasks tasks --checkpoint tinker://RUN/sampler_weights/final --backend tinker
     tinkrl eval --dataset-path tasks --task-id 'tb-*' --base-url http://localhost:8000/v1 --served-model M
 
+Sandboxes go where the run config says (`--config FILE`, else `$TINKRL_CONFIG`, the file the
+Helm chart mounts): its `sandbox:` section is the one `tinkrl train` uses (provider, namespace,
+node selector, tolerations, pull secrets, limits); `--sandbox NAME` picks the provider and
+`--set sandbox.KEY=VALUE` changes one setting.
+
 `tb run` / `minitb run` command lines run as written with the program replaced by `tinkrl eval`
 (the word `run` may stay): `--agent terminus-tinker` is tinkrl's agent, `--agent-kwarg
 checkpoint_path=... --agent-kwarg model_name=...` its checkpoint and base model, and `--dataset
@@ -28,9 +33,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tinkrl.errors import TinkrlError
+
+if TYPE_CHECKING:
+    from tinkrl.config import SandboxConfig
 
 # the agents `--agent` names: terminal-bench's name for a Terminus agent sampling through Tinker is tinkrl's own
 AGENTS = {"terminus-tinker": "tinkrl's agent, sampling through the Tinker API (or --base-url)"}
@@ -112,9 +120,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--n-concurrent", type=int, default=4)
-    p.add_argument("--output-path", default="runs/eval", help="results go to OUTPUT_PATH/RUN_ID/")
+    p.add_argument(
+        "--output-path",
+        default=None,
+        help="results go to OUTPUT_PATH/RUN_ID/ (default: RUNS_DIR/eval, the run config's runs_dir, else runs/eval)",
+    )
     p.add_argument("--run-id", default=None, help="default: the start time, YYYY-MM-DD__HH-MM-SS")
-    p.add_argument("--sandbox", default="bwrap", help="sandbox provider (bwrap, docker, kubernetes)")
+    p.add_argument(
+        "--sandbox",
+        default=None,
+        help="sandbox provider: bwrap, docker or kubernetes (default: the run config's sandbox.provider, else bwrap)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a run config (tinkrl train's YAML) whose sandbox: section places the sandboxes: namespace, node "
+        "selector, tolerations, pull secrets, limits (default: $TINKRL_CONFIG, which the Helm chart sets)",
+    )
+    p.add_argument(
+        "--set",
+        dest="sandbox_sets",
+        action="append",
+        default=[],
+        metavar="sandbox.KEY=VALUE",
+        help="a sandbox setting over the run config's (repeatable), e.g. sandbox.kubernetes.namespace=team-a",
+    )
     p.add_argument(
         "--backend",
         choices=("auto", "local", "tinker"),
@@ -223,7 +253,7 @@ async def _main(args: argparse.Namespace) -> int:
         gate=False,
     )
     tasks = cfg.load_tasks()
-    provider = get_provider(args.sandbox)
+    provider = get_provider(args.sandbox_config.provider, **args.sandbox_config.provider_options())
     policy: Any = None
     try:
         if args.base_url:
@@ -266,6 +296,7 @@ async def _main(args: argparse.Namespace) -> int:
             renderer = get_renderer(sc.get_tokenizer(), model_name, cfg.tool_format)
             policy = SamplingClientPolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
         run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
+        print(f"tinkrl eval: sandboxes: {_where(args.sandbox_config)}", file=sys.stderr)
         out_dir = Path(args.output_path) / run_id
         print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
         t0 = time.monotonic()
@@ -300,6 +331,32 @@ async def _main(args: argparse.Namespace) -> int:
     return 1 if trials and all(t.failure_mode is not None for t in trials) else 0
 
 
+def sandbox_settings(args: argparse.Namespace) -> SandboxConfig:
+    """The sandbox config of this evaluation: the run config's `sandbox:` section (`--config`, else
+    `$TINKRL_CONFIG`: the one `tinkrl train` reads), `--set sandbox.*=...` over it, `--sandbox` picking the
+    provider. ConfigError when it is bad."""
+    from tinkrl.config import load_sandbox_config
+
+    sets = list(args.sandbox_sets) + ([f"sandbox.provider={args.sandbox}"] if args.sandbox else [])
+    return load_sandbox_config(args.config, sets)
+
+
+def default_output_path(config_path: str | None) -> str:
+    """`<runs_dir>/eval`: next to the run config's runs (`/runs` on the cluster, on the synced volume)."""
+    from tinkrl.config import runs_dir_of
+
+    return str(Path(runs_dir_of(config_path)) / "eval")
+
+
+def _where(sandbox: SandboxConfig) -> str:
+    """Where the sandboxes run, in a few words (printed at the start)."""
+    if sandbox.provider != "kubernetes":
+        return sandbox.provider
+    k = sandbox.kubernetes
+    placed = ",".join(f"{key}={value}" for key, value in k.node_selector.items())
+    return f"kubernetes pods in namespace {k.namespace}" + (f" on nodes {placed}" if placed else "")
+
+
 def cli_main(argv: list[str]) -> int:
     """`tinkrl eval` (or `tinkrl eval run`, tb's spelling): exit 1 when every trial failed on infrastructure,
     2 on a bad flag or setup error."""
@@ -307,6 +364,13 @@ def cli_main(argv: list[str]) -> int:
     args = parser.parse_args(argv[1:] if argv[:1] == ["run"] else argv)
     _apply_agent_kwargs(args, parser)
     _check(args, parser)
+    from tinkrl.errors import ConfigError
+
+    try:
+        args.sandbox_config = sandbox_settings(args)
+        args.output_path = args.output_path or default_output_path(args.config)
+    except ConfigError as e:
+        parser.error(str(e))
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(format="tinkrl eval: %(levelname)s %(name)s: %(message)s")

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8001, help="port (default 8001)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="base model to serve (default: the engine's default model)")
+    src.add_argument(
+        "--model", default=None, help="base model to serve (default with --backend local: the default model)"
+    )
     src.add_argument(
         "--checkpoint",
         default=None,
@@ -102,6 +104,13 @@ def cli_main(argv: list[str]) -> int:
         and not Path(args.checkpoint).expanduser().exists()
     ):
         print(f"tinkrl serve openai: checkpoint {args.checkpoint!r} does not exist", file=sys.stderr)
+        return 2
+    if args.backend == "tinker" and not (args.model or args.checkpoint):
+        print(
+            "tinkrl serve openai: --backend tinker needs --model (a model the Tinker service serves, e.g. "
+            "Qwen/Qwen3-8B) or --checkpoint (a tinker:// path); the default model is served by the local engine",
+            file=sys.stderr,
+        )
         return 2
     try:
         server = build_server(args)

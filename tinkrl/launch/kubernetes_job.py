@@ -5,8 +5,8 @@ One config with the cluster path: everything cluster-specific comes from the cha
 `values.yaml` and the values files the release was installed with, as `make -C deploy VALUES=...`):
 the image repository (tagged with the short commit, as `make -C deploy push` tags it), the release's
 ServiceAccount (whose Role covers the sandbox pods), the Secret of API keys (`envFrom`, by
-reference), image pull secrets and system node placement, and the run config ConfigMap whose
-`sandbox:` section `tinkrl train` reads through `$TINKRL_CONFIG` (see `tinkrl.config.load_config`).
+reference), image pull secrets and system node placement, and the run config ConfigMap that
+`tinkrl train` reads through `$TINKRL_CONFIG` when given no config file (`tinkrl.config.load_config`).
 
 The run directory is /results: with `results.s3Uri` in the values it is pulled back from
 `<s3Uri>/<job>` before the command starts and pushed there by a sidecar (the training preset's

@@ -45,6 +45,11 @@ def add_reap_parser(subparsers) -> argparse.ArgumentParser:
     """Add `reap` to an argparse subparsers object (sets func=run_reap)."""
     p = subparsers.add_parser("reap", help="delete sandboxes leaked by runs that are gone (docker or kubernetes)")
     p.add_argument("--provider", choices=("kubernetes", "docker"), default="kubernetes")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a run config whose sandbox: section gives the defaults below (default: $TINKRL_CONFIG)",
+    )
     p.add_argument("--namespace", help="kubernetes: the sandbox namespace (default: sandbox.kubernetes.namespace)")
     p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, else ~/.kube/config)")
     p.add_argument("--context", help="kubernetes: kubeconfig context")
@@ -56,16 +61,18 @@ def add_reap_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_reap(args: argparse.Namespace) -> int:
-    """`tinkrl sandbox reap`: delete (or, with --dry-run, list) leaked sandboxes; exit 1 on a provider error."""
+    """`tinkrl sandbox reap`: delete (or, with --dry-run, list) leaked sandboxes; exit 1 on a provider error, 2 on
+    a config error. Where to look comes from the flags, else the run config's sandbox section."""
+    from tinkrl.config import load_sandbox_config
+    from tinkrl.errors import ConfigError
     from tinkrl.sandbox.base import SandboxError
 
-    options: dict[str, Any] = {}
-    if args.provider == "kubernetes":
-        for key in ("namespace", "kubeconfig", "context"):
-            if getattr(args, key, None):
-                options[key] = getattr(args, key)
-    elif getattr(args, "base_url", None):
-        options["base_url"] = args.base_url
+    try:
+        section = load_sandbox_config(getattr(args, "config", None))
+    except ConfigError as e:
+        print(f"tinkrl sandbox reap: {e}", file=sys.stderr)
+        return 2
+    options = _reap_options(section, args)
     try:
         gone = reap(args.provider, run_id=args.run_id, dry_run=args.dry_run, options=options)
     except SandboxError as e:
@@ -76,6 +83,22 @@ def run_reap(args: argparse.Namespace) -> int:
         print(f"{verb} {name}: {reason}")
     print(f"{verb} {len(gone)} sandbox(es)")
     return 0
+
+
+def _reap_options(section: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Where to look: the run config's settings for the provider (the one section training uses), then the
+    flags. Only the keys that say where sandboxes are (a reap creates nothing)."""
+    if args.provider == "kubernetes":
+        k = section.kubernetes
+        options = {"namespace": k.namespace, "kubeconfig": k.kubeconfig, "context": k.context}
+        flags = ("namespace", "kubeconfig", "context")
+    else:
+        options = {"base_url": section.docker.base_url}
+        flags = ("base_url",)
+    for key in flags:
+        if getattr(args, key, None):
+            options[key] = getattr(args, key)
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def cli_main(argv: list[str]) -> int:

@@ -41,9 +41,34 @@ envFrom:
       "max_concurrent" .Values.sandbox.maxConcurrent
       "cpu_limit_factor" .Values.sandbox.cpuLimitFactor
       "reap_on_start" true) -}}
-{{- if .Values.sandbox.image }}{{- $_ := set $sandbox.kubernetes "image" .Values.sandbox.image }}{{- end -}}
-{{- $cfg := merge (dict "sandbox" $sandbox) (deepCopy .Values.orchestrator.config) -}}
+{{- $_ := set $sandbox.kubernetes "image" (default (include "tinkrl.image" .) .Values.sandbox.image) -}}
+{{- $cfg := merge (dict "sandbox" $sandbox) (deepCopy .Values.orchestrator.config) (dict "runs_dir" .Values.orchestrator.runsDir) -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The proxy's model: the local engine serves the default model (its GGUF file is in the image) or
+     proxy.model; the Tinker service serves only the model it is told, so backend tinker needs one. */}}
+{{- define "tinkrl.proxyArgs" -}}
+{{- $p := .Values.proxy -}}
+{{- if not (has $p.backend (list "local" "tinker")) -}}
+{{- fail (printf "proxy.backend must be local or tinker (got %q)" $p.backend) -}}
+{{- end -}}
+{{- if and (eq $p.backend "tinker") (not $p.model) (not $p.checkpoint) -}}
+{{- fail "proxy.backend=tinker needs proxy.model (a model the Tinker service serves, e.g. Qwen/Qwen3-8B) or proxy.checkpoint" -}}
+{{- end -}}
+{{- if and $p.model $p.checkpoint -}}
+{{- fail "proxy.model and proxy.checkpoint: set one (a checkpoint knows its base model)" -}}
+{{- end -}}
+- --backend
+- {{ $p.backend }}
+{{- with $p.model }}
+- --model
+- {{ . | quote }}
+{{- end }}
+{{- with $p.checkpoint }}
+- --checkpoint
+- {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "tinkrl.s3Env" -}}
