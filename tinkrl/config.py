@@ -281,7 +281,7 @@ class TrainConfig(BackendConfig):
     lora_rank: int = Field(32, ge=1)
     """LoRA rank."""
     learning_rate: float = Field(4e-4, gt=0)
-    """Adam learning rate (its peak, under a decaying lr_schedule)."""
+    """Adam learning rate. Under a decaying lr_schedule, its value at the first step."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """The learning rate over the run: constant, or linear/cosine decay to 0 at its end (the end is
     max_steps, or where time_budget_s will stop the run, estimated from the pace so far)."""
