@@ -31,7 +31,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 import tinkrl
-from tinkrl.harness.policy import AgentLimits, CheckpointPolicy, Trajectory, harness_task, new_trajectory, run_episode
+from tinkrl.harness.policy import Trajectory, harness_task, new_trajectory, policy_from_kwargs, run_episode
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 
 TRAJECTORY_FILE = "tinkrl_trajectory.json"
@@ -104,13 +104,6 @@ class HarborSandbox(Sandbox):
         """Nothing: Harbor owns the environment and stops it."""
 
 
-def _int(value: Any, name: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"agent kwarg {name} must be an integer, got {value!r}") from None
-
-
 class TinkrlAgent(BaseAgent):
     """A Tinker checkpoint (or base model) as a Harbor agent, through tinkrl's renderers and action formats."""
 
@@ -134,20 +127,18 @@ class TinkrlAgent(BaseAgent):
         super().__init__(logs_dir, model_name, *args, **kwargs)
         if not model_name:
             raise ValueError("TinkrlAgent needs model_name (--ak model_name=... or -m): the checkpoint's base model")
-        self.limits = AgentLimits(
-            max_turns=_int(max_turns, "max_turns"),
-            max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
-            command_timeout_s=float(command_timeout_s),
-        )
-        self.policy = CheckpointPolicy(
+        self.policy, self.limits = policy_from_kwargs(
             model_name,
-            checkpoint_path=checkpoint_path,
-            base_url=tinker_url,
-            renderer=renderer,
-            tokenizer=tokenizer,
-            temperature=float(temperature),
-            max_tokens_per_turn=_int(max_tokens_per_turn, "max_tokens_per_turn"),
-            action_format=action_format,
+            checkpoint_path,
+            tinker_url,
+            action_format,
+            renderer,
+            tokenizer,
+            temperature,
+            max_turns,
+            max_tokens_per_turn,
+            max_context_tokens,
+            command_timeout_s,
         )
 
     @staticmethod

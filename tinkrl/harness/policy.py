@@ -200,6 +200,46 @@ class GivenSandbox(SandboxProvider):
         return self
 
 
+def _int(value: Any, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise PolicyError(f"agent kwarg {name} must be an integer, got {value!r}") from None
+
+
+def policy_from_kwargs(
+    model_name: str | None,
+    checkpoint_path: str | None = None,
+    tinker_url: str | None = None,
+    action_format: str = "shell",
+    renderer: str | None = None,
+    tokenizer: str | None = None,
+    temperature: float = 1.0,
+    max_turns: int = 10,
+    max_tokens_per_turn: int = 512,
+    max_context_tokens: int = 8192,
+    command_timeout_s: float = 60.0,
+) -> tuple[CheckpointPolicy, AgentLimits]:
+    """The policy and episode limits of a harness agent's kwargs (strings from the harness's command
+    line are converted; a non-number where a number belongs is a PolicyError naming the kwarg)."""
+    limits = AgentLimits(
+        max_turns=_int(max_turns, "max_turns"),
+        max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
+        command_timeout_s=float(command_timeout_s),
+    )
+    policy = CheckpointPolicy(
+        model_name or "",
+        checkpoint_path=checkpoint_path,
+        base_url=tinker_url,
+        renderer=renderer,
+        tokenizer=tokenizer,
+        temperature=float(temperature),
+        max_tokens_per_turn=_int(max_tokens_per_turn, "max_tokens_per_turn"),
+        action_format=action_format,
+    )
+    return policy, limits
+
+
 def harness_task(task_id: str, instruction: str, workdir: str, timeout_s: float = 3600.0) -> Task:
     """The task as the session sees it: the instruction and workdir; building and grading are the harness's."""
     return Task(

@@ -22,7 +22,7 @@ from terminal_bench.agents.failure_mode import FailureMode
 from terminal_bench.terminal.tmux_session import TmuxSession
 
 from tinkrl.harness.harbor_agent import TRAJECTORY_FILE
-from tinkrl.harness.policy import AgentLimits, CheckpointPolicy, harness_task, run_episode
+from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 from tinkrl.sandbox.files import safe_extract, tar_host_path
 
@@ -122,20 +122,18 @@ class TinkrlTbAgent(BaseAgent):
         super().__init__(**kwargs)
         if not model_name:
             raise ValueError("TinkrlTbAgent needs --agent-kwarg model_name=... (the checkpoint's base model)")
-        self.limits = AgentLimits(
-            max_turns=int(max_turns),
-            max_context_tokens=int(max_context_tokens),
-            command_timeout_s=float(command_timeout_s),
-        )
-        self.policy = CheckpointPolicy(
+        self.policy, self.limits = policy_from_kwargs(
             model_name,
-            checkpoint_path=checkpoint_path,
-            base_url=tinker_url,
-            renderer=renderer,
-            tokenizer=tokenizer,
-            temperature=float(temperature),
-            max_tokens_per_turn=int(max_tokens_per_turn),
-            action_format=action_format,
+            checkpoint_path,
+            tinker_url,
+            action_format,
+            renderer,
+            tokenizer,
+            temperature,
+            max_turns,
+            max_tokens_per_turn,
+            max_context_tokens,
+            command_timeout_s,
         )
 
     @staticmethod

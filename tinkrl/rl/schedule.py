@@ -53,20 +53,23 @@ class TimeBudget:
         """Record the first eval's duration."""
         self.eval_s = self.eval_s or seconds
 
+    def _pace(self, steps_run: int) -> tuple[float, float]:
+        """Seconds elapsed, and seconds per step so far (the first eval left out)."""
+        elapsed = time.time() - self.t0
+        return elapsed, (elapsed - self.eval_s) / max(1, steps_run)
+
     def steps_left(self, steps_run: int) -> float:
         """How many more steps fit in the budget at the pace so far (inf without a budget or before a step)."""
         if self.budget_s is None or steps_run < 1:
             return math.inf
-        elapsed = time.time() - self.t0
-        per_step = (elapsed - self.eval_s) / steps_run
+        elapsed, per_step = self._pace(steps_run)
         return max(0.0, (self.budget_s - elapsed - self.eval_s) / max(per_step, 1e-9))
 
     def exhausted(self, steps_run: int) -> bool:
         """Would another step (plus the final eval) overrun the budget?"""
         if self.budget_s is None:
             return False
-        elapsed = time.time() - self.t0
-        per_step = (elapsed - self.eval_s) / max(1, steps_run)
+        elapsed, per_step = self._pace(steps_run)
         return elapsed + per_step + self.eval_s > self.budget_s
 
 
