@@ -31,7 +31,14 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 import tinkrl
-from tinkrl.harness.policy import Trajectory, harness_task, new_trajectory, policy_from_kwargs, run_episode
+from tinkrl.harness.policy import (
+    Trajectory,
+    harness_task,
+    new_trajectory,
+    policy_from_kwargs,
+    run_episode,
+    split_agent_kwargs,
+)
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 
 TRAJECTORY_FILE = "tinkrl_trajectory.json"
@@ -107,39 +114,12 @@ class HarborSandbox(Sandbox):
 class TinkrlAgent(BaseAgent):
     """A Tinker checkpoint (or base model) as a Harbor agent, through tinkrl's renderers and action formats."""
 
-    def __init__(
-        self,
-        logs_dir: Path,
-        model_name: str | None = None,
-        *args: Any,
-        checkpoint_path: str | None = None,
-        tinker_url: str | None = None,
-        action_format: str = "shell",
-        renderer: str | None = None,
-        tokenizer: str | None = None,
-        temperature: float = 1.0,
-        max_turns: int = 10,
-        max_tokens_per_turn: int = 512,
-        max_context_tokens: int = 8192,
-        command_timeout_s: float = 60.0,
-        **kwargs: Any,
-    ):
-        super().__init__(logs_dir, model_name, *args, **kwargs)
+    def __init__(self, logs_dir: Path, model_name: str | None = None, *args: Any, **kwargs: Any):
+        ours, harbors = split_agent_kwargs(kwargs)
+        super().__init__(logs_dir, model_name, *args, **harbors)
         if not model_name:
             raise ValueError("TinkrlAgent needs model_name (--ak model_name=... or -m): the checkpoint's base model")
-        self.policy, self.limits = policy_from_kwargs(
-            model_name,
-            checkpoint_path,
-            tinker_url,
-            action_format,
-            renderer,
-            tokenizer,
-            temperature,
-            max_turns,
-            max_tokens_per_turn,
-            max_context_tokens,
-            command_timeout_s,
-        )
+        self.policy, self.limits = policy_from_kwargs(model_name, **ours)
 
     @staticmethod
     def name() -> str:

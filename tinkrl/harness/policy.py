@@ -15,6 +15,7 @@ Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import time
@@ -238,6 +239,13 @@ def policy_from_kwargs(
         action_format=action_format,
     )
     return policy, limits
+
+
+def split_agent_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A harness agent's kwargs split into `policy_from_kwargs`'s (all but model_name) and the rest,
+    which belong to the harness's own base class."""
+    ours = set(inspect.signature(policy_from_kwargs).parameters) - {"model_name"}
+    return {k: v for k, v in kwargs.items() if k in ours}, {k: v for k, v in kwargs.items() if k not in ours}
 
 
 def harness_task(task_id: str, instruction: str, workdir: str, timeout_s: float = 3600.0) -> Task:

@@ -22,7 +22,7 @@ from terminal_bench.agents.failure_mode import FailureMode
 from terminal_bench.terminal.tmux_session import TmuxSession
 
 from tinkrl.harness.harbor_agent import TRAJECTORY_FILE
-from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode
+from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode, split_agent_kwargs
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 from tinkrl.sandbox.files import safe_extract, tar_host_path
 
@@ -104,37 +104,12 @@ class ContainerSandbox(Sandbox):
 class TinkrlTbAgent(BaseAgent):
     """A Tinker checkpoint (or base model) as a terminal-bench agent, through tinkrl's renderers and action formats."""
 
-    def __init__(
-        self,
-        model_name: str | None = None,
-        checkpoint_path: str | None = None,
-        tinker_url: str | None = None,
-        action_format: str = "shell",
-        renderer: str | None = None,
-        tokenizer: str | None = None,
-        temperature: float = 1.0,
-        max_turns: int = 10,
-        max_tokens_per_turn: int = 512,
-        max_context_tokens: int = 8192,
-        command_timeout_s: float = 60.0,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
+    def __init__(self, model_name: str | None = None, **kwargs: Any):
+        ours, tbs = split_agent_kwargs(kwargs)
+        super().__init__(**tbs)
         if not model_name:
             raise ValueError("TinkrlTbAgent needs --agent-kwarg model_name=... (the checkpoint's base model)")
-        self.policy, self.limits = policy_from_kwargs(
-            model_name,
-            checkpoint_path,
-            tinker_url,
-            action_format,
-            renderer,
-            tokenizer,
-            temperature,
-            max_turns,
-            max_tokens_per_turn,
-            max_context_tokens,
-            command_timeout_s,
-        )
+        self.policy, self.limits = policy_from_kwargs(model_name, **ours)
 
     @staticmethod
     def name() -> str:
