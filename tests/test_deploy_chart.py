@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ helm = pytest.importorskip("helm_python", reason="helm-python-sdk not installed 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 import render  # noqa: E402  deploy/render.py
+from helpers.ors import free_port  # noqa: E402
 from helpers.requirements import unless  # noqa: E402
 
 K8S_VERSION = "1.31"
@@ -158,12 +158,6 @@ def test_training_presets_tasks_load_from_the_images_working_directory(monkeypat
     assert len(tasks) >= 10 and "hello-file" in {t.id for t in tasks}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _proxy_args(docs: list[dict]) -> list[str]:
     dep = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-proxy"))
     return dep["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -185,7 +179,7 @@ def test_default_presets_proxy_starts_and_serves_the_default_model(tmp_path):
     args = _proxy_args(manifests([]))
     assert args[:2] == ["serve", "openai"] and args[args.index("--backend") + 1] == "local"
     assert "--model" not in args and "--checkpoint" not in args
-    port = _free_port()
+    port = free_port()
     args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
     proc = subprocess.Popen(

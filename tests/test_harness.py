@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers.engine import TINY, real_models_dir
+from helpers.ors import free_port
 
 pytestmark = pytest.mark.harness
 
@@ -37,12 +37,6 @@ if not (HARNESS_BIN / "harbor").exists():
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
     """A fresh $TINKRL_HOME (checkpoints) sharing the real model cache."""
@@ -57,7 +51,7 @@ def server(home):
     """`tinkrl serve tinker` as a process on a free port, the tiny model preloaded."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "TINKRL_HOME": str(home)}
     cmd = [sys.executable, "-m", "tinkrl.cli", "serve", "tinker", "--port", str(port), "--model", TINY]
     proc = subprocess.Popen(

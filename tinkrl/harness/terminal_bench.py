@@ -24,7 +24,7 @@ from terminal_bench.terminal.tmux_session import TmuxSession
 from tinkrl.harness.harbor_agent import TRAJECTORY_FILE
 from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode, split_agent_kwargs
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
-from tinkrl.sandbox.files import safe_extract, tar_host_path
+from tinkrl.sandbox.files import first_file_in_tar, safe_extract, tar_file_bytes, tar_host_path
 
 
 class ContainerSandbox(Sandbox):
@@ -60,29 +60,16 @@ class ContainerSandbox(Sandbox):
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write `data` at `path` (through `put_archive`)."""
-        import io
-        import tarfile
-
         raw = data.encode() if isinstance(data, str) else data
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            info = tarfile.TarInfo(Path(path).name)
-            info.size, info.mode = len(raw), mode
-            tf.addfile(info, io.BytesIO(raw))
         self.exec(f"mkdir -p {shlex.quote(str(Path(path).parent))}")
-        self.container.put_archive(str(Path(path).parent), buf.getvalue())
+        self.container.put_archive(str(Path(path).parent), tar_file_bytes(Path(path).name, raw, mode))
 
     def read_file(self, path: str) -> bytes:
         """The file at `path` (FileNotFoundError when absent)."""
-        import io
-        import tarfile
-
         if self.exec(f"test -f {shlex.quote(path)}").exit_code != 0:
             raise FileNotFoundError(2, "No such file", path)
         stream, _ = self.container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tf:
-            member = tf.getmembers()[0]
-            return tf.extractfile(member).read()
+        return first_file_in_tar(b"".join(stream), path)
 
     def copy_in(self, src: Path, dest: str) -> None:
         """Copy a host directory's contents into `dest`."""

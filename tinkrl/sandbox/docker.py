@@ -11,9 +11,7 @@ the same by hand. Commands run through `exec` with a deadline (see `container.ex
 from __future__ import annotations
 
 import atexit
-import io
 import os
-import tarfile
 import threading
 import time
 import uuid
@@ -33,6 +31,7 @@ from tinkrl.sandbox.container import (
     shell_argv,
     task_id_of,
 )
+from tinkrl.sandbox.files import first_file_in_tar, tar_file_bytes
 
 LABEL = "tinkrl"  # label prefix: tinkrl.managed, tinkrl.run-id, ...
 SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
@@ -114,17 +113,6 @@ def reap_containers(
     return done
 
 
-def _tar_single_file(name: str, data: bytes, mode: int) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = mode
-        info.mtime = int(time.time())
-        tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 class DockerSandbox(ContainerSandbox):
     """One running container; every call goes through the Engine API."""
 
@@ -200,14 +188,10 @@ class DockerSandbox(ContainerSandbox):
     def _write(self, path: str, data: bytes, mode: int) -> None:
         parent, name = os.path.split(path)
         self._mkdir(parent or "/")
-        self._put(parent or "/", _tar_single_file(name, data, mode))
+        self._put(parent or "/", tar_file_bytes(name, data, mode))
 
     def _read(self, path: str) -> bytes:
-        with tarfile.open(fileobj=io.BytesIO(self._get_tree(path))) as tf:
-            for m in tf.getmembers():
-                if m.isfile():
-                    return tf.extractfile(m).read()
-        raise IsADirectoryError(21, "Is a directory", path)
+        return first_file_in_tar(self._get_tree(path), path)
 
     def _put_tree(self, dest: str, tar: bytes) -> None:
         self._mkdir(dest)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from pathlib import Path
 
 
@@ -18,6 +19,29 @@ def tar_host_path(src: Path, arcname: str) -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tf:
         tf.add(str(src), arcname=arcname)
     return buf.getvalue()
+
+
+def tar_file_bytes(name: str, data: bytes, mode: int) -> bytes:
+    """One file, `data` with permission bits `mode` (modified now), as an uncompressed tar stream
+    whose only entry is named `name`: what a container engine's put_archive unpacks."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        info.mtime = int(time.time())
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def first_file_in_tar(data: bytes, path: str) -> bytes:
+    """The bytes of the first regular file in a tar stream (a container engine's get_archive of
+    `path`); IsADirectoryError when it holds none."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        for m in tf.getmembers():
+            if m.isfile():
+                return tf.extractfile(m).read()
+    raise IsADirectoryError(21, "Is a directory", path)
 
 
 def safe_extract(data: bytes, dest: Path, strip_top: bool = True) -> None:
