@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 
 from tinkrl.rl.rollouts import do_rollout
-from tinkrl.rl.types import EnvDatasets, Metrics
+from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, Metrics, SamplingSettings, Trajectory
 
 
 async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: int, temperature: float) -> Metrics:
@@ -21,13 +21,8 @@ async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: in
             continue
         builders = list(env.test.get_batch(0))
         for label, temp in (("greedy", 0.0), ("sampled", temperature)):
-            episodes = []
-            for b in builders:  # one episode per held-out problem
-                first, *rest = await b.make_envs()
-                episodes.append(first)
-                for extra in rest:
-                    await extra.close()
-            trajs = await asyncio.gather(*(do_rollout(e, sampling_client, max_tokens, temp) for e in episodes))
+            settings = SamplingSettings(max_tokens, temp)
+            trajs = await asyncio.gather(*(_one_episode(b, sampling_client, settings) for b in builders))
             rewards = [t.total_reward for t in trajs if t.failure_mode is None]
             out[f"eval/{key}/{label}_reward"] = float(np.mean(rewards)) if rewards else float("nan")
             tags = [(b.logging_tags() or [key])[0] for b in builders]
@@ -38,3 +33,14 @@ async def evaluate(envs: dict[str, EnvDatasets], sampling_client, max_tokens: in
             if correct:
                 out[f"eval/{key}/{label}_correct"] = float(np.mean(correct))
     return out
+
+
+async def _one_episode(builder: EnvGroupBuilder, sampling_client, settings: SamplingSettings) -> Trajectory:
+    """One held-out episode of a problem: the first of the builder's own rollouts, else its first env's."""
+    own = await builder.run_group(sampling_client, settings)
+    if own is not None:
+        return own[0]
+    first, *rest = await builder.make_envs()
+    for extra in rest:
+        await extra.close()
+    return await do_rollout(first, sampling_client, settings.max_tokens, settings.temperature)

@@ -18,7 +18,15 @@ from tinker import types
 from tinkrl.config import TrainConfig
 from tinkrl.errors import InfraFailure
 from tinkrl.progress import progress_bar
-from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, Trajectory, TrajectoryGroup, Transition
+from tinkrl.rl.types import (
+    Env,
+    EnvDatasets,
+    EnvGroupBuilder,
+    SamplingSettings,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +86,13 @@ async def do_group_rollout(
             return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
 
     try:
-        envs = await builder.make_envs()
-        trajectories = await asyncio.gather(*(one(e) for e in envs))
+        settings = SamplingSettings(max_tokens, temperature, top_p)
+        own = await builder.run_group(sampling_client, settings)
+        if own is not None:  # the builder ran its rollouts itself (external agents)
+            envs, trajectories = [], own
+        else:
+            envs = await builder.make_envs()
+            trajectories = await asyncio.gather(*(one(e) for e in envs))
         ok = [t for t in trajectories if t.failure_mode is None]
         failed = [t for t in trajectories if t.failure_mode is not None]
         ok_envs = [e for e, t in zip(envs, trajectories) if t.failure_mode is None]

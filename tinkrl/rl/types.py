@@ -6,7 +6,9 @@ returns a reward, whether the episode is done, and the next observation, which s
 extend the previous observation + action so the whole trajectory becomes one Datum.
 
 An `EnvGroupBuilder` makes the `group_size` envs of one task (a GRPO group) and may score
-the group as a whole. An `RLDataset` hands out builders batch by batch. `EnvDatasets` is what
+the group as a whole. A builder whose rollouts are driven by someone else (an external agent
+program, a third-party environment library talking to the model over the OpenAI API) runs
+them itself in `run_group` and hands back finished trajectories. An `RLDataset` hands out builders batch by batch. `EnvDatasets` is what
 an environment gives a run: its training and held-out datasets and optional hooks.
 
 Infrastructure failures inside an env raise `tinkrl.errors.InfraFailure`: the rollout
@@ -103,11 +105,26 @@ class TrajectoryGroup:
         return [t.total_reward + r for t, r in zip(self.trajectories_G, self.final_rewards_G)]
 
 
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a group samples: the run's max_tokens and top_p, the environment's temperature."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float = 1.0
+
+
 class EnvGroupBuilder(abc.ABC):
     """Makes the envs of one GRPO group (same task, `group_size` rollouts)."""
 
     @abc.abstractmethod
     async def make_envs(self) -> Sequence[Env]: ...
+
+    async def run_group(self, sampling_client: Any, settings: SamplingSettings) -> list[Trajectory] | None:
+        """The group's finished trajectories when this builder runs its rollouts itself (their
+        failures marked by `failure_mode`); None, the default, when the trainer drives `make_envs`'
+        envs token by token. Group rewards then come from `compute_group_rewards(trajectories, [])`."""
+        return None
 
     async def compute_group_rewards(
         self, trajectories_G: list[Trajectory], envs_G: Sequence[Env]
