@@ -63,6 +63,39 @@ def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
 
 
 @needs_bwrap
+@pytest.mark.parametrize("name", [n for n in TEMPLATES if instance(n, 0).mistake])
+def test_a_mistake_fails_with_an_error_and_changes_nothing(name, bwrap_provider) -> None:
+    """A template's typical mistake exits non-zero with an error message and leaves the tree as it was,
+    so a recovery demonstration shows a real error before its fix."""
+    for seed in range(3):
+        inst = instance(name, [seed, 99])
+        task = to_task(inst)
+        sandbox = start_sandbox(task, bwrap_provider)
+        try:
+            before = sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output
+            result = sandbox.exec(inst.mistake, timeout=30)
+            assert result.exit_code != 0 and "No such file or directory" in result.output, (inst.mistake, result)
+            assert sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output == before
+        finally:
+            sandbox.close()
+
+
+@needs_bwrap
+def test_a_recovery_demonstration_shows_the_error_then_the_fix(bwrap_provider) -> None:
+    from tinkrl.envs.shell.env import reference_transcript
+
+    inst = instance("write_into_new_dir", 4)
+    messages = asyncio.run(
+        reference_transcript(inst, ShellEnvConfig(), LazyProvider(lambda: bwrap_provider), recover=True)
+    )
+    assert messages is not None  # scored 1 after the fix
+    roles = [m["role"] for m in messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert inst.mistake in messages[2]["content"] and "No such file or directory" in messages[3]["content"]
+    assert inst.solution[0] in messages[4]["content"] and messages[6]["content"] == "DONE"
+
+
+@needs_bwrap
 def test_a_wrong_end_state_scores_0(bwrap_provider) -> None:
     """Near misses fail: the right file plus a stray one, a deleted neighbour, the count with the file name."""
     cases = [

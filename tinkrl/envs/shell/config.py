@@ -46,6 +46,9 @@ class ShellEnvConfig(BaseModel):
     """`shell`: one ```bash block per turn, DONE when finished; `tools`: JSON tool calls."""
     tool_format: Literal["hermes", "xml"] = "hermes"
     """Tool-call syntax when action_format is tools."""
+    recovery_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of warm-start demonstrations, among templates that have a typical mistake, that first run
+    the mistake, see its error and then fix it (they need max_turns >= 3)."""
     system_prompt: str | None = None
     """System prompt; None: the action format's own (`{workdir}`, `{max_turns}` are filled in)."""
 

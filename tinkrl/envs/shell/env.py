@@ -6,7 +6,8 @@ the shell action format by default. The test set is held-out instances of the tr
 templates (`heldout_instances`) and instances of templates never trained on
 (`heldout_templates`), reported separately. `demonstrations(n)` runs the templates' reference
 solutions through the same episode and keeps the ones that score 1: the transcripts a warm
-start trains on.
+start trains on (some of them, `recovery_demonstrations`, first make the template's typical
+mistake and then fix it from the error they see).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tinkrl.agents.session import Message, TaskSession
 from tinkrl.agents.shell_actions import reference_reply
@@ -63,13 +66,17 @@ class FixedSet(RLDataset):
         return 1
 
 
-async def reference_transcript(inst: Instance, cfg: ShellEnvConfig, provider) -> list[Message] | None:
+async def reference_transcript(
+    inst: Instance, cfg: ShellEnvConfig, provider, recover: bool = False
+) -> list[Message] | None:
     """The episode of `inst`'s reference solution (each command a turn, then DONE), as chat messages with
-    the real observations; None when it does not score 1 or the sandbox failed."""
+    the real observations; with `recover`, its mistake runs first and the solution follows its error.
+    None when it does not score 1 or the sandbox failed."""
     session = TaskSession(to_task(inst), cfg, provider)
+    commands = [inst.mistake] if recover and inst.mistake else []
     try:
         await session.start()
-        for command in [*inst.solution, None]:
+        for command in [*commands, *inst.solution, None]:
             _, done = await session.act_text(reference_reply(command), False, 0)
             if done:
                 break
@@ -102,11 +109,15 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
         """`n` reference transcripts from a stream of their own (a seed apart from the train stream's),
         held-out instances excluded; failed ones are left out."""
         sem = asyncio.Semaphore(concurrency)
+        draw = np.random.default_rng(ctx.seed + 2_000_003).random(n)
+
+        def recovers(position: int) -> bool:
+            return bool(draw[position] < cfg.recovery_demonstrations)
 
         async def one(position: int) -> list[Message] | None:
             inst = train_instance(cfg.templates, position, ctx.seed + 1_000_003, exclude)
             async with sem:
-                return await reference_transcript(inst, cfg, provider)
+                return await reference_transcript(inst, cfg, provider, recover=recovers(position))
 
         found = await asyncio.gather(*(one(p) for p in range(n)))
         return [m for m in found if m is not None]

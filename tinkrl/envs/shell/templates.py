@@ -2,7 +2,8 @@
 
 A template is a function `rng -> Instance`: the instruction, the working directory's files
 before (`start`) and the whole tree it must hold after (`end`), and a reference solution
-(shell commands, one per turn). The end state is complete — every path, its type, its
+(shell commands, one per turn) and, for some, a plausible first command that fails with an
+informative error (`mistake`: recovery demonstrations show it, the error, then the fix). The end state is complete — every path, its type, its
 content and its executable bit — so a checker comparing trees rewards only the right result:
 extra files, a deleted neighbour or a wrong line all score 0.
 
@@ -59,6 +60,9 @@ class Instance:
     start: Tree
     end: Tree
     solution: list[str]  # one shell command per turn
+    # A plausible first command that fails with an error naming what is wrong; a recovery
+    # demonstration runs it, shows the error, then the solution (never part of `solution`).
+    mistake: str | None = None
 
     @property
     def key(self) -> str:
@@ -107,6 +111,11 @@ def _distractors(rng: np.random.Generator, taken: set[str], k: int | None = None
 
 def _q(s: str) -> str:
     return shlex.quote(s)
+
+
+def _stem(name: str) -> str:
+    """A file name without its extension: the wrong name a mistake uses."""
+    return name.rsplit(".", 1)[0]
 
 
 def _set(tree: Tree, changes: dict[str, Entry | None]) -> Tree:
@@ -163,14 +172,23 @@ def rename_file(rng) -> Instance:
     a, b = _file_names(rng, 2)
     body = Entry("file", _text(_lines(rng)))
     start = {a: body, **_distractors(rng, {a, b})}
-    return Instance("rename_file", f"Rename {a} to {b}.", start, _set(start, {a: None, b: body}), [f"mv {a} {b}"])
+    return Instance(
+        "rename_file",
+        f"Rename {a} to {b}.",
+        start,
+        _set(start, {a: None, b: body}),
+        [f"mv {a} {b}"],
+        mistake=f"mv {_stem(a)} {b}",
+    )
 
 
 def delete_file(rng) -> Instance:
     """rm: delete one file, leaving its neighbours."""
     (a,) = _file_names(rng, 1)
     start = {a: Entry("file", _text(_lines(rng))), **_distractors(rng, {a}, k=int(rng.integers(1, 3)))}
-    return Instance("delete_file", f"Delete the file {a}.", start, _set(start, {a: None}), [f"rm {a}"])
+    return Instance(
+        "delete_file", f"Delete the file {a}.", start, _set(start, {a: None}), [f"rm {a}"], mistake=f"rm {_stem(a)}"
+    )
 
 
 def append_line(rng) -> Instance:
@@ -287,6 +305,7 @@ def make_executable(rng) -> Instance:
         start,
         _set(start, {f: Entry("file", body, True)}),
         [f"chmod +x {f}"],
+        mistake=f"chmod +x {_stem(f)}",
     )
 
 
@@ -337,6 +356,219 @@ def move_into_dir(rng) -> Instance:
         start,
         _set(start, {f: None, f"{d}/{f}": body}),
         [f"mv {f} {d}/"],
+    )
+
+
+def make_two_dirs(rng) -> Instance:
+    """mkdir with two operands: two directories at once."""
+    a, b = _pick(rng, DIRS, 2)
+    start = _distractors(rng, {a, b})
+    return Instance(
+        "make_two_dirs",
+        f"Create two directories, {a} and {b}.",
+        start,
+        _set(start, {a: Entry("dir"), b: Entry("dir")}),
+        [f"mkdir {a} {b}"],
+    )
+
+
+def write_into_new_dir(rng) -> Instance:
+    """mkdir, then a file inside it: the parent must exist before the file."""
+    d = _pick(rng, DIRS)
+    (f,) = _file_names(rng, 1)
+    text = _line(rng)
+    start = _distractors(rng, {d, f})
+    return Instance(
+        "write_into_new_dir",
+        f"Create a file {d}/{f} containing the line: {text} (the directory {d} does not exist yet).",
+        start,
+        _set(start, {d: Entry("dir"), f"{d}/{f}": Entry("file", text + "\n")}),
+        [f"mkdir {d} && echo {_q(text)} > {d}/{f}"],
+        mistake=f"echo {_q(text)} > {d}/{f}",
+    )
+
+
+def delete_empty_dir(rng) -> Instance:
+    """rmdir: an empty directory."""
+    d = _pick(rng, DIRS)
+    start = {d: Entry("dir"), **_distractors(rng, {d})}
+    return Instance(
+        "delete_empty_dir", f"Delete the empty directory {d}.", start, _set(start, {d: None}), [f"rmdir {d}"]
+    )
+
+
+def copy_into_dir(rng) -> Instance:
+    """cp into a directory (the original stays)."""
+    d = _pick(rng, DIRS)
+    (f,) = _file_names(rng, 1)
+    body = Entry("file", _text(_lines(rng, 1, 4)))
+    start = {d: Entry("dir"), f: body, **_distractors(rng, {f})}
+    return Instance(
+        "copy_into_dir",
+        f"Copy {f} into the directory {d}.",
+        start,
+        _set(start, {f"{d}/{f}": body}),
+        [f"cp {f} {d}/"],
+        mistake=f"cp {_stem(f)} {d}/",
+    )
+
+
+def rename_dir(rng) -> Instance:
+    """mv on a directory: rename it with its files."""
+    a, b = _pick(rng, DIRS, 2)
+    inside = {n: Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 3)))}
+    start = {a: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
+    end = {b: Entry("dir"), **{f"{b}/{n}": e for n, e in inside.items()}}
+    return Instance("rename_dir", f"Rename the directory {a} to {b}.", start, end, [f"mv {a} {b}"])
+
+
+def delete_by_ext(rng) -> Instance:
+    """rm with a glob: every file of one extension in a directory."""
+    d = _pick(rng, DIRS)
+    ext, other = _pick(rng, EXTS, 2)
+    stems = _pick(rng, STEMS, int(rng.integers(3, 6)))
+    n_match = int(rng.integers(1, len(stems)))
+    names = [f"{s}.{ext}" for s in stems[:n_match]] + [f"{s}.{other}" for s in stems[n_match:]]
+    start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
+    gone = {f"{d}/{n}": None for n in names if n.endswith("." + ext)}
+    return Instance("delete_by_ext", f"Delete every .{ext} file in {d}.", start, _set(start, gone), [f"rm {d}/*.{ext}"])
+
+
+def count_chars(rng) -> Instance:
+    """wc -c: the number of characters (bytes) of a file."""
+    f, out, lines = _source_and_out(rng)
+    return _to_new_file(
+        "count_chars",
+        f,
+        lines,
+        out,
+        f"{len(_text(lines))}\n",
+        f"Write the number of characters in {f} to a new file {out}.",
+        f"wc -c < {f} > {out}",
+    )
+
+
+def reverse_sort(rng) -> Instance:
+    """sort -r: a file's lines in reverse order."""
+    f, out, lines = _source_and_out(rng)
+    return _to_new_file(
+        "reverse_sort",
+        f,
+        lines,
+        out,
+        _text(sorted(lines, reverse=True)),
+        f"Write the lines of {f}, sorted in reverse alphabetical order, to a new file {out}.",
+        f"sort -r {f} > {out}",
+    )
+
+
+def squeeze_repeats(rng) -> Instance:
+    """uniq: runs of repeated adjacent lines collapsed into one."""
+    f, out = _file_names(rng, 2, ext="txt")
+    lines = [line for line in _lines(rng, 3, 5) for _ in range(int(rng.integers(1, 4)))]
+    squeezed = [line for i, line in enumerate(lines) if i == 0 or lines[i - 1] != line]
+    return _to_new_file(
+        "squeeze_repeats",
+        f,
+        lines,
+        out,
+        _text(squeezed),
+        f"Write the lines of {f} to a new file {out}, with each run of repeated adjacent lines kept once.",
+        f"uniq {f} > {out}",
+    )
+
+
+def join_files(rng) -> Instance:
+    """cat: two files, one after the other, into a new one."""
+    a, b, c = _file_names(rng, 3, ext="txt")
+    ta, tb = _text(_lines(rng, 1, 3)), _text(_lines(rng, 1, 3))
+    start = {a: Entry("file", ta), b: Entry("file", tb)}
+    return Instance(
+        "join_files",
+        f"Write the contents of {a} followed by those of {b} to a new file {c}.",
+        start,
+        _set(start, {c: Entry("file", ta + tb)}),
+        [f"cat {a} {b} > {c}"],
+    )
+
+
+def drop_matches(rng) -> Instance:
+    """grep -v: the lines without a word, into a new file."""
+    f, out, lines = _source_and_out(rng, 5, 9)
+    w = _word_in(rng, lines)
+    return _to_new_file(
+        "drop_matches",
+        f,
+        lines,
+        out,
+        _text([line for line in lines if w not in line]),
+        f"Write the lines of {f} that do not contain {w} to a new file {out}.",
+        f"grep -v {w} {f} > {out}",
+    )
+
+
+def upper_case(rng) -> Instance:
+    """tr: a file in upper case, into a new file."""
+    f, out, lines = _source_and_out(rng, 2, 5)
+    return _to_new_file(
+        "upper_case",
+        f,
+        lines,
+        out,
+        _text([line.upper() for line in lines]),
+        f"Write the text of {f} in upper case to a new file {out}.",
+        f"tr a-z A-Z < {f} > {out}",
+    )
+
+
+def make_dir_inside(rng) -> Instance:
+    """mkdir with a path: a directory inside an existing one."""
+    a, b = _pick(rng, DIRS, 2)
+    start = {a: Entry("dir"), **_distractors(rng, {a})}
+    return Instance(
+        "make_dir_inside",
+        f"Create a directory named {b} inside the existing directory {a}.",
+        start,
+        _set(start, {f"{a}/{b}": Entry("dir")}),
+        [f"mkdir {a}/{b}"],
+    )
+
+
+def skip_first_line(rng) -> Instance:
+    """tail -n +2: every line but the first (a header), into a new file."""
+    f, out, lines = _source_and_out(rng, 3, 7)
+    return _to_new_file(
+        "skip_first_line",
+        f,
+        lines,
+        out,
+        _text(lines[1:]),
+        f"Write every line of {f} except the first one to a new file {out}.",
+        f"tail -n +2 {f} > {out}",
+    )
+
+
+def files_containing(rng) -> Instance:
+    """grep -rl: the paths of the files under a directory that contain a word, sorted."""
+    d = _pick(rng, DIRS)
+    w = _pick(rng, WORDS)
+    others = [x for x in WORDS if x != w]
+    out = f"{_pick(rng, ['found', 'matches', 'hits'])}.txt"
+    names = _file_names(rng, int(rng.integers(3, 6)), ext="txt")
+    hits = set(_pick(rng, names, int(rng.integers(1, len(names)))))
+    start: Tree = {d: Entry("dir")}
+    for n in names:
+        lines = [" ".join(_pick(rng, others, 2)) for _ in range(int(rng.integers(1, 3)))]
+        if n in hits:
+            lines.append(f"{_pick(rng, others)} {w}")
+        start[f"{d}/{n}"] = Entry("file", _text(lines))
+    found = sorted(f"{d}/{n}" for n in hits)
+    return Instance(
+        "files_containing",
+        f"Write the paths of the files in {d} that contain {w}, one per line, sorted, to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", _text(found))}),
+        [f"grep -rl {w} {d} | sort > {out}"],
     )
 
 
@@ -441,6 +673,21 @@ TRAIN_TEMPLATES: dict[str, Template] = {
         find_ext,
         replace_word,
         move_into_dir,
+        make_two_dirs,
+        write_into_new_dir,
+        delete_empty_dir,
+        copy_into_dir,
+        rename_dir,
+        delete_by_ext,
+        count_chars,
+        reverse_sort,
+        squeeze_repeats,
+        join_files,
+        drop_matches,
+        upper_case,
+        make_dir_inside,
+        skip_first_line,
+        files_containing,
     )
 }
 HELD_OUT_TEMPLATES: dict[str, Template] = {
