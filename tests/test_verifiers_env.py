@@ -127,3 +127,32 @@ def test_verifiers_missing_says_how_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("pip install 'tinkrl[verifiers]'") and out.stdout.count("\n") == 1
+
+
+@needs_verifiers
+def test_two_steps_on_a_multi_turn_verifiers_env(tmp_path: Path):
+    """An env of the test's own (tests/helpers/vf_followup.py) that asks a follow-up: two model calls
+    per rollout, the second extending the first, captured into one datum."""
+    env = {
+        "type": "verifiers",
+        "env": {"taskset": "helpers.vf_arith", "env_id": "helpers.vf_followup", "max_tasks": 3},
+    }
+    _, lines, run_dir = train(tmp_path, {"chat": env})
+    assert [m["step"] for m in lines] == [0, 1]
+    for m in lines:
+        assert m["env/chat/failures"] == 0 and m["env/chat/total_episodes"] == 4
+        assert m["env/chat/proxy/calls"] == 2.0 and m["env/chat/turns_per_episode"] == 2.0
+        assert m["env/chat/proxy/merge_rate"] == 1.0 and m["env/chat/proxy/datums"] == 1.0
+        assert m["optim/grad_norm"] > 0
+    rows = [json.loads(x) for f in sorted((run_dir / "episodes").glob("*.jsonl")) for x in f.read_text().splitlines()]
+    assert len(rows) == 8
+    for r in rows:
+        assert r["reward"] == pytest.approx(expected_reward(r["verifiers/reply"]))  # the last reply's rubric
+        assert "Now double it." in r["transcript"][-2]["content"]
+
+
+@needs_verifiers
+def test_an_env_with_two_agent_seats_is_refused():
+    with pytest.raises(ConfigError, match="has agents assistant, user; tinkrl trains") as e:
+        verifiers_env(VerifiersEnvConfig(taskset="helpers.vf_arith", env_id="user-sim"))
+    assert "\n" not in str(e.value)

@@ -21,6 +21,7 @@ import importlib
 import logging
 import random
 import re
+import sys
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,25 +49,22 @@ def import_verifiers() -> Any:
         raise ConfigError(f"the verifiers environment needs the verifiers library ({e}): {INSTALL_HINT}") from None
 
 
-def taskset_id(taskset: str) -> str:
-    """The id verifiers loads `taskset` by. verifiers imports plugins by top-level module name, so a
-    dotted module path is imported here and registered under a top-level alias."""
-    if "." not in taskset:
-        return taskset
+def plugin_id(name: str, kind: str) -> str:
+    """The id verifiers loads a taskset or env plugin by. verifiers imports plugins by top-level
+    module name, so a dotted module path is imported here and registered under a top-level alias."""
+    if "." not in name:
+        return name
     try:
-        module = importlib.import_module(taskset)
+        module = importlib.import_module(name)
     except ImportError as e:
-        raise ConfigError(f"verifiers taskset {taskset!r} cannot be imported: {e}") from None
-    import sys
-
-    alias = "tinkrl_vf_" + re.sub(r"\W", "_", taskset).lower()
+        raise ConfigError(f"verifiers {kind} {name!r} cannot be imported: {e}") from None
+    alias = "tinkrl_vf_" + re.sub(r"\W", "_", name).lower()
     sys.modules.setdefault(alias, module)
     return alias
 
 
-def verifiers_env(config: VerifiersEnvConfig) -> Any:
-    """The verifiers `Env` the config names, or a one-line ConfigError naming what is missing."""
-    vf = import_verifiers()
+def agent_seat(config: VerifiersEnvConfig) -> dict[str, Any]:
+    """The agent config tinkrl gives the env's one seat: its harness, runtime, time limit and turn cap."""
     harness_id = config.harness
     if harness_id == DEFAULT_HARNESS:
         from tinkrl.envs.verifiers.harness import register
@@ -79,22 +77,37 @@ def verifiers_env(config: VerifiersEnvConfig) -> Any:
     }
     if config.max_turns is not None:
         agent["max_turns"] = config.max_turns
-    data = {
-        **config.env_args,
-        "id": config.env_id,
-        "taskset": {**config.taskset_args, "id": taskset_id(config.taskset)},
-        "agent": agent,
-    }
+    return agent
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def verifiers_env(config: VerifiersEnvConfig) -> Any:
+    """The verifiers `Env` the config names, or a one-line ConfigError naming what is missing or unsupported."""
+    vf = import_verifiers()
+    name = f"{config.taskset!r}" + (f" (env {config.env_id!r})" if config.env_id else "")
+    env_id = plugin_id(config.env_id, "env") if config.env_id else ""
+    taskset = {**config.taskset_args, "id": plugin_id(config.taskset, "taskset")}
     try:
+        config_cls = vf.env_config_type(taskset["id"], env_id)
+        # the env's agent seats: its config's AgentConfig fields (verifiers' `--env.<seat>.*`)
+        seats = sorted(n for n, f in config_cls.model_fields.items() if isinstance(f.default, vf.AgentConfig))
+        if len(seats) != 1:
+            # every call of an episode is captured into one rollout: a second seat's tokens would train as the policy's
+            raise ConfigError(
+                f"verifiers environment {name} has agents {', '.join(seats) or '(none)'}; "
+                "tinkrl trains verifiers environments with one agent seat"
+            )
+        seat = {**config.env_args.get(seats[0], {}), **agent_seat(config)}
+        data = {**config.env_args, "id": env_id, "taskset": taskset, seats[0]: seat}
         return vf.load_environment(vf.resolve_env_config(data))
     except ModuleNotFoundError as e:
-        raise ConfigError(
-            f"verifiers environment {config.taskset!r} (env {config.env_id!r}, harness {config.harness!r}) "
-            f"is not installed: {str(e).splitlines()[0]}"
-        ) from None
+        raise ConfigError(f"verifiers environment {name} is not installed: {_one_line(e)}") from None
     except (ValueError, TypeError, AttributeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"verifiers environment {config.taskset!r}: {first}") from None
+        raise ConfigError(f"verifiers environment {name}: {_one_line(e)}") from None
 
 
 class VerifiersLoop:
@@ -157,7 +170,9 @@ def episode_scores(episode: Any) -> dict[str, float]:
 
 
 def episode_failure(episode: Any) -> str | None:
-    """Why an episode is no training data (its first error), or None when it finished cleanly."""
+    """Why an episode is no training data (its first error, or not exactly one agent run), or None."""
+    if len(episode.traces) != 1:
+        return f"the episode ran {len(episode.traces)} agent runs; tinkrl trains one run per episode"
     errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
     if errors:
         return f"{errors[0].type}: {errors[0].message}".strip()[:500]
@@ -202,7 +217,7 @@ class VerifiersGroupBuilder(EnvGroupBuilder):
                 raise RuntimeError(f"verifiers episode failed: {failure}")
 
         def grader() -> float:
-            return float(sum(t.reward for t in done["episode"].traces))
+            return float(done["episode"].traces[0].reward)
 
         rollout = await runner.run(agent, grader)
         trajectory = rollout.trajectory
