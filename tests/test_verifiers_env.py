@@ -156,3 +156,26 @@ def test_an_env_with_two_agent_seats_is_refused():
     with pytest.raises(ConfigError, match="has agents assistant, user; tinkrl trains") as e:
         verifiers_env(VerifiersEnvConfig(taskset="helpers.vf_arith", env_id="user-sim"))
     assert "\n" not in str(e.value)
+
+
+@needs_verifiers
+def test_an_infinite_taskset_needs_max_tasks_and_is_bounded_by_it():
+    """verifiers 0.3.1 marks an endless taskset `INFINITE`; max_tasks + eval_tasks of it are taken."""
+    import itertools
+    from types import SimpleNamespace
+
+    from helpers.vf_arith import ArithTaskset, ArithTasksetConfig
+
+    from tinkrl.envs.verifiers.env import load_tasks
+
+    class Endless(ArithTaskset):
+        INFINITE = True
+
+        def load(self):
+            return itertools.chain.from_iterable(ArithTaskset.load(self) for _ in itertools.count())
+
+    env = SimpleNamespace(taskset=Endless(ArithTasksetConfig()))
+    with pytest.raises(ConfigError, match="is infinite: set env.max_tasks"):
+        load_tasks(env, VerifiersEnvConfig(taskset="endless"))
+    train, held_out = load_tasks(env, VerifiersEnvConfig(taskset="endless", max_tasks=8, eval_tasks=2))
+    assert len(train) == 8 and len(held_out) == 2

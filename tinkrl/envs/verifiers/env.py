@@ -252,10 +252,10 @@ class VerifiersDataset(RLDataset):
 def load_tasks(env: Any, config: VerifiersEnvConfig) -> tuple[list[Any], list[Any]]:
     """(training tasks, held-out tasks): the held-out ones are the taskset's last `eval_tasks`."""
     taskset = env.taskset
-    if not taskset.bounded:
+    if taskset.INFINITE:
         if config.max_tasks is None:
             raise ConfigError(f"verifiers taskset {config.taskset!r} is infinite: set env.max_tasks")
-        taskset = taskset.take(config.max_tasks + config.eval_tasks)
+        taskset = taskset.head(config.max_tasks + config.eval_tasks)
     tasks = list(taskset)
     held_out = tasks[len(tasks) - config.eval_tasks :] if config.eval_tasks else []
     train = tasks[: len(tasks) - len(held_out)]
