@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tinkrl.viewer",
             "tinkrl.envs.ors.server",
             "tinkrl.envs.ors.task_server",
+            "tinkrl.envs.verifiers.env",  # rollouts sample through the run's OpenAI server (tinkrl.proxy)
         ],
     ),
     ("environments", ["tinkrl.envs"]),
