@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tinkrl.viewer",
             "tinkrl.envs.ors.server",
             "tinkrl.envs.ors.task_server",
+            "tinkrl.envs.external_agent.env",
         ],
     ),
     ("environments", ["tinkrl.envs"]),
