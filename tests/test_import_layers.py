@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tinkrl.envs.ors.server",
             "tinkrl.envs.ors.task_server",
             "tinkrl.envs.verifiers.env",  # rollouts sample through the run's OpenAI server (tinkrl.proxy)
+            "tinkrl.envs.external_agent.env",
         ],
     ),
     ("environments", ["tinkrl.envs"]),

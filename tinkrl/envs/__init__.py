@@ -34,6 +34,10 @@ ENV_TYPES: dict[str, tuple[str, str]] = {
     "shell": ("tinkrl.envs.shell.config:ShellEnvConfig", "tinkrl.envs.shell.env:build_datasets"),
     "openreward": ("tinkrl.envs.ors.config:OpenRewardEnvConfig", "tinkrl.envs.ors.env:build_datasets"),
     "verifiers": ("tinkrl.envs.verifiers.config:VerifiersEnvConfig", "tinkrl.envs.verifiers.env:build_datasets"),
+    "external_agent": (
+        "tinkrl.envs.external_agent.config:ExternalAgentEnvConfig",
+        "tinkrl.envs.external_agent.env:build_datasets",
+    ),
 }
 # presets: a name for a type with some of its fields fixed
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {

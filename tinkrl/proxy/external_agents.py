@@ -10,8 +10,15 @@ Agents:
 - a Python callable `agent(session: AgentSession)` (sync callables run on a worker thread,
   so a blocking `openai.OpenAI` client is fine), or
 - a `CommandAgent`: a process started with `OPENAI_BASE_URL`, `OPENAI_API_KEY`,
-  `OPENAI_MODEL`, `TINKRL_ROLLOUT_ID` and `TINKRL_INSTRUCTION` in its environment, and
-  `{base_url}`, `{api_key}`, `{model}`, `{rollout_id}`, `{instruction}` substituted in argv.
+  `OPENAI_MODEL`, `TINKRL_ROLLOUT_ID`, `TINKRL_INSTRUCTION`, `TINKRL_SANDBOX_URL`,
+  `TINKRL_WORKDIR` and `TINKRL_LOG_DIR` in its environment, and the same values as
+  `{base_url}`, `{api_key}`, `{model}`, `{rollout_id}`, `{instruction}`, `{sandbox_url}`,
+  `{workdir}`, `{log_dir}` substituted in argv. Its stdout and stderr go to
+  `<log_dir>/agent.log` when the rollout has a log directory.
+
+A rollout on a task has a sandbox; a process agent acts on it (not on the host) through
+`POST <sandbox_url>/exec` `{"command", "timeout", "workdir"}` with the API key as a bearer
+token (see `ProxyServer.sandbox_exec`); the sandbox is reachable only while the rollout runs.
 
 What counts as whose fault: the agent running past its time limit is the policy's doing
 (the episode is graded as it stands); a sandbox dying is infrastructure
@@ -23,12 +30,15 @@ scored 0), as is an agent that never called the model (`"no_model_calls"`: no to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
+import signal
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tinkrl.errors import InfraFailure
@@ -50,11 +60,30 @@ class AgentSession:
     instruction: str = ""
     sandbox: Any = None  # the task's sandbox, for in-process agents that act on it
     context: dict[str, Any] = field(default_factory=dict)
+    sandbox_url: str = ""  # POST <sandbox_url>/exec runs a command in `sandbox` (process agents)
+    workdir: str = ""  # the task's working directory inside the sandbox
+    log_dir: Path | None = None  # where the agent's own logs of this rollout are kept
+
+    def values(self) -> dict[str, str]:
+        """What a command template may name: {base_url} {api_key} {model} {rollout_id} {instruction}
+        {sandbox_url} {workdir} {log_dir}."""
+        return {
+            "base_url": self.base_url,
+            "api_key": self.api_key,
+            "model": self.model,
+            "rollout_id": self.rollout_id,
+            "instruction": self.instruction,
+            "sandbox_url": self.sandbox_url,
+            "workdir": self.workdir,
+            "log_dir": str(self.log_dir or ""),
+        }
 
 
 @dataclass
 class CommandAgent:
-    """An agent run as a process; argv entries may contain {base_url} {api_key} {model} {rollout_id} {instruction}."""
+    """An agent run as a process; argv entries and `env` values may contain the placeholders of
+    `AgentSession.values` ({base_url} {api_key} {model} {rollout_id} {instruction} {sandbox_url}
+    {workdir} {log_dir})."""
 
     argv: Sequence[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -67,37 +96,58 @@ class CommandAgent:
             arg = arg.replace("{" + key + "}", value)
         return arg
 
-    async def __call__(self, session: AgentSession) -> None:
-        values = {
-            "base_url": session.base_url,
-            "api_key": session.api_key,
-            "model": session.model,
-            "rollout_id": session.rollout_id,
-            "instruction": session.instruction,
-        }
-        argv = [self._substitute(a, values) for a in self.argv]
-        env = {
+    def environment(self, session: AgentSession) -> dict[str, str]:
+        """The process's environment: ours, `env` (placeholders filled), and the rollout's variables."""
+        values = session.values()
+        return {
             **os.environ,
-            **self.env,
+            **{k: self._substitute(v, values) for k, v in self.env.items()},
             "OPENAI_BASE_URL": session.base_url,
             "OPENAI_API_BASE": session.base_url,
             "OPENAI_API_KEY": session.api_key,
             "OPENAI_MODEL": session.model,
             "TINKRL_ROLLOUT_ID": session.rollout_id,
             "TINKRL_INSTRUCTION": session.instruction,
+            "TINKRL_SANDBOX_URL": session.sandbox_url,
+            "TINKRL_WORKDIR": session.workdir,
+            "TINKRL_LOG_DIR": values["log_dir"],
         }
-        proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, cwd=self.cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        try:
-            out, _ = await proc.communicate()
-        except asyncio.CancelledError:  # the time limit: stop the process, then let the caller grade
-            proc.kill()
-            await proc.wait()
-            raise
+
+    async def __call__(self, session: AgentSession) -> None:
+        values = session.values()
+        argv = [self._substitute(a, values) for a in self.argv]
+        log_path = session.log_dir / "agent.log" if session.log_dir is not None else None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") if log_path is not None else contextlib.nullcontext() as log_file:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=self.environment(session),
+                    cwd=self.cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_file or asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: a time limit stops its children too
+                )
+            except OSError as e:
+                raise AgentError(f"cannot start agent command {argv[0]!r}: {e}") from None
+            try:
+                out, _ = await proc.communicate()
+            except asyncio.CancelledError:  # the time limit: stop the process, then let the caller grade
+                _kill_group(proc.pid)
+                await proc.wait()
+                raise
         if proc.returncode != 0:
-            tail = out.decode(errors="replace").strip()[-500:]
+            text = log_path.read_bytes()[-4000:] if log_path is not None else out or b""
+            tail = text.decode(errors="replace").strip()[-500:]
             raise AgentError(f"agent command {argv[0]} exited {proc.returncode}: {tail}")
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a process group started with start_new_session (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 class AgentError(Exception):
@@ -129,6 +179,8 @@ class ExternalAgentRunner:
 
     def session(self, rollout_id: str | None = None, **kwargs: Any) -> AgentSession:
         rid = rollout_id or uuid.uuid4().hex
+        if kwargs.get("sandbox") is not None:
+            kwargs.setdefault("sandbox_url", f"{self.base_url}/rollouts/{rid}/sandbox")
         return AgentSession(
             f"{self.base_url}/rollouts/{rid}/v1", self.api_key, self.server.served_model_name, rid, **kwargs
         )
@@ -156,17 +208,35 @@ class ExternalAgentRunner:
         instruction: str = "",
         sandbox: Any = None,
         context: dict[str, Any] | None = None,
+        workdir: str = "",
+        log_dir: Path | None = None,
     ) -> ExternalRollout:
-        """One rollout: run the agent, grade, and build its trajectory from the captured calls."""
-        session = self.session(rollout_id, instruction=instruction, sandbox=sandbox, context=context or {})
+        """One rollout: run the agent, grade, and build its trajectory from the captured calls.
+        With a `sandbox`, the agent may act on it through the server while it runs (`sandbox_url`);
+        `log_dir` keeps the agent's own logs."""
+        session = self.session(
+            rollout_id,
+            instruction=instruction,
+            sandbox=sandbox,
+            context=context or {},
+            workdir=workdir,
+            log_dir=log_dir,
+        )
         failure: tuple[str, str] | None = None
         timed_out = False
+        if sandbox is not None:
+            self.server.sandboxes[session.rollout_id] = sandbox
         try:
             timed_out = await self._run_agent(agent, session, timeout_s)
         except InfraFailure as e:
             failure = (e.failure_mode, str(e))
         except Exception as e:
             failure = ("agent_error", f"{type(e).__name__}: {e}")
+        finally:
+            self.server.sandboxes.pop(session.rollout_id, None)
+        broken = self.server.sandbox_failures.pop(session.rollout_id, None)
+        if broken is not None:  # the sandbox died under the agent: infrastructure, whatever the agent did
+            failure = (broken.failure_mode, str(broken))
         reward, detail = 0.0, ""
         if failure is None:
             try:
@@ -184,9 +254,16 @@ class ExternalAgentRunner:
         return ExternalRollout(trajectory, stats, reward, session.rollout_id, timed_out, detail)
 
     async def run_task(
-        self, agent: Agent, task: Any, provider: Any, *, timeout_s: float | None = None
+        self,
+        agent: Agent,
+        task: Any,
+        provider: Any,
+        *,
+        timeout_s: float | None = None,
+        log_root: Path | None = None,
     ) -> ExternalRollout:
-        """One rollout on a tinkrl task: fresh sandbox, the agent acts on it, the task's grader scores it."""
+        """One rollout on a tinkrl task: fresh sandbox, the agent acts on it, the task's grader scores it.
+        The agent's logs go to `<log_root>/<rollout_id>/` when `log_root` is given."""
         from tinkrl.taskdirs.verifier import grade, start_sandbox
 
         try:
@@ -194,6 +271,7 @@ class ExternalAgentRunner:
         except InfraFailure as e:
             traj = Trajectory(transitions=[], failure_mode=e.failure_mode, failure_detail=str(e))
             return ExternalRollout(traj, MergeStats(), 0.0, "")
+        rid = uuid.uuid4().hex
         details: list[str] = []
 
         async def grader() -> float:
@@ -209,6 +287,9 @@ class ExternalAgentRunner:
                 instruction=task.instruction,
                 sandbox=sandbox,
                 context={"task": task},
+                rollout_id=rid,
+                workdir=task.workdir,
+                log_dir=log_root / rid if log_root is not None else None,
             )
         finally:
             await asyncio.to_thread(sandbox.close)
@@ -216,11 +297,18 @@ class ExternalAgentRunner:
         return rollout
 
     async def run_task_group(
-        self, agent: Agent, task: Any, provider: Any, group_size: int, *, timeout_s: float | None = None
+        self,
+        agent: Agent,
+        task: Any,
+        provider: Any,
+        group_size: int,
+        *,
+        timeout_s: float | None = None,
+        log_root: Path | None = None,
     ) -> tuple[TrajectoryGroup, MergeStats]:
         """`group_size` concurrent rollouts of one task: a GRPO group, failures kept apart."""
         rollouts = await asyncio.gather(
-            *(self.run_task(agent, task, provider, timeout_s=timeout_s) for _ in range(group_size))
+            *(self.run_task(agent, task, provider, timeout_s=timeout_s, log_root=log_root) for _ in range(group_size))
         )
         kept = [r for r in rollouts if r.trajectory.failure_mode is None]
         stats = sum((r.stats for r in rollouts), MergeStats())

@@ -3,12 +3,15 @@
 Environments whose rollouts are driven from outside the trainer (an agent program, a
 third-party environment library) reach the policy over the OpenAI API. One `RunServer` per
 run serves it on 127.0.0.1: started on first use, its policy swapped to each step's
-sampling client, every call captured under its rollout id (see `external_agents`).
+sampling client, every call captured under its rollout id (see `external_agents`). It
+answers only requests carrying its random API key (handed to each agent as OPENAI_API_KEY), as
+its per-rollout sandbox route runs commands in a rollout's sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from typing import Any
 
@@ -37,6 +40,7 @@ class RunServer:
                     model_name=self.model_name,
                     tool_format=self.tool_format,
                     max_context=self.max_context,
+                    api_key="tinkrl-" + secrets.token_hex(16),
                 )
                 self._url = self._stack.enter_context(serve_in_thread(self._server))
             elif self._server.policy.client is not sampling_client:

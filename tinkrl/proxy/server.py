@@ -10,6 +10,12 @@ that rollout id, for agents that cannot set headers):
     GET  /health                liveness, the current policy version, requests in flight
     GET|DELETE /v1/rollouts/<id>  captured calls of a rollout (DELETE also forgets them)
     POST /v1/admin/weights      {"model_path": ...}: sample from new weights from now on
+    POST /rollouts/<id>/sandbox/exec  {"command", "timeout", "workdir"}: run a shell command in the
+                                rollout's sandbox (registered by the runner while the rollout runs)
+
+The sandbox route lets an agent process act on its rollout's tinkrl sandbox (bwrap, no network)
+instead of the host: the runner registers the sandbox under the rollout id (`sandboxes`) for
+as long as the agent runs; any other id is a 404.
 
 A rollout id comes from the URL, the `X-Rollout-Id` header, or `metadata.rollout_id`.
 
@@ -42,6 +48,7 @@ import tinker
 from aiohttp import web
 
 from tinkrl.aio_thread import serve_app_in_thread
+from tinkrl.errors import InfraFailure
 from tinkrl.proxy.capture import AssistantTokens, CapturedCall, CapturedSample, CaptureStore
 from tinkrl.proxy.openai_api import (
     ApiError,
@@ -109,6 +116,8 @@ class ProxyServer:
         self.renderer: Renderer = get_renderer(self.tokenizer, model_name, tool_format)
         self.max_context = max_context or context_length_of(sampling_client, self.tokenizer)
         self.capture = CaptureStore()
+        self.sandboxes: dict[str, Any] = {}  # rollout id -> the Sandbox its agent acts on (see sandbox_exec)
+        self.sandbox_failures: dict[str, InfraFailure] = {}  # rollout id -> its sandbox's first failure
         self._policy = Policy(sampling_client, 0, label or model_name)
         self._swap_lock = threading.Lock()
         self.started = int(time.time())
@@ -143,6 +152,7 @@ class ProxyServer:
             app.router.add_get(prefix + "/v1/models", self.models)
             app.router.add_get(prefix + "/v1/models/{model:.+}", self.model)
         app.router.add_get("/health", self.health)
+        app.router.add_post("/rollouts/{rollout_id}/sandbox/exec", self.sandbox_exec)
         app.router.add_get("/v1/rollouts/{rollout_id}", self.get_rollout)
         app.router.add_delete("/v1/rollouts/{rollout_id}", self.pop_rollout)
         app.router.add_post("/v1/admin/weights", self.swap_weights)
@@ -586,6 +596,34 @@ class ProxyServer:
         rid = request.match_info["rollout_id"]
         calls = self.capture.pop(rid)
         return web.json_response(self._rollout_json(rid, calls, chain_calls(calls)[1]))
+
+    async def sandbox_exec(self, request: web.Request) -> web.Response:
+        """Run `command` in the rollout's sandbox: {"exit_code", "output", "timed_out", "truncated"}."""
+        rid = request.match_info["rollout_id"]
+        sandbox = self.sandboxes.get(rid)
+        if sandbox is None:
+            raise ApiError(404, f"rollout {rid!r} has no sandbox (it is not running)", code="not_found")
+        body = await self._json(request)
+        command, timeout, workdir = body.get("command"), body.get("timeout", 60), body.get("workdir")
+        if not isinstance(command, str):
+            raise bad("'command' (a shell command string) is required", "command")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 3600:
+            raise bad("'timeout' must be a number of seconds in (0, 3600]", "timeout")
+        if workdir is not None and not (isinstance(workdir, str) and workdir.startswith("/")):
+            raise bad("'workdir' must be an absolute path", "workdir")
+        try:
+            result = await asyncio.to_thread(sandbox.exec, command, float(timeout), None, workdir or None)
+        except InfraFailure as e:  # the sandbox died: the runner records the rollout as an infra failure
+            self.sandbox_failures.setdefault(rid, e)
+            raise ApiError(503, f"the rollout's sandbox failed: {e}", code="sandbox_failed") from None
+        return web.json_response(
+            {
+                "exit_code": result.exit_code,
+                "output": result.output,
+                "timed_out": result.timed_out,
+                "truncated": result.truncated,
+            }
+        )
 
     @staticmethod
     def _rollout_json(rid: str, calls: list[CapturedCall], stats) -> dict:
