@@ -17,8 +17,10 @@ on it. A rollout that fails (its episode has errors) is recorded as a failure (`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import logging
+import os
 import random
 import re
 import sys
@@ -61,6 +63,14 @@ def plugin_id(name: str, kind: str) -> str:
     alias = "tinkrl_vf_" + re.sub(r"\W", "_", name).lower()
     sys.modules.setdefault(alias, module)
     return alias
+
+
+def key_variable(api_key: str) -> str:
+    """The environment variable verifiers reads the run server's API key from (verifiers takes a
+    client's key only from a variable): one per key, set here, so two runs' servers never share one."""
+    name = "TINKRL_RUN_SERVER_KEY_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+    os.environ[name] = api_key
+    return name
 
 
 def agent_seat(config: VerifiersEnvConfig) -> dict[str, Any]:
@@ -205,7 +215,7 @@ class VerifiersGroupBuilder(EnvGroupBuilder):
         async def agent(session: AgentSession) -> None:
             ctx = vf.ModelContext(
                 model=session.model,
-                client=vf.EvalClientConfig(base_url=session.base_url, api_key_var="TINKRL_VERIFIERS_NO_KEY"),
+                client=vf.EvalClientConfig(base_url=session.base_url, api_key_var=key_variable(session.api_key)),
                 sampling=vf.Sampling(
                     temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
                 ),
