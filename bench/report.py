@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common import MACHINE_KEYS, RESULTS_DIR, ROOT
 
@@ -58,14 +59,18 @@ class Record:
 @dataclass(frozen=True)
 class Table:
     """How one benchmark's block looks: its columns after the machine class (commit and date
-    follow them), the cells of a record's rows, and the metrics every record must have."""
+    follow them), the cells of a record's rows, and the metrics every record must have. With
+    `per_class`, `rows` gets all of a machine class's records at once (for tables whose columns
+    are records, such as one column per side and precision), and the commit and date cells list
+    every record's."""
 
     bench: str
     command: str
     columns: tuple[str, ...]
-    rows: Callable[[Record], list[list[str]]]
+    rows: Callable[[Any], list[list[str]]]  # Record -> rows; with per_class, list[Record] -> rows
     needs: tuple[str, ...]
     machine_classes: tuple[str, ...] = (CPU_REFERENCE,)
+    per_class: bool = False
 
 
 # --- reading and checking result files ---------------------------------------------------
@@ -164,9 +169,17 @@ def render(table: Table, records: list[Record]) -> str:
     """The block's markdown: the table, then the machines its rows ran on."""
     header = ["machine class", *table.columns, "commit", "date"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for rec in records:
-        for cells in table.rows(rec):
-            lines.append("| " + " | ".join([f"`{rec.machine_class}`", *cells, rec.commit, rec.date]) + " |")
+    if table.per_class:
+        for cls in dict.fromkeys(rec.machine_class for rec in records):
+            group = [rec for rec in records if rec.machine_class == cls]
+            commits = ", ".join(dict.fromkeys(rec.commit for rec in group))
+            dates = ", ".join(dict.fromkeys(sorted(rec.date for rec in group)))
+            for cells in table.rows(group):
+                lines.append("| " + " | ".join([f"`{cls}`", *cells, commits, dates]) + " |")
+    else:
+        for rec in records:
+            for cells in table.rows(rec):
+                lines.append("| " + " | ".join([f"`{rec.machine_class}`", *cells, rec.commit, rec.date]) + " |")
     measured = {rec.machine_class for rec in records}
     for cls in table.machine_classes:
         if cls not in measured:
@@ -321,6 +334,42 @@ def proxy_load_rows(r: Record) -> list[list[str]]:
     ]
 
 
+VS_VLLM_COLUMNS = (
+    ("tinkrl", "float32"),
+    ("tinkrl", "float32+bfloat16-sampler"),
+    ("vllm", "bfloat16"),
+    ("vllm", "float32"),
+)
+
+
+def vs_vllm_rows(records: list[Record]) -> list[list[str]]:
+    """One row per workload and one for start-up; a column per (side, precision), then tinkrl's
+    best over vLLM at its default (bf16): tokens/s over tokens/s, or for start-up vLLM's seconds
+    over tinkrl's (above 1: tinkrl faster)."""
+    by = {(r.settings.get("side"), r.settings.get("precision")): r.median for r in records}
+    specs: dict[str, dict] = {}
+    for r in records:
+        for w, spec in sorted((r.settings.get("workloads") or {}).items()):
+            specs.setdefault(w, spec)
+
+    def label(w: str, spec: dict) -> str:
+        p, n, t = spec.get("prompts"), spec.get("samples"), spec.get("tokens")
+        return f"{w}: {p} x {t} tok" if n == 1 else f"{w}: {p} prompts x {n} samples x {t} tok"
+
+    def row(name: str, metric: str, fmt: Callable[[float], str], higher_better: bool) -> list[str]:
+        got = {k: m[metric] for k, m in by.items() if metric in m}
+        cells = [fmt(got[k]) if k in got else "—" for k in VS_VLLM_COLUMNS]
+        ours = [v for (side, _), v in got.items() if side == "tinkrl"]
+        ref = got.get(("vllm", "bfloat16"))
+        if not ours or ref is None:
+            return [name, *cells, "—"]
+        best = max(ours) if higher_better else min(ours)
+        return [name, *cells, ratio(best, ref) if higher_better else ratio(ref, best)]
+
+    rows = [row(label(w, spec), f"{w}/tok_s", tok_s, True) for w, spec in sorted(specs.items())]
+    return rows + [row("start-up s (to first sample)", "startup_s", lambda x: f"{x:.1f}", False)]
+
+
 TABLES = (
     Table(
         "make_train",
@@ -381,6 +430,21 @@ TABLES = (
         sweep_rows,
         (),
         (GPU_REFERENCE,),
+    ),
+    Table(
+        "vs_vllm",
+        "bash bench/vllm_cpu_venv.sh && python bench/vs_vllm.py",
+        (
+            "workload",
+            "tinkrl fp32 tok/s",
+            "tinkrl bf16 sampler tok/s",
+            "vLLM bf16 tok/s",
+            "vLLM fp32 tok/s",
+            "tinkrl best / vLLM bf16",
+        ),
+        vs_vllm_rows,
+        ("startup_s",),
+        per_class=True,
     ),
     Table(
         "sandbox",

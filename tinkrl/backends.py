@@ -113,16 +113,20 @@ def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+# The options of the embedded engine only.
+LOCAL_ONLY = ("device", "precision", "sampler_precision", "compile")
+
+
 def choose_backend(config: BackendConfig) -> tuple[str, str]:
     """(local or tinker, why) for a config. `auto`: tinker when `base_url` is set, local when a local-engine
-    option (device, precision, compile) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
+    option (device, precision, sampler_precision, compile) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
     is or the model is not on this machine; else local. Reads only files and the environment: no service is
     contacted, nothing is downloaded."""
     if config.backend != "auto":
         return config.backend, "set in the config"
     if config.base_url:
         return "tinker", "base_url names a Tinker service"
-    local_only = [n for n in ("device", "precision", "compile") if n in config.model_fields_set]
+    local_only = [n for n in LOCAL_ONLY if n in config.model_fields_set]
     if local_only:
         return "local", f"{local_only[0]} is set (an option of the local engine)"
     if not os.environ.get("TINKER_API_KEY"):
@@ -146,12 +150,11 @@ def make_service_client(config: BackendConfig | None = None, *, api_key: str | N
         from tinkrl.local import ServiceClient
 
         precision = None if config.precision == "auto" else config.precision
-        return ServiceClient(device=config.device, dtype=precision, compile=config.compile)
+        sampler = None if config.sampler_precision == "auto" else config.sampler_precision
+        return ServiceClient(device=config.device, dtype=precision, compile=config.compile, sampler_precision=sampler)
     if config.backend == "tinker":
         local_only = sorted(
-            name
-            for name in ("device", "precision", "compile")
-            if getattr(config, name) != BackendConfig.model_fields[name].default
+            name for name in LOCAL_ONLY if getattr(config, name) != BackendConfig.model_fields[name].default
         )
         if local_only:
             raise ConfigError(f"options {local_only} apply to backend=local only, not backend=tinker")

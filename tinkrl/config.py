@@ -271,6 +271,10 @@ class BackendConfig(Strict):
     """Local engine device: cuda or cpu; None: cuda when present."""
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     """Local engine compute precision; auto: the fastest whose sampler/trainer logprobs agree on this device."""
+    sampler_precision: Literal["auto", "matched", "bfloat16"] = "auto"
+    """Local engine sampling: matched runs the trainer's own arithmetic (their logprobs agree); bfloat16
+    multiplies bf16 activations by bf16 weights (faster on CPUs with bf16 instructions; the sampler/trainer
+    mismatch is reported as optim/dlogprob_*); auto: the measured default of this hardware class."""
     compile: bool = False
     """Local engine: torch.compile the training forward (faster steps after a one-time compile)."""
 

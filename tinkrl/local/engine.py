@@ -4,8 +4,8 @@ Training operations run in submission order; `sample()` requests that arrive whi
 is busy, or within a short gathering window, are merged into one batch (`sampler.sample_batch`)
 per weight version. The engine owns the frozen base model and the module trees that share its
 weights: one per sampling LoRA config (adapter apart, in reduced precision), one with adapters
-merged into copies of the adapted weights (fp32), and the training trees it makes for
-`training.Trainer`. PyTorch's reduced-precision matmul setting is process-wide, so the thread
+merged into copies of the adapted weights (fp32, or bf16 under bf16 sampling, whose base model
+also has a bf16 copy), and the training trees it makes for `training.Trainer`. PyTorch's reduced-precision matmul setting is process-wide, so the thread
 sets its engine's own before every operation.
 """
 
@@ -24,10 +24,10 @@ from torch import nn
 
 from tinkrl.local.futures import LocalFuture
 from tinkrl.local.lora import LoraSpec, add_lora
-from tinkrl.local.models import default_dtype, load_model, parse_dtype, pick_device
-from tinkrl.local.precision import cpu_class, default_rule
+from tinkrl.local.models import default_dtype, default_sampler_precision, load_model, parse_dtype, pick_device
+from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm
+from tinkrl.local.transformer import CausalLM, Linear, build_causal_lm, fuse_projections
 
 # Concurrent sample() calls are batched: gathered until none arrives for GAP, at most MAX after the first.
 SAMPLE_GATHER_GAP_S = 0.01
@@ -70,17 +70,27 @@ class Engine:
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls, model_name: str, device: str | None = None, dtype: torch.dtype | None = None) -> Engine:
-        """The process's engine for this model, device and precision (defaults: the hardware's best)."""
+    def get(
+        cls,
+        model_name: str,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        sampler: SamplerPrecision | None = None,
+    ) -> Engine:
+        """The process's engine for this model, device, precision and sampler precision (defaults:
+        the hardware class's measured rules, `precision.py`)."""
         dev = pick_device(device)
         dt = dtype or default_dtype(dev)
-        key = (model_name, str(dev), dt)
+        sp = sampler or default_sampler_precision(dev)
+        key = (model_name, str(dev), dt, sp)
         with cls._lock:
             if key not in cls._engines:
-                cls._engines[key] = Engine(model_name, dev, dt)
+                cls._engines[key] = Engine(model_name, dev, dt, sp)
             return cls._engines[key]
 
-    def __init__(self, model_name: str, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, model_name: str, device: torch.device, dtype: torch.dtype, sampler: SamplerPrecision = "matched"
+    ):
         rule = default_rule(device.type)
         if device.type == "cpu" and parse_dtype(rule.precision) != dtype:
             warnings.warn(
@@ -88,7 +98,7 @@ class Engine:
                 stacklevel=3,
             )
         loaded = load_model(model_name, device, torch.float32)
-        self.model_name, self.device, self.dtype = model_name, device, dtype
+        self.model_name, self.device, self.dtype, self.sampler = model_name, device, dtype, sampler
         self.tokenizer = loaded.tokenizer
         self.config = loaded.model.config
         use_reduced_precision_matmuls(device, dtype)
@@ -98,7 +108,9 @@ class Engine:
         self.max_context = int(getattr(self.config, "max_position_embeddings", 4096))
         self._sampler_trees: dict[LoraSpec, CausalLM] = {}
         self._loaded_in_tree: dict[LoraSpec, str] = {}
-        self._merged_tree: CausalLM | None = None  # fp32: adapters merged into the weights (_merged_tree_for)
+        # bf16 sampling: the base model with bf16 copies of its products' weights (_sampling_base)
+        self._bf16_base: CausalLM | None = None
+        self._merged_tree: CausalLM | None = None  # adapters merged into the weights (_merged_tree_for)
         self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
         self._merged_key: str | None = None
         self._work: list[tuple[Callable, LocalFuture]] = []
@@ -175,29 +187,21 @@ class Engine:
     # -- model trees ------------------------------------------------------------------------
     def new_tree(self) -> CausalLM:
         """A fresh module tree sharing the base weights (no copy)."""
-        with torch.device("meta"):
-            tree = CausalLM(
-                self.config,
-                rotary=None,
-                qkv_bias=self.base.model.layers[0].self_attn.q_proj.bias is not None,
-                mlp_bias=self.base.model.layers[0].mlp.gate_proj.bias is not None,
-            )
-        tree.load_state_dict(self.base.state_dict(), assign=True)
-        tree.rotary = self.base.rotary
+        tree = copy_tree(self.base)
         tree.lm_head.compute_dtype = self.dtype
-        tree.lm_head._fast_weight = self.base.lm_head._fast_weight
-        return tree.requires_grad_(False)
+        return tree
 
     def lora_tree(self, spec: LoraSpec, seed: int | None) -> CausalLM:
         """A fresh tree sharing the base weights, with new trainable adapters on this engine's device."""
         return add_lora(self.new_tree(), spec, seed).to(self.device)
 
     def sampler_tree(self, snap: Snapshot) -> CausalLM:
-        """The tree that samples `snap`'s weights: the base model, the fp32 merged tree, or the
-        config's LoRA tree with `snap`'s adapter loaded (each loaded once per weight version)."""
+        """The tree that samples `snap`'s weights: the base model (or its bf16 copy), the merged tree,
+        or the config's LoRA tree with `snap`'s adapter loaded (each loaded once per weight version)."""
+        bf16 = self.sampler == "bfloat16"
         if snap.lora is None:
-            return self.base
-        if self.dtype == torch.float32:
+            return self._sampling_base() if bf16 else self.base
+        if bf16 or self.dtype == torch.float32:
             return self._merged_tree_for(snap)
         tree = self._sampler_trees.get(snap.config)
         if tree is None:
@@ -210,23 +214,43 @@ class Engine:
             self._loaded_in_tree[snap.config] = snap.key
         return tree
 
+    def _sampling_base(self) -> CausalLM:
+        """The base model as the sampler runs it: `self.base`, or under bf16 sampling a tree with a bf16
+        copy of every projection's weight (made once), whose products then run on bf16 activations."""
+        if self.sampler != "bfloat16":
+            return self.base
+        if self._bf16_base is None:
+            tree = self.new_tree()
+            with torch.no_grad():
+                for module in tree.modules():
+                    if isinstance(module, Linear):
+                        module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+            fuse_projections(tree)
+            self._bf16_base = tree
+        return self._bf16_base
+
     def _merged_tree_for(self, snap: Snapshot) -> CausalLM:
-        """In fp32, a sampling tree with the adapter merged into its own copy of each adapted
-        weight (W + scale * B @ A), once per weight version.
+        """A sampling tree with the adapter merged into its own copy of each adapted weight
+        (W + scale * B @ A, in fp32, then stored in the sampler's precision), once per weight version.
 
         A decode step then runs the base model's matrix products only: with the adapter apart,
         LoRA's two extra small products per projection are a large share of a CPU decode step.
-        The merge is exact to fp32 rounding against the trainer's W x + scale * B (A x), and
-        cheap. In reduced precision the adapter stays apart: a merged weight would round to bf16
-        (or TF32) differently from the trainer's W and B @ A, and the sampler and the trainer
-        must compute the same logprobs.
+        In fp32 the merge is exact to fp32 rounding against the trainer's W x + scale * B (A x),
+        and cheap. Under the engine's reduced-precision products (bf16 math mode, TF32) the adapter
+        stays apart (`sampler_tree`): a merged weight would round differently from the trainer's W
+        and B @ A. bf16 sampling stores the merged weight in bf16, one rounding more of a sampler
+        that is already off-policy by its rounding. The tree's q/k/v and gate/up projections are
+        fused (`fuse_projections`), so it owns those weights from the start.
         """
+        base = self._sampling_base()
         tree = self._merged_tree
         if tree is None:
-            tree = self._merged_tree = self.new_tree()
+            tree = self._merged_tree = copy_tree(base)
+            self._merged_own = set(fuse_projections(tree))  # own copies from the start; the rest on first merge
         if self._merged_key == snap.key:
             return tree
-        modules, base_modules = dict(tree.named_modules()), dict(self.base.named_modules())
+        modules, base_modules = dict(tree.named_modules()), dict(base.named_modules())
+        fp32_modules = dict(self.base.named_modules())
         scale = snap.config.scale
         adapted = set()
         with torch.no_grad():
@@ -240,15 +264,37 @@ class Engine:
                         torch.empty_like(base_modules[module].weight), requires_grad=False
                     )
                     self._merged_own.add(module)
-                torch.addmm(
-                    base_modules[module].weight,
+                weight = modules[module].weight
+                merged = torch.addmm(
+                    fp32_modules[module].weight,
                     b.to(self.device),
                     a.to(self.device),
                     alpha=scale,
-                    out=modules[module].weight,
+                    out=weight if weight.dtype == torch.float32 else None,
                 )
+                if merged is not weight:
+                    weight.copy_(merged)
                 adapted.add(module)
             for module in self._merged_own - adapted:  # adapted by an earlier version's config only
                 modules[module].weight.copy_(base_modules[module].weight)
         self._merged_key = snap.key
         return tree
+
+
+def copy_tree(tree: CausalLM) -> CausalLM:
+    """A new module tree sharing every tensor of `tree` (no copy), so some can be replaced apart."""
+    with torch.device("meta"):
+        new = CausalLM(
+            tree.config,
+            rotary=None,
+            qkv_bias=tree.model.layers[0].self_attn.q_proj.bias is not None,
+            mlp_bias=tree.model.layers[0].mlp.gate_proj.bias is not None,
+        )
+    # a fused tree's q/k/v and gate/up weights are views of its fused ones: the copy shares them
+    new.load_state_dict(
+        {k: v for k, v in tree.state_dict().items() if ".qkv." not in k and ".gate_up." not in k}, assign=True
+    )
+    new.rotary = tree.rotary
+    new.lm_head.compute_dtype = tree.lm_head.compute_dtype
+    new.lm_head._fast_weight = tree.lm_head._fast_weight
+    return new.requires_grad_(False)

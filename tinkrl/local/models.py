@@ -26,6 +26,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import torch
 
@@ -49,7 +50,7 @@ from tinkrl.local.model_files import (
     tinkrl_home,
     tinkrl_model_dir,
 )
-from tinkrl.local.precision import cpu_class, default_rule
+from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule, default_sampler_rule
 
 __all__ = [  # the names other modules import from here (several now live in model_files)
     "DEFAULT_MODEL",
@@ -256,6 +257,26 @@ def default_dtype(device: torch.device) -> torch.dtype:
         return parse_dtype(override)
     cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return parse_dtype(default_rule(device.type, cuda_bf16).precision)
+
+
+SAMPLER_PRECISIONS: tuple[SamplerPrecision, ...] = get_args(SamplerPrecision)
+
+
+def parse_sampler_precision(name: str) -> SamplerPrecision:
+    """A sampler precision name ("matched", "bfloat16"/"bf16"), checked."""
+    name = {"bf16": "bfloat16"}.get(name, name)
+    if name not in SAMPLER_PRECISIONS:
+        raise TinkrlError(f"sampler precision {name!r} is not supported; use {' or '.join(SAMPLER_PRECISIONS)}")
+    return name  # type: ignore[return-value]
+
+
+def default_sampler_precision(device: torch.device) -> SamplerPrecision:
+    """The device's default sampler precision by the measured rule of its hardware class
+    (`precision.py`); `TINKRL_SAMPLER_PRECISION` overrides it."""
+    override = os.environ.get("TINKRL_SAMPLER_PRECISION")
+    if override:
+        return parse_sampler_precision(override)
+    return default_sampler_rule(device.type).precision
 
 
 def _tiny_model(name: str, dtype: torch.dtype):

@@ -20,6 +20,11 @@ AGREEMENT_BOUND = 2e-2
 
 CpuClass = Literal["amx_bf16", "avx512_bf16", "other"]
 Precision = Literal["float32", "bfloat16"]
+# How the sampler computes: "matched" runs the trainer's own arithmetic (their logprobs agree);
+# "bfloat16" keeps bf16 copies of the weights and multiplies bf16 activations by them (fp32 residual
+# stream, norms, attention and logits), faster where the CPU has bf16 instructions, and off-policy by
+# the rounding: the losses' importance ratio corrects for it, and each step reports the mismatch.
+SamplerPrecision = Literal["matched", "bfloat16"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,22 @@ CUDA_RULE = PrecisionRule(
     "bfloat16", "H100: TF32 products with fp32 activations; tests/test_agreement.py bounds bf16 by 2e-2"
 )
 CUDA_NO_BF16_RULE = PrecisionRule("float32", "a GPU without bf16 support")
+
+
+@dataclass(frozen=True)
+class SamplerRule:
+    """A hardware class's default sampler precision and the measurement it rests on."""
+
+    precision: SamplerPrecision
+    measured: str
+
+
+CPU_SAMPLER_RULES: dict[CpuClass, SamplerRule] = {
+    "amx_bf16": SamplerRule("matched", "not measured on this class yet"),
+    "avx512_bf16": SamplerRule("matched", "not measured yet"),
+    "other": SamplerRule("matched", "no bf16 matrix instructions: bf16 products would be emulated"),
+}
+CUDA_SAMPLER_RULE = SamplerRule("matched", "the trainer's TF32 products are already fast on GPUs")
 
 
 def cpu_class_of(flags: frozenset[str] | set[str]) -> CpuClass:
@@ -82,3 +103,10 @@ def default_rule(device_type: str, cuda_bf16: bool = False) -> PrecisionRule:
     if device_type == "cuda":
         return CUDA_RULE if cuda_bf16 else CUDA_NO_BF16_RULE
     return CPU_RULES[cpu_class()]
+
+
+def default_sampler_rule(device_type: str) -> SamplerRule:
+    """The rule that picks the default sampler precision for a device type on this machine."""
+    if device_type == "cuda":
+        return CUDA_SAMPLER_RULE
+    return CPU_SAMPLER_RULES[cpu_class()]

@@ -23,27 +23,35 @@ from tinkrl.local.checkpoints import read_lora, read_meta, resolve_path
 from tinkrl.local.engine import Engine, Snapshot
 from tinkrl.local.futures import LocalFuture
 from tinkrl.local.lora import LoraSpec
-from tinkrl.local.models import DEFAULT_MODEL, known_models, parse_dtype
+from tinkrl.local.models import DEFAULT_MODEL, known_models, parse_dtype, parse_sampler_precision
 from tinkrl.local.sampler import SampleJob
 from tinkrl.local.training import Trainer
 
 
 class ServiceClient:
-    """`tinker.ServiceClient` for the embedded engine. `device`/`dtype` default to the hardware's best.
+    """`tinker.ServiceClient` for the embedded engine. `device`, `dtype` and `sampler_precision` ("matched"
+    or "bfloat16", see precision.py) default to the hardware class's measured rules.
 
     `compile=True` torch.compiles the training clients' forward (faster steps after a
     one-time compile; see transformer.compile_layers). Sampling always runs eager.
     """
 
     def __init__(
-        self, *, device: str | None = None, dtype: str | torch.dtype | None = None, compile: bool = False, **_ignored
+        self,
+        *,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        compile: bool = False,
+        sampler_precision: str | None = None,
+        **_ignored,
     ):
         self.device = device
         self.compile = compile
         self.dtype = parse_dtype(dtype) if dtype else None
+        self.sampler_precision = parse_sampler_precision(sampler_precision) if sampler_precision else None
 
     def _engine(self, model: str) -> Engine:
-        return Engine.get(model, self.device, self.dtype)
+        return Engine.get(model, self.device, self.dtype, self.sampler_precision)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         """The models this engine can load without a download."""
@@ -202,7 +210,9 @@ class TrainingClient(_ClientHandle):
 
     def create_sampling_client(self, model_path: str, **kwargs) -> SamplingClient:
         """A sampling client for a saved checkpoint, on this client's device and precision."""
-        return ServiceClient(device=str(self.engine.device), dtype=self.engine.dtype).create_sampling_client(model_path)
+        return ServiceClient(
+            device=str(self.engine.device), dtype=self.engine.dtype, sampler_precision=self.engine.sampler
+        ).create_sampling_client(model_path)
 
     # SDK 0.38's deprecated async spellings: `await (await tc.forward_backward_async(...))`
     async def forward_backward_async(self, *a, **k):

@@ -77,7 +77,13 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same fp32 arithmetic, faster)."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
-    if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32):
+    if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype):
+        return F.linear(x, weight, bias)
+    if x.dtype == torch.bfloat16:  # bf16 sampling: bf16 products from oneDNN's blocked layout
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return F.linear(x, weight, bias)
+        return _pointwise(x, _packed(weight), bias)
+    if x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return _onednn_linear(x, weight, bias)
@@ -163,6 +169,7 @@ class Attention(nn.Module):
         self.k_proj = Linear(d, nkv * hd, bias=has_qkv_bias)
         self.v_proj = Linear(d, nkv * hd, bias=has_qkv_bias)
         self.o_proj = Linear(nh * hd, d, bias=False)
+        self.qkv: Linear | None = None  # sampling trees: q, k and v in one product (fuse_projections)
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -172,9 +179,13 @@ class Attention(nn.Module):
         """`prefix_kv`: keys/values [1, H_kv, P, d] of a prefix every row continues (training);
         `return_kv`: also return this call's keys/values (to be that prefix)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split([self.n_heads * self.head_dim, *[self.n_kv * self.head_dim] * 2], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -210,9 +221,14 @@ class MLP(nn.Module):
         self.gate_proj = Linear(d, f, bias=bias)
         self.up_proj = Linear(d, f, bias=bias)
         self.down_proj = Linear(f, d, bias=bias)
+        self.gate_up: Linear | None = None  # sampling trees: gate and up in one product (fuse_projections)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, -1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -333,6 +349,41 @@ class Head(nn.Linear):
                 self._fast_weight = self.weight.detach().to(self.compute_dtype)
             return frozen_linear(x.to(self.compute_dtype), self._fast_weight).float()
         return frozen_linear(x.float(), self.weight)
+
+
+def _fused(parts: list[Linear]) -> Linear:
+    """One projection computing `parts` side by side, whose weight (and bias) is a new tensor the
+    parts' weights become row views of: writing a part's weight writes the fused one."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    bias = None if parts[0].bias is None else torch.cat([p.bias.detach() for p in parts])
+    with torch.device("meta"):
+        fused = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        fused.bias = nn.Parameter(bias, requires_grad=False)
+    start = 0
+    for p in parts:
+        n = p.weight.shape[0]
+        p.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+        if bias is not None:
+            p.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
+        start += n
+    return fused
+
+
+def fuse_projections(tree: CausalLM) -> list[str]:
+    """Give every layer of a sampling tree one product for q/k/v and one for gate/up (4 products per
+    layer instead of 7), on its own copy of those weights; the projections keep their names (a LoRA
+    merge writes them) as views of the fused weights. Returns the names of the projections now
+    owned by the tree. Not for trees that train."""
+    owned = []
+    for i, layer in enumerate(tree.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        mlp.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
+        owned += [f"model.layers.{i}.self_attn.{p}_proj" for p in "qkv"]
+        owned += [f"model.layers.{i}.mlp.{p}_proj" for p in ("gate", "up")]
+    return owned
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:

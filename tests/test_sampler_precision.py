@@ -1,0 +1,114 @@
+"""bf16 sampling (`sampler_precision="bfloat16"`): the sampler multiplies bf16 activations by bf16
+copies of the weights, the trainer keeps its own arithmetic.
+
+What must hold: the bf16 copies are the sampler's alone (the trainer of such an engine computes
+exactly what a matched engine's trainer does); the sampler samples its own policy (a sampled
+token's logprob is what the same bf16 tree gives the finished sequence, for the base model and for
+LoRA snapshots, each pinned to its weight version); it stays within bf16 rounding of the trainer's
+policy; and the setting reaches the engine from a run config or `TINKRL_SAMPLER_PRECISION`, an
+unknown name being one clear error.
+
+Fast: the tiny random-weight model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.engine import TEXTS, TINY, datum, logprobs_of, max_disagreement, randomize_lora
+from tinker import types
+
+from tinkrl.backends import make_service_client
+from tinkrl.config import BackendConfig
+from tinkrl.errors import TinkrlError
+from tinkrl.local import ServiceClient
+from tinkrl.local.models import default_sampler_precision
+from tinkrl.local.transformer import Linear
+
+
+@pytest.fixture(scope="module")
+def bf16_service():
+    return ServiceClient(device="cpu", dtype="float32", sampler_precision="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def prompts(bf16_service):
+    tok = bf16_service.create_sampling_client(base_model=TINY).get_tokenizer()
+    return [types.ModelInput.from_ints(tok.encode(t)[:12]) for t in TEXTS]
+
+
+def rescored(sc, prompt: types.ModelInput, tokens: list[int]) -> np.ndarray:
+    """The logprobs the sampling client's own tree gives `tokens` after `prompt`, by prefill."""
+    full = types.ModelInput.from_ints(prompt.to_ints() + tokens)
+    lp = sc.compute_logprobs(full).result()
+    return np.asarray(lp[prompt.length :], dtype=np.float64)
+
+
+def assert_samples_own_policy(sc, prompts: list[types.ModelInput]) -> None:
+    params = types.SamplingParams(max_tokens=10, temperature=1.0, seed=5, stop=[])
+    futures = [sc.sample(p, 2, params) for p in prompts]
+    for p, f in zip(prompts, futures):
+        for s in f.result().sequences:
+            own = rescored(sc, p, list(s.tokens))
+            # decode and prefill multiply with different kernel blockings: bf16 outputs may round apart
+            np.testing.assert_allclose(s.logprobs, own, atol=2e-2)
+
+
+def test_the_bf16_copies_are_the_samplers_alone(bf16_service, prompts):
+    matched = ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")
+    data = [datum(p.to_ints() + [42, 43], weights=np.ones(p.length + 1)) for p in prompts]
+    trainers = [s.create_lora_training_client(TINY, rank=4, seed=0) for s in (bf16_service, matched)]
+    for tc in trainers:
+        randomize_lora(tc, scale=0.05, seed=1)
+        tc.save_weights_and_get_sampling_client().sample(prompts[0], 1, types.SamplingParams(max_tokens=2)).result()
+    bf16_engine = trainers[0].engine
+    assert bf16_engine is not trainers[1].engine and bf16_engine.sampler == "bfloat16"
+    a, b = (np.concatenate(logprobs_of(tc.forward(data).result())) for tc in trainers)
+    np.testing.assert_array_equal(a, b)
+    assert all(m.weight.dtype == torch.float32 for m in bf16_engine.base.modules() if isinstance(m, Linear))
+    merged = bf16_engine._merged_tree
+    assert merged is not None
+    assert all(m.weight.dtype == torch.bfloat16 for m in merged.modules() if isinstance(m, Linear))
+
+
+def test_bf16_sampler_samples_its_own_policy_base_and_lora(bf16_service, prompts):
+    assert_samples_own_policy(bf16_service.create_sampling_client(base_model=TINY), prompts)
+    tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
+    randomize_lora(tc, scale=0.05, seed=2)
+    assert_samples_own_policy(tc.save_weights_and_get_sampling_client(), prompts)
+
+
+def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_service, prompts):
+    tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
+    randomize_lora(tc, scale=0.05, seed=3)
+    first = tc.save_weights_and_get_sampling_client()
+    diff = max_disagreement(tc, first, prompts, temperature=1.0)
+    print(f"bf16 sampler vs fp32 trainer: max |dlogprob| = {diff:.2e}")
+    assert 0 < diff < 0.15  # bf16 rounding: not the trainer's arithmetic, but its policy
+
+    probe = [datum(p.to_ints() + [42, 43, 44], weights=np.ones(p.length + 2)) for p in prompts]
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=9, stop=[])
+    before = first.sample(prompts[0], 2, params).result()
+    tc.forward_backward(probe).result()
+    tc.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+    second = tc.save_weights_and_get_sampling_client()
+    assert max_disagreement(tc, second, prompts, temperature=1.0) < 0.15  # merged again for the new weights
+    again = first.sample(prompts[0], 2, params).result()  # the first client still samples its own version
+    for a, b in zip(before.sequences, again.sequences):
+        assert list(a.tokens) == list(b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+
+
+def test_the_setting_reaches_the_engine_and_bad_names_are_refused(monkeypatch):
+    monkeypatch.delenv("TINKRL_SAMPLER_PRECISION", raising=False)
+    config = BackendConfig(model_name=TINY, backend="local", device="cpu", sampler_precision="bfloat16")
+    sc = make_service_client(config).create_sampling_client(base_model=TINY)
+    assert sc.engine.sampler == "bfloat16"
+    monkeypatch.setenv("TINKRL_SAMPLER_PRECISION", "bf16")
+    assert default_sampler_precision(torch.device("cpu")) == "bfloat16"
+    monkeypatch.setenv("TINKRL_SAMPLER_PRECISION", "fp8")
+    with pytest.raises(TinkrlError, match="sampler precision 'fp8' is not supported"):
+        default_sampler_precision(torch.device("cpu"))
+    with pytest.raises(ValueError, match="sampler_precision"):
+        BackendConfig(sampler_precision="half")
