@@ -191,5 +191,9 @@ def test_mini_command_template_fills_per_rollout():
         "agent.max_consecutive_format_errors=9",
     ):
         assert spec in argv, spec
-    assert agent.environment(session)["MSWEA_CONFIGURED"] == "true"
+    env = agent.environment(session)
+    assert env["MSWEA_CONFIGURED"] == "true"
+    # the run server's key reaches mini through its environment only, never its command line or files
+    assert env["OPENAI_API_KEY"] == "k" and not any("api_key" in a for a in argv)
+    assert (env["TINKRL_TEMPERATURE"], env["TINKRL_MAX_TOKENS"], env["TINKRL_STEP_LIMIT"]) == ("0.5", "64", "3")
     assert asyncio.iscoroutinefunction(agent.__call__)

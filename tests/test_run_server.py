@@ -4,6 +4,7 @@ taken by training rollouts and held-out evals like token-level episodes."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import openai
 import pytest
@@ -22,6 +23,8 @@ class AgentGroup(EnvGroupBuilder):
     def __init__(self, server: RunServer, size: int, fail_first: bool = False, min_chars: int = 1):
         self.server, self.size, self.fail_first, self.min_chars = server, size, fail_first, min_chars
         self.seen: list[SamplingSettings] = []
+        self.running, self.most_at_once = 0, 0
+        self.lock = threading.Lock()
 
     async def make_envs(self):
         raise AssertionError("a group that runs its own rollouts is never asked for envs")
@@ -32,6 +35,16 @@ class AgentGroup(EnvGroupBuilder):
         replies: list[str] = []
 
         def agent(session) -> None:
+            with self.lock:
+                self.running += 1
+                self.most_at_once = max(self.most_at_once, self.running)
+            try:
+                talk(session)
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+        def talk(session) -> None:
             client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
             reply = client.chat.completions.create(
                 model=session.model,
@@ -44,12 +57,11 @@ class AgentGroup(EnvGroupBuilder):
         def broken(session) -> None:
             raise RuntimeError("the agent program crashed")
 
-        rollouts = await asyncio.gather(
-            *(
-                runner.run(broken if (self.fail_first and i == 0) else agent, grader=lambda: 0.0)
-                for i in range(self.size)
-            )
-        )
+        async def one(i: int):
+            async with settings.rollout_slot():  # the run's max_concurrent_rollouts, as the real builders
+                return await runner.run(broken if (self.fail_first and i == 0) else agent, grader=lambda: 0.0)
+
+        rollouts = await asyncio.gather(*(one(i) for i in range(self.size)))
         trajectories = [r.trajectory for r in rollouts]
         for t in trajectories:  # the reward this test's grader gives, from what was sampled
             if t.transitions:
@@ -90,6 +102,23 @@ def test_a_group_of_agent_rollouts_is_captured_and_its_failure_kept_apart(sampli
     finally:
         server.close()
     assert server.url == ""
+
+
+def test_a_group_that_runs_its_own_rollouts_gets_the_runs_rollout_cap(sampling_client) -> None:
+    server = RunServer(TINY_MODEL)
+
+    async def capped(builder: AgentGroup):
+        slots = asyncio.Semaphore(1)
+        group = await do_group_rollout(builder, sampling_client, max_tokens=4, temperature=1.0, semaphore=slots)
+        return group, slots
+
+    try:
+        builder = AgentGroup(server, size=3)
+        group, slots = asyncio.run(capped(builder))
+        assert builder.seen[0].slots is slots
+        assert len(group.trajectories_G) == 3 and builder.most_at_once == 1
+    finally:
+        server.close()
 
 
 def test_the_server_follows_the_steps_policy(sampling_client) -> None:

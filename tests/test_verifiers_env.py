@@ -81,7 +81,8 @@ def test_two_steps_on_a_verifiers_env_with_a_failing_rollout(tmp_path: Path):
     assert len(scored) == 6 and len(failed) == 2
     for r in scored:
         assert r["reward"] == pytest.approx(expected_reward(r["verifiers/reply"]))
-        assert r["ac_tokens"] > 0 and r["trained"] in (True, False)
+        assert r["ac_tokens"] > 0
+    assert any(r["trained"] for r in scored)  # a group with mixed rewards trained
     assert all(r["failure_mode"] == "agent_error" and "rubric exploded" in r["failure_detail"] for r in failed)
     assert len({r["reward"] for r in scored}) > 1  # rewards differ within groups: advantages, gradients
     # the captured tokens trained: every kept episode's sampled tokens, a gradient, checkpoints of both steps

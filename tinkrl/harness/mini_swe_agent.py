@@ -4,7 +4,9 @@ mini-swe-agent picks its environment by dotted import path, so an unmodified `mi
 acts on the rollout's sandbox (bwrap, no network) instead of the host with
 
     mini ... --environment-class tinkrl.harness.mini_swe_agent.TinkrlSandboxEnvironment \\
-         -c environment.url={sandbox_url} -c environment.api_key={api_key} -c environment.cwd={workdir}
+         -c environment.url={sandbox_url} -c environment.cwd={workdir}
+
+(the run server's key comes from OPENAI_API_KEY, as litellm's does).
 
 Each `execute` posts the command to the run server's `POST <url>/exec` (see
 `tinkrl.proxy.server.ProxyServer.sandbox_exec`) and answers as mini's `LocalEnvironment` does:
@@ -16,12 +18,14 @@ standard library, pydantic and minisweagent, never the trainer.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
 import urllib.error
 import urllib.request
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini's own, as in its LocalEnvironment
 
@@ -31,8 +35,8 @@ class TinkrlSandboxEnvironmentConfig(BaseModel):
 
     url: str
     """The rollout's sandbox URL (TINKRL_SANDBOX_URL; the server adds /exec)."""
-    api_key: str = ""
-    """The run server's API key (OPENAI_API_KEY)."""
+    api_key: str = Field(default_factory=lambda: os.environ.get("OPENAI_API_KEY", ""))
+    """The run server's API key; default: OPENAI_API_KEY (kept out of the command line)."""
     cwd: str = ""
     """Working directory of each command (the task's workdir; empty: the sandbox's default)."""
     timeout: int = 30
@@ -61,7 +65,7 @@ class TinkrlSandboxEnvironment:
         """Run `action["command"]` in the sandbox; the result as mini's LocalEnvironment gives it."""
         command = action.get("command", "")
         if self.config.env:
-            exports = " ".join(f"{k}={json.dumps(v)}" for k, v in self.config.env.items())
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.config.env.items())
             command = f"export {exports}\n{command}"
         limit = timeout or self.config.timeout
         try:

@@ -138,6 +138,8 @@ class CommandAgent:
                 _kill_group(proc.pid)
                 await proc.wait()
                 raise
+            finally:  # what it left running in the background must not outlive the rollout
+                _kill_group(proc.pid)
         if proc.returncode != 0:
             text = log_path.read_bytes()[-4000:] if log_path is not None else out or b""
             tail = text.decode(errors="replace").strip()[-500:]

@@ -614,7 +614,8 @@ class ProxyServer:
         try:
             result = await asyncio.to_thread(sandbox.exec, command, float(timeout), None, workdir or None)
         except InfraFailure as e:  # the sandbox died: the runner records the rollout as an infra failure
-            self.sandbox_failures.setdefault(rid, e)
+            if self.sandboxes.get(rid) is sandbox:  # not a late call of a rollout that has ended
+                self.sandbox_failures.setdefault(rid, e)
             raise ApiError(503, f"the rollout's sandbox failed: {e}", code="sandbox_failed") from None
         return web.json_response(
             {

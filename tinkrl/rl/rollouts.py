@@ -86,7 +86,7 @@ async def do_group_rollout(
             return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
 
     try:
-        settings = SamplingSettings(max_tokens, temperature, top_p)
+        settings = SamplingSettings(max_tokens, temperature, top_p, semaphore)
         own = await builder.run_group(sampling_client, settings)
         if own is not None:  # the builder ran its rollouts itself (external agents)
             envs, trajectories = [], own

@@ -18,7 +18,9 @@ records the failure mode and leaves the episode out of its group, never scoring 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,11 +109,22 @@ class TrajectoryGroup:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How a group samples: the run's max_tokens and top_p, the environment's temperature."""
+    """How a group samples: the run's max_tokens and top_p, the environment's temperature, and the
+    run's cap on rollouts at once (`slots`, max_concurrent_rollouts; None: no cap)."""
 
     max_tokens: int
     temperature: float
     top_p: float = 1.0
+    slots: asyncio.Semaphore | None = None
+
+    @contextlib.asynccontextmanager
+    async def rollout_slot(self) -> AsyncIterator[None]:
+        """Held while one rollout runs, so a group that runs its own rollouts keeps the run's cap."""
+        if self.slots is None:
+            yield
+            return
+        async with self.slots:
+            yield
 
 
 class EnvGroupBuilder(abc.ABC):

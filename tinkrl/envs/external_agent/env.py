@@ -66,15 +66,13 @@ def mini_swe_agent_command(cfg: ExternalAgentEnvConfig, temperature: float, max_
     and global config dir in the rollout's log dir."""
     config_file, model_class = MINI_CONFIGS[cfg.mini_mode]
     settings = {
-        "model.model_kwargs.api_base": "{base_url}",
-        "model.model_kwargs.api_key": "{api_key}",
+        "model.model_kwargs.api_base": "{base_url}",  # the key: OPENAI_API_KEY, read by litellm
         "model.model_kwargs.temperature": repr(float(temperature)),
         "model.model_kwargs.max_tokens": str(max_tokens),
         "model.cost_tracking": "ignore_errors",  # a local model has no price: nothing to track
         "agent.step_limit": str(cfg.step_limit),
         "agent.cost_limit": "0",
-        "environment.url": "{sandbox_url}",
-        "environment.api_key": "{api_key}",
+        "environment.url": "{sandbox_url}",  # its key: OPENAI_API_KEY, as the model's
         "environment.cwd": "{workdir}",
         "environment.timeout": str(cfg.command_timeout_s),
     }
@@ -108,7 +106,6 @@ def mini_swe_agent_command(cfg: ExternalAgentEnvConfig, temperature: float, max_
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm's price list from the package, not the network
         "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1",
-        **cfg.agent_env,
     }
     return CommandAgent(argv, env)
 
@@ -116,8 +113,6 @@ def mini_swe_agent_command(cfg: ExternalAgentEnvConfig, temperature: float, max_
 def make_agent(cfg: ExternalAgentEnvConfig, settings: SamplingSettings) -> CommandAgent:
     """The configured agent for rollouts sampled with `settings` (temperature, tokens per call)."""
     max_tokens = cfg.max_tokens_per_call or settings.max_tokens
-    if cfg.agent == "mini-swe-agent":
-        return mini_swe_agent_command(cfg, settings.temperature, max_tokens)
     fixed = {"temperature": repr(float(settings.temperature)), "max_tokens": str(max_tokens)}
 
     def fill(arg: str) -> str:
@@ -126,6 +121,9 @@ def make_agent(cfg: ExternalAgentEnvConfig, settings: SamplingSettings) -> Comma
     env = {k: fill(v) for k, v in cfg.agent_env.items()}
     env |= {"TINKRL_TEMPERATURE": fixed["temperature"], "TINKRL_MAX_TOKENS": fixed["max_tokens"]}
     env["TINKRL_STEP_LIMIT"] = str(cfg.step_limit)
+    if cfg.agent == "mini-swe-agent":
+        mini = mini_swe_agent_command(cfg, settings.temperature, max_tokens)
+        return CommandAgent(mini.argv, {**mini.env, **env})
     return CommandAgent([fill(a) for a in cfg.command or []], env)
 
 
@@ -170,12 +168,14 @@ class AgentGroupBuilder(EnvGroupBuilder):
         runner = self.server.runner(sampling_client)
         agent = make_agent(self.cfg, settings)
         provider = await asyncio.to_thread(self.provider.get)
-        rollouts = await asyncio.gather(
-            *(
-                runner.run_task(agent, self.task, provider, timeout_s=self.cfg.timeout_s, log_root=self.log_dir)
-                for _ in range(self.group_size)
-            )
-        )
+
+        async def one() -> Any:
+            async with settings.rollout_slot():
+                return await runner.run_task(
+                    agent, self.task, provider, timeout_s=self.cfg.timeout_s, log_root=self.log_dir
+                )
+
+        rollouts = await asyncio.gather(*(one() for _ in range(self.group_size)))
         return [annotate(r, self.task, self.log_dir, self.run_dir) for r in rollouts]
 
     def logging_tags(self) -> list[str]:

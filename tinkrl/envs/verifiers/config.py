@@ -26,7 +26,8 @@ class VerifiersEnvConfig(BaseModel):
     taskset_args: dict[str, Any] = Field(default_factory=dict)
     """The taskset's config fields (verifiers' `--env.taskset.*`)."""
     env_id: str = ""
-    """A verifiers `Env` to pair with the taskset (e.g. `best-of-n`); empty: the taskset's own, else single-agent."""
+    """A verifiers `Env` to pair with the taskset (one agent run per episode); empty: the taskset's own, else
+    single-agent."""
     env_args: dict[str, Any] = Field(default_factory=dict)
     """Further fields of the verifiers env config (verifiers' `--env.*`), e.g. `{timeout: {episode: 300}}`."""
     harness: str = DEFAULT_HARNESS

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tinkrl.envs.verifiers")
 
 UNBOUNDED = 10**9  # batches cycle through the tasks; the trainer stops at max_steps
+BACKSTOP_S = 60.0  # past verifiers' own rollout timeout, the run stops an episode that still hangs
 INSTALL_HINT = "pip install 'tinkrl[verifiers]'"
 
 
@@ -194,19 +195,28 @@ def episode_failure(episode: Any) -> str | None:
 class VerifiersGroupBuilder(EnvGroupBuilder):
     """`group_size` verifiers rollouts of one task, sampled through the run's server and scored by the task's rubric."""
 
-    def __init__(self, task: Any, group_size: int, server: RunServer, loop: VerifiersLoop, tag: str):
+    def __init__(
+        self, task: Any, group_size: int, server: RunServer, loop: VerifiersLoop, tag: str, timeout_s: float | None
+    ):
         self.task = task
         self.group_size = group_size
         self.server = server
         self.loop = loop
         self.tag = tag
+        # verifiers stops its own agent at timeout_s; this bounds an episode that hangs anyway
+        self.timeout_s = None if timeout_s is None else timeout_s + BACKSTOP_S
 
     async def make_envs(self) -> Sequence[Any]:
         raise NotImplementedError("verifiers groups run their own rollouts (run_group)")
 
     async def run_group(self, sampling_client: Any, settings: SamplingSettings) -> list[Trajectory]:
         runner = self.server.runner(sampling_client)
-        return list(await asyncio.gather(*(self._one(runner, settings) for _ in range(self.group_size))))
+
+        async def one() -> Trajectory:
+            async with settings.rollout_slot():
+                return await self._one(runner, settings)
+
+        return list(await asyncio.gather(*(one() for _ in range(self.group_size))))
 
     async def _one(self, runner: Any, settings: SamplingSettings) -> Trajectory:
         vf = import_verifiers()
@@ -229,7 +239,7 @@ class VerifiersGroupBuilder(EnvGroupBuilder):
         def grader() -> float:
             return float(done["episode"].traces[0].reward)
 
-        rollout = await runner.run(agent, grader)
+        rollout = await runner.run(agent, grader, timeout_s=self.timeout_s)
         trajectory = rollout.trajectory
         if trajectory.failure_mode is None and trajectory.transitions:
             extra = {**episode_scores(done["episode"]), **rollout.stats.to_metrics()}
@@ -286,7 +296,7 @@ def build_datasets(config: VerifiersEnvConfig, ctx: EnvContext) -> EnvDatasets:
     loop = VerifiersLoop(env)
 
     def make(group_size: int):
-        return lambda task: VerifiersGroupBuilder(task, group_size, server, loop, ctx.key)
+        return lambda task: VerifiersGroupBuilder(task, group_size, server, loop, ctx.key, config.timeout_s)
 
     train_ds = VerifiersDataset(train, ctx.groups_per_batch, make(ctx.group_size), UNBOUNDED)
     test_ds = VerifiersDataset(held_out, len(held_out), make(1), 1) if held_out else None
