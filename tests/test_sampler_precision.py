@@ -13,6 +13,8 @@ Fast: the tiny random-weight model.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,7 @@ from tinkrl.config import BackendConfig
 from tinkrl.errors import TinkrlError
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import default_sampler_precision
+from tinkrl.local.precision import CPU_SAMPLER_RULES, CpuClass, cpu_class
 from tinkrl.local.transformer import Linear
 
 
@@ -98,6 +101,16 @@ def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_servi
     for a, b in zip(before.sequences, again.sequences):
         assert list(a.tokens) == list(b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+
+
+def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
+    assert set(CPU_SAMPLER_RULES) == set(get_args(CpuClass))
+    for cls, rule in CPU_SAMPLER_RULES.items():
+        assert rule.precision == "matched", cls  # bf16 sampling has not learned as well as matched anywhere yet
+        assert rule.measured.strip(), cls
+    monkeypatch.delenv("TINKRL_SAMPLER_PRECISION", raising=False)
+    assert default_sampler_precision(torch.device("cpu")) == CPU_SAMPLER_RULES[cpu_class()].precision
+    assert ServiceClient().sampler_precision is None  # the engine takes its class's default
 
 
 def test_the_setting_reaches_the_engine_and_bad_names_are_refused(monkeypatch):

@@ -64,8 +64,12 @@ class SamplerRule:
 
 
 CPU_SAMPLER_RULES: dict[CpuClass, SamplerRule] = {
-    "amx_bf16": SamplerRule("matched", "not measured on this class yet"),
-    "avx512_bf16": SamplerRule("matched", "not measured yet"),
+    "amx_bf16": SamplerRule("matched", "bf16 sampling not measured on this class yet"),
+    "avx512_bf16": SamplerRule(
+        "matched",
+        "AMD EPYC Zen 4, 2 cores, SmolLM2: bf16 sampling decodes 1.2-1.5x faster but is off-policy by mean |dlogprob| "
+        "1.3e-2, max 0.28; make train with it ran 103 steps to 0.86 held-out, matched 129 steps to 0.90",
+    ),
     "other": SamplerRule("matched", "no bf16 matrix instructions: bf16 products would be emulated"),
 }
 CUDA_SAMPLER_RULE = SamplerRule("matched", "the trainer's TF32 products are already fast on GPUs")
