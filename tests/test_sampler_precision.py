@@ -25,7 +25,7 @@ from tinkrl.backends import make_service_client
 from tinkrl.config import BackendConfig
 from tinkrl.errors import TinkrlError
 from tinkrl.local import ServiceClient
-from tinkrl.local.models import default_sampler_precision
+from tinkrl.local.models import TINY_ARCHS, default_sampler_precision
 from tinkrl.local.precision import CPU_SAMPLER_RULES, CpuClass, cpu_class
 from tinkrl.local.transformer import Linear
 
@@ -75,11 +75,13 @@ def test_the_bf16_copies_are_the_samplers_alone(bf16_service, prompts):
     assert all(m.weight.dtype == torch.bfloat16 for m in merged.modules() if isinstance(m, Linear))
 
 
-def test_bf16_sampler_samples_its_own_policy_base_and_lora(bf16_service, prompts):
-    assert_samples_own_policy(bf16_service.create_sampling_client(base_model=TINY), prompts)
-    tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
+@pytest.mark.parametrize("model", sorted(TINY_ARCHS))  # Qwen2's q/k/v biases, Qwen3's q/k norms fused too
+def test_bf16_sampler_samples_its_own_policy_base_and_lora(bf16_service, prompts, model):
+    assert_samples_own_policy(bf16_service.create_sampling_client(base_model=model), prompts)
+    tc = bf16_service.create_lora_training_client(model, rank=4, seed=0)
     randomize_lora(tc, scale=0.05, seed=2)
     assert_samples_own_policy(tc.save_weights_and_get_sampling_client(), prompts)
+    assert max_disagreement(tc, tc.save_weights_and_get_sampling_client(), prompts, temperature=1.0) < 0.15
 
 
 def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_service, prompts):

@@ -119,8 +119,8 @@ LOCAL_ONLY = ("device", "precision", "sampler_precision", "compile")
 
 def choose_backend(config: BackendConfig) -> tuple[str, str]:
     """(local or tinker, why) for a config. `auto`: tinker when `base_url` is set, local when a local-engine
-    option (device, precision, sampler_precision, compile) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
-    is or the model is not on this machine; else local. Reads only files and the environment: no service is
+    option (`LOCAL_ONLY`) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL is or the
+    model is not on this machine; else local. Reads only files and the environment: no service is
     contacted, nothing is downloaded."""
     if config.backend != "auto":
         return config.backend, "set in the config"

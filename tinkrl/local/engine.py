@@ -5,8 +5,9 @@ is busy, or within a short gathering window, are merged into one batch (`sampler
 per weight version. The engine owns the frozen base model and the module trees that share its
 weights: one per sampling LoRA config (adapter apart, in reduced precision), one with adapters
 merged into copies of the adapted weights (fp32, or bf16 under bf16 sampling, whose base model
-also has a bf16 copy), and the training trees it makes for `training.Trainer`. PyTorch's reduced-precision matmul setting is process-wide, so the thread
-sets its engine's own before every operation.
+also has a bf16 copy), and the training trees it makes for `training.Trainer`. PyTorch's
+reduced-precision matmul setting is process-wide, so the thread sets its engine's own before
+every operation.
 """
 
 from __future__ import annotations

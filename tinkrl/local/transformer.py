@@ -14,7 +14,9 @@ bf16 setting lets the matrix products run in bf16 with fp32 accumulators (oneDNN
 mode, TF32 on CUDA; see engine.use_reduced_precision_matmuls), so nothing is rounded to
 bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 logits alone
 would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run through oneDNN
-(`frozen_linear`). The figures behind these choices are in docs/engine.md.
+(`frozen_linear`). The one exception is bf16 sampling (the engine's `sampler_precision`): its
+sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
+and round their inputs to bf16. The figures behind these choices are in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same fp32 arithmetic, faster)."""
+    """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or
+    bf16 for the bf16 sampling trees' weights."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
     if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype):
         return F.linear(x, weight, bias)
