@@ -113,6 +113,7 @@ class Engine:
         self._bf16_base: CausalLM | None = None
         self._merged_tree: CausalLM | None = None  # adapters merged into the weights (_merged_tree_for)
         self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
+        self._merged_adapted: set[str] = set()  # its modules holding the loaded version's merged weights
         self._merged_key: str | None = None
         self._work: list[tuple[Callable, LocalFuture]] = []
         self._samples: list[tuple[Snapshot, SampleJob, LocalFuture]] = []
@@ -265,20 +266,16 @@ class Engine:
                         torch.empty_like(base_modules[module].weight), requires_grad=False
                     )
                     self._merged_own.add(module)
-                weight = modules[module].weight
-                merged = torch.addmm(
-                    fp32_modules[module].weight,
-                    b.to(self.device),
-                    a.to(self.device),
-                    alpha=scale,
-                    out=weight if weight.dtype == torch.float32 else None,
-                )
-                if merged is not weight:
-                    weight.copy_(merged)
+                weight, w0 = modules[module].weight, fp32_modules[module].weight
+                b, a = b.to(self.device), a.to(self.device)
+                if weight.dtype == torch.float32:
+                    torch.addmm(w0, b, a, alpha=scale, out=weight)
+                else:  # merged in fp32, stored rounded
+                    weight.copy_(torch.addmm(w0, b, a, alpha=scale))
                 adapted.add(module)
-            for module in self._merged_own - adapted:  # adapted by an earlier version's config only
+            for module in self._merged_adapted - adapted:  # adapted by the previous version's config only
                 modules[module].weight.copy_(base_modules[module].weight)
-        self._merged_key = snap.key
+        self._merged_key, self._merged_adapted = snap.key, adapted
         return tree
 
 

@@ -79,14 +79,13 @@ async def do_group_rollout(
     """The `group_size` episodes of one task, run concurrently (at most `semaphore`'s count at once),
     with group-level rewards; episodes with an infrastructure failure go to `failures`."""
 
+    settings = SamplingSettings(max_tokens, temperature, top_p, semaphore)
+
     async def one(env: Env) -> Trajectory:
-        if semaphore is None:
-            return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
-        async with semaphore:
+        async with settings.rollout_slot():
             return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
 
     try:
-        settings = SamplingSettings(max_tokens, temperature, top_p, semaphore)
         own = await builder.run_group(sampling_client, settings)
         if own is not None:  # the builder ran its rollouts itself (external agents)
             envs, trajectories = [], own
