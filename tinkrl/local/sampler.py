@@ -322,7 +322,7 @@ def sample_batch(
             nxt, next_pos = nxt[sel], next_pos[sel]
             slots = [slots[b] for b in keep]
             if decoder is None:
-                cache, attn = cache.select(sel), attn[sel]
+                cache, attn = cache.keep(sel), attn[sel]
             else:
                 decoder = decoder.select(sel)
         pos = P + step

@@ -16,7 +16,9 @@ bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 
 would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run through oneDNN
 (`frozen_linear`). The one exception is bf16 sampling (the engine's `sampler_precision`): its
 sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
-and round their inputs to bf16. The figures behind these choices are in docs/engine.md.
+and round their inputs to bf16. On CPU a decode step's attention (one new token per row) runs
+`decode_attention`'s kernel, which also lets a batch drop finished rows without copying the KV
+cache (`KVCache.keep`). The figures behind these choices are in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinkrl.local.decode_attention import decode_attention, reads_cache
 from tinkrl.local.model_files import SUPPORTED_ARCHS
 from tinkrl.local.models import cpu_has_bf16_math
 
@@ -124,10 +127,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class KVCache:
-    """Preallocated keys/values for every layer: [layers, B, kv_heads, max_len, head_dim], fp32."""
+    """Preallocated keys/values for every layer: [layers, cache rows, kv_heads, max_len, head_dim], fp32.
+
+    `rows`: the cache row each batch row lives in (None: batch row b is cache row b). Set by `keep`
+    where the decode-attention kernel reads rows in place, so a batch whose rows finish drops them
+    without copying the cache.
+    """
 
     k: torch.Tensor
     v: torch.Tensor
+    rows: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, cfg, batch: int, max_len: int, device) -> KVCache:
@@ -135,7 +144,29 @@ class KVCache:
         return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
     def select(self, rows: torch.Tensor) -> KVCache:
+        """A cache of the given batch rows (repeats allowed: each gets its own copy)."""
+        if self.rows is not None:
+            rows = self.rows[rows]
         return KVCache(self.k[:, rows], self.v[:, rows])
+
+    def keep(self, rows: torch.Tensor) -> KVCache:
+        """The given batch rows (distinct, as when finished rows leave a batch): left in place where
+        the decode-attention kernel reads them there, else copied."""
+        if not reads_cache(self.k):
+            return self.select(rows)
+        return KVCache(self.k, self.v, rows if self.rows is None else self.rows[rows])
+
+    def write(self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a layer's keys/values [B, kv_heads, T, head_dim] at positions pos..pos+T; returns the
+        layer's keys/values up to them (all cache rows when `rows` is set)."""
+        end = pos + k.shape[2]
+        if self.rows is None:
+            self.k[layer, :, :, pos:end] = k
+            self.v[layer, :, :, pos:end] = v
+        else:
+            self.k[layer, :, :, pos:end].index_copy_(0, self.rows, k)
+            self.v[layer, :, :, pos:end].index_copy_(0, self.rows, v)
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
 def _head_dim(cfg) -> int:
@@ -202,15 +233,17 @@ class Attention(nn.Module):
             k = cache.k[self.layer_idx].index_copy_(2, cache_pos, k)
             v = cache.v[self.layer_idx].index_copy_(2, cache_pos, v)
         elif cache is not None:
-            cache.k[self.layer_idx, :, :, cache_pos : cache_pos + T] = k
-            cache.v[self.layer_idx, :, :, cache_pos : cache_pos + T] = v
-            k = cache.k[self.layer_idx, :, :, : cache_pos + T]
-            v = cache.v[self.layer_idx, :, :, : cache_pos + T]
+            k, v = cache.write(self.layer_idx, cache_pos, k, v)
         elif prefix_kv is not None:
             k = torch.cat([prefix_kv[0].expand(B, -1, -1, -1), k], dim=2)
             v = torch.cat([prefix_kv[1].expand(B, -1, -1, -1), v], dim=2)
-        with ieee_attention(q.device):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        rows = cache.rows if cache is not None else None
+        out = decode_attention(q, k, v, mask, rows) if T == 1 and cache is not None and mask is not None else None
+        if out is None:
+            if rows is not None:  # the batch's rows out of the whole cache, for torch's kernel
+                k, v = k.index_select(0, rows), v.index_select(0, rows)
+            with ieee_attention(q.device):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         out = self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
         return (out, own_kv) if return_kv else out
 
