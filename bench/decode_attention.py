@@ -52,10 +52,14 @@ def attention_row(rows: int, positions: int, rounds: int) -> dict[str, float]:
     mask[..., 3:9] = float("-inf")
     runs = {
         "torch": lambda: [
-            F.scaled_dot_product_attention(q, k[i, :, :, :positions], v[i, :, :, :positions], attn_mask=mask, enable_gqa=True)
+            F.scaled_dot_product_attention(
+                q, k[i, :, :, :positions], v[i, :, :, :positions], attn_mask=mask, enable_gqa=True
+            )
             for i in range(LAYERS)
         ],
-        "kernel": lambda: [decode_attention(q, k[i, :, :, :positions], v[i, :, :, :positions], mask) for i in range(LAYERS)],
+        "kernel": lambda: [
+            decode_attention(q, k[i, :, :, :positions], v[i, :, :, :positions], mask) for i in range(LAYERS)
+        ],
         "read once": lambda: [(k[i, :, :, :positions].sum(), v[i, :, :, :positions].sum()) for i in range(LAYERS)],
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -88,7 +92,9 @@ def main() -> None:
     keep = torch.arange(60)
     copy_ms = _median_ms(lambda: cache.select(keep), args.rounds)
     keep_ms = _median_ms(lambda: cache.keep(keep), args.rounds)
-    print(f"\ndropping 4 of 64 rows (116 positions): copying the cache {copy_ms:.1f} ms, keeping rows in place {keep_ms:.3f} ms")
+    print(
+        f"\ndropping 4 of 64 rows (116 positions): copying the cache {copy_ms:.1f} ms, keeping rows in place {keep_ms:.3f} ms"
+    )
 
 
 if __name__ == "__main__":
