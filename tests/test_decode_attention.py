@@ -133,6 +133,29 @@ def test_no_compiler_gives_a_reason_and_torch_runs(monkeypatch, tmp_path):
         da._warn_unavailable.cache_clear()
 
 
+def test_a_missing_compiler_is_a_reason_and_a_damaged_build_is_made_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("TINKRL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/nonexistent/cc -O2")  # CC may carry arguments, as `ccache gcc` does
+    da.load_kernel.cache_clear()
+    try:
+        fn, why = da.load_kernel()
+        assert fn is None and why.startswith("cannot build or load decode_attention.c")
+        monkeypatch.delenv("CC")
+        da.load_kernel.cache_clear()
+        assert da.load_kernel()[0] is not None
+        (built,) = tmp_path.glob("decode_attention-*.so")
+        damaged = tmp_path / "other" / built.name  # another cache (a loaded path would not be read again)
+        damaged.parent.mkdir()
+        damaged.write_bytes(b"not a shared library")
+        monkeypatch.setenv("TINKRL_KERNEL_CACHE", str(damaged.parent))
+        da.load_kernel.cache_clear()
+        fn, why = da.load_kernel()
+        assert fn is not None, why
+        assert damaged.read_bytes().startswith(b"\x7fELF")
+    finally:
+        da.load_kernel.cache_clear()
+
+
 def test_opt_out_and_the_cache_key(monkeypatch, tmp_path):
     monkeypatch.setenv("TINKRL_DECODE_ATTENTION", "torch")
     da.load_kernel.cache_clear()

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -56,19 +57,19 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _compile(cc: str, target: Path) -> str:
+def _compile(cc: list[str], target: Path) -> str:
     """Build the shared library at `target`; returns "" or the compiler's last error line."""
     err = ""
     target.parent.mkdir(parents=True, exist_ok=True)
     for arch in ARCH_FLAGS:
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
             tmp_path = Path(tmp.name)
-        r = subprocess.run([cc, *BASE_FLAGS, *arch, "-o", str(tmp_path), str(SOURCE)], capture_output=True, text=True)
+        r = subprocess.run([*cc, *BASE_FLAGS, *arch, "-o", str(tmp_path), str(SOURCE)], capture_output=True, text=True)
         if r.returncode == 0:
             os.replace(tmp_path, target)
             return ""
         tmp_path.unlink(missing_ok=True)
-        err = (r.stderr.strip().splitlines() or [f"{cc} exited {r.returncode}"])[-1]
+        err = (r.stderr.strip().splitlines() or [f"{' '.join(cc)} exited {r.returncode}"])[-1]
     return err
 
 
@@ -77,18 +78,29 @@ def load_kernel() -> tuple[ctypes._CFuncPtr | None, str]:
     """The compiled kernel's entry point, built on first use; (None, why) where it can't be."""
     if os.environ.get("TINKRL_DECODE_ATTENTION", "native") == "torch":
         return None, "TINKRL_DECODE_ATTENTION=torch"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = shlex.split(os.environ.get("CC", "")) or ([found] if found else [])
     if not cc:
         return None, "no C compiler (cc) on PATH"
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(BASE_FLAGS), version, _cpu_identity()]).encode())
-    target = kernel_cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
-    with _lock:
-        if not target.exists():
-            err = _compile(cc, target)
-            if err:
-                return None, f"cannot compile {SOURCE.name}: {err}"
-    fn = ctypes.CDLL(str(target)).decode_attention
+    try:
+        version = subprocess.run([*cc, "--version"], capture_output=True, text=True).stdout
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(BASE_FLAGS), version, _cpu_identity()]).encode())
+        target = kernel_cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+        with _lock:
+            for attempt in (1, 2):
+                if not target.exists():
+                    err = _compile(cc, target)
+                    if err:
+                        return None, f"cannot compile {SOURCE.name}: {err}"
+                try:
+                    fn = ctypes.CDLL(str(target)).decode_attention
+                    break
+                except OSError:
+                    if attempt == 2:
+                        raise
+                    target.unlink(missing_ok=True)  # a damaged build: made again once
+    except OSError as e:  # no such compiler, an unwritable cache, a library that does not load
+        return None, f"cannot build or load {SOURCE.name}: {e}"
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int]
     return fn, ""
