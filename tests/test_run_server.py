@@ -57,11 +57,10 @@ class AgentGroup(EnvGroupBuilder):
         def broken(session) -> None:
             raise RuntimeError("the agent program crashed")
 
-        async def one(i: int):
-            async with settings.rollout_slot():  # the run's max_concurrent_rollouts, as the real builders
-                return await runner.run(broken if (self.fail_first and i == 0) else agent, grader=lambda: 0.0)
-
-        rollouts = await asyncio.gather(*(one(i) for i in range(self.size)))
+        rollouts = await settings.gather_rollouts(  # the run's max_concurrent_rollouts, as the real builders
+            self.size,
+            lambda i: runner.run(broken if (self.fail_first and i == 0) else agent, grader=lambda: 0.0),
+        )
         trajectories = [r.trajectory for r in rollouts]
         for t in trajectories:  # the reward this test's grader gives, from what was sampled
             if t.transitions:

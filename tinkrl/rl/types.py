@@ -22,9 +22,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import tinker
+
+T = TypeVar("T")
 
 Action = list[int]
 StopCondition = list[str] | list[int]
@@ -125,6 +127,16 @@ class SamplingSettings:
             return
         async with self.slots:
             yield
+
+    async def gather_rollouts(self, count: int, rollout: Callable[[int], Awaitable[T]]) -> list[T]:
+        """`rollout(0)` .. `rollout(count - 1)` at once, each holding a slot of the run's cap: how a
+        group that runs its own rollouts runs them."""
+
+        async def one(i: int) -> T:
+            async with self.rollout_slot():
+                return await rollout(i)
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
 class EnvGroupBuilder(abc.ABC):

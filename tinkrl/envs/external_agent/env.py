@@ -168,14 +168,10 @@ class AgentGroupBuilder(EnvGroupBuilder):
         runner = self.server.runner(sampling_client)
         agent = make_agent(self.cfg, settings)
         provider = await asyncio.to_thread(self.provider.get)
-
-        async def one() -> Any:
-            async with settings.rollout_slot():
-                return await runner.run_task(
-                    agent, self.task, provider, timeout_s=self.cfg.timeout_s, log_root=self.log_dir
-                )
-
-        rollouts = await asyncio.gather(*(one() for _ in range(self.group_size)))
+        rollouts = await settings.gather_rollouts(
+            self.group_size,
+            lambda _: runner.run_task(agent, self.task, provider, timeout_s=self.cfg.timeout_s, log_root=self.log_dir),
+        )
         return [annotate(r, self.task, self.log_dir, self.run_dir) for r in rollouts]
 
     def logging_tags(self) -> list[str]:

@@ -211,12 +211,7 @@ class VerifiersGroupBuilder(EnvGroupBuilder):
 
     async def run_group(self, sampling_client: Any, settings: SamplingSettings) -> list[Trajectory]:
         runner = self.server.runner(sampling_client)
-
-        async def one() -> Trajectory:
-            async with settings.rollout_slot():
-                return await self._one(runner, settings)
-
-        return list(await asyncio.gather(*(one() for _ in range(self.group_size))))
+        return await settings.gather_rollouts(self.group_size, lambda _: self._one(runner, settings))
 
     async def _one(self, runner: Any, settings: SamplingSettings) -> Trajectory:
         vf = import_verifiers()
