@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 # The largest sampler/trainer disagreement (max |dlogprob|) a default precision may have.
 AGREEMENT_BOUND = 2e-2
@@ -27,12 +27,19 @@ Precision = Literal["float32", "bfloat16"]
 SamplerPrecision = Literal["matched", "bfloat16"]
 
 
-@dataclass(frozen=True)
-class PrecisionRule:
-    """A hardware class's default precision and the measurement it rests on."""
+P = TypeVar("P", Precision, SamplerPrecision)
 
-    precision: Precision
+
+@dataclass(frozen=True)
+class Rule(Generic[P]):
+    """A hardware class's default (compute or sampler precision) and the measurement it rests on."""
+
+    precision: P
     measured: str
+
+
+PrecisionRule = Rule[Precision]
+SamplerRule = Rule[SamplerPrecision]
 
 
 CPU_RULES: dict[CpuClass, PrecisionRule] = {
@@ -53,14 +60,6 @@ CUDA_RULE = PrecisionRule(
     "bfloat16", "H100: TF32 products with fp32 activations; tests/test_agreement.py bounds bf16 by 2e-2"
 )
 CUDA_NO_BF16_RULE = PrecisionRule("float32", "a GPU without bf16 support")
-
-
-@dataclass(frozen=True)
-class SamplerRule:
-    """A hardware class's default sampler precision and the measurement it rests on."""
-
-    precision: SamplerPrecision
-    measured: str
 
 
 CPU_SAMPLER_RULES: dict[CpuClass, SamplerRule] = {
