@@ -57,6 +57,16 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def run_device(config: dict) -> str:
+    """Where the run trained: its config's `device`, else the engine's default here (CUDA when torch sees a
+    GPU), so a CPU run on a GPU host with the GPU hidden (`CUDA_VISIBLE_DEVICES=`) is filed as CPU work."""
+    if config.get("device"):
+        return str(config["device"]).split(":")[0]
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", nargs="?", type=Path, default=Path("runs/arithmetic"))
@@ -69,7 +79,9 @@ def main() -> None:
     print(json.dumps({k: v if len(v) == 1 else f"{len(v)} steps" for k, v in figures.items()}))
     settings = {k: config.get(k) for k in SETTINGS} | {"environments": sorted(config.get("environments") or {})}
     command = f"{args.train_command} && {command_line()}"
-    write_result("make_train", args.run_dir.name, settings, figures, args.results, command=command)
+    write_result(
+        "make_train", args.run_dir.name, settings, figures, args.results, device=run_device(config), command=command
+    )
 
 
 if __name__ == "__main__":
