@@ -62,10 +62,6 @@ def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
         assert result.ok, (task.instruction, result.detail)
 
 
-# the error a template's mistake must show, where it is not a missing file
-MISTAKE_ERRORS = {"delete_empty_dir": "Is a directory", "files_containing": "Is a directory", "upper_case": "extra operand"}
-
-
 @needs_bwrap
 @pytest.mark.parametrize("name", [n for n in TEMPLATES if instance(n, 0).mistake])
 def test_a_mistake_fails_with_an_error_and_changes_nothing(name, bwrap_provider) -> None:
@@ -78,8 +74,7 @@ def test_a_mistake_fails_with_an_error_and_changes_nothing(name, bwrap_provider)
         try:
             before = sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output
             result = sandbox.exec(inst.mistake, timeout=30)
-            error = MISTAKE_ERRORS.get(name, "No such file or directory")
-            assert result.exit_code != 0 and error in result.output, (inst.mistake, result)
+            assert result.exit_code != 0 and "No such file or directory" in result.output, (inst.mistake, result)
             assert sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output == before
         finally:
             sandbox.close()

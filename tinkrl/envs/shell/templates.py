@@ -210,12 +210,10 @@ def _source_and_out(rng, lo: int = 4, hi: int = 9) -> tuple[str, str, list[str]]
     return f, out, _lines(rng, lo, hi)
 
 
-def _to_new_file(
-    name: str, f: str, lines: list[str], out: str, text: str, prompt: str, command: str, mistake: str | None = None
-) -> Instance:
+def _to_new_file(name: str, f: str, lines: list[str], out: str, text: str, prompt: str, command: str) -> Instance:
     """An instance whose start is one file `f` of `lines` and whose end adds a new file `out` holding `text`."""
     start = {f: Entry("file", _text(lines))}
-    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command], mistake)
+    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command])
 
 
 def count_lines(rng) -> Instance:
@@ -395,12 +393,7 @@ def delete_empty_dir(rng) -> Instance:
     d = _pick(rng, DIRS)
     start = {d: Entry("dir"), **_distractors(rng, {d})}
     return Instance(
-        "delete_empty_dir",
-        f"Delete the empty directory {d}.",
-        start,
-        _set(start, {d: None}),
-        [f"rmdir {d}"],
-        mistake=f"rm {d}",  # "rm: cannot remove '...': Is a directory"
+        "delete_empty_dir", f"Delete the empty directory {d}.", start, _set(start, {d: None}), [f"rmdir {d}"]
     )
 
 
@@ -525,7 +518,6 @@ def upper_case(rng) -> Instance:
         _text([line.upper() for line in lines]),
         f"Write the text of {f} in upper case to a new file {out}.",
         f"tr a-z A-Z < {f} > {out}",
-        mistake=f"tr a-z A-Z {f}",  # tr reads standard input only: "tr: extra operand '...'"
     )
 
 
@@ -577,7 +569,6 @@ def files_containing(rng) -> Instance:
         start,
         _set(start, {out: Entry("file", _text(found))}),
         [f"grep -rl {w} {d} | sort > {out}"],
-        mistake=f"grep -l {w} {d}",  # "grep: ...: Is a directory"
     )
 
 
