@@ -8,8 +8,8 @@ bench/engine.py), through `SamplingClient.sample` as RL calls it: 32 requests x 
 64 requests x 128 tokens, fixed lengths at T=1 (workloads a and c of bench/vs_vllm.py), one
 warm-up call each, then `--repeats` timed calls; it prints each call's generated tokens/s. It
 measures speed only: with `--random` (the default; no download) the weights are random. What the
-precisions compute is tested in tests/test_sampler_precision.py. Figures: docs/engine.md,
-"Sampler precision".
+precisions compute is tested in tests/test_sampler_precision.py. Figures: docs/performance.md,
+"Sampler precision by CPU class".
 """
 
 from __future__ import annotations
