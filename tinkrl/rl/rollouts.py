@@ -81,17 +81,15 @@ async def do_group_rollout(
 
     settings = SamplingSettings(max_tokens, temperature, top_p, semaphore)
 
-    async def one(env: Env) -> Trajectory:
-        async with settings.rollout_slot():
-            return await do_rollout(env, sampling_client, max_tokens, temperature, top_p)
-
     try:
         own = await builder.run_group(sampling_client, settings)
         if own is not None:  # the builder ran its rollouts itself (external agents)
             envs, trajectories = [], own
         else:
             envs = await builder.make_envs()
-            trajectories = await asyncio.gather(*(one(e) for e in envs))
+            trajectories = await settings.gather_rollouts(
+                len(envs), lambda i: do_rollout(envs[i], sampling_client, max_tokens, temperature, top_p)
+            )
         ok = [t for t in trajectories if t.failure_mode is None]
         failed = [t for t in trajectories if t.failure_mode is not None]
         ok_envs = [e for e, t in zip(envs, trajectories) if t.failure_mode is None]
