@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -60,11 +61,10 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
 def run_device(config: dict) -> str:
     """Where the run trained: its config's `device`, else the engine's default here (CUDA when torch sees a
     GPU), so a CPU run on a GPU host with the GPU hidden (`CUDA_VISIBLE_DEVICES=`) is filed as CPU work."""
-    if config.get("device"):
-        return str(config["device"]).split(":")[0]
-    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tinkrl.local.models import pick_device  # the engine's own rule (imports torch)
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return pick_device(config.get("device")).type
 
 
 def main() -> None:
