@@ -47,3 +47,21 @@ def test_clock_follows_the_time_budget():
     # after the budget's end the run is at its end
     late = TimeBudget(5.0, time.time() - 10.0)
     assert run_progress(10, 0, 1000, late) == 1.0
+
+
+def test_clock_leaves_the_first_steps_one_time_costs_out(monkeypatch):
+    # Loading and compiling make the first step 60 s; the steps after it take 5 s. The clock must
+    # expect (560 - elapsed) / 5 more steps, not divide by an average that the first step inflates.
+    now = [1000.0]
+    monkeypatch.setattr("tinkrl.rl.schedule.time.time", lambda: now[0])
+    budget = TimeBudget(560.0, t0=1000.0)
+    now[0] += 60.0
+    budget.note_step(1)
+    assert budget.steps_left(1) == pytest.approx(500 / 60)  # one step: nothing better to go by yet
+    now[0] += 9 * 5.0
+    budget.note_step(10)
+    assert budget.steps_left(10) == pytest.approx((560 - 105) / 5.0)
+    assert run_progress(10, 0, 1000, budget) == pytest.approx(10 / (10 + 91))
+    assert not budget.exhausted(10)
+    now[0] = 1000.0 + 556.0  # 4 s left, steps of ~4.6 s: another would overrun
+    assert budget.exhausted(10 + 99)

@@ -288,7 +288,8 @@ class TrainConfig(BackendConfig):
     """Adam learning rate. Under a decaying lr_schedule, its value at the first step."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """The learning rate over the run: constant, or linear/cosine decay to 0 at its end (the end is
-    max_steps, or where time_budget_s will stop the run, estimated from the pace so far)."""
+    max_steps, or where time_budget_s will stop the run, estimated from the pace of the steps after
+    the first)."""
     adam_beta1: float = 0.9
     """Adam beta1."""
     adam_beta2: float = 0.95

@@ -48,14 +48,27 @@ class TimeBudget:
     def __init__(self, budget_s: float | None, t0: float):
         self.budget_s, self.t0 = budget_s, t0
         self.eval_s = 0.0  # one held-out eval, as first measured: the final eval is estimated by it
+        self._first: tuple[float, int] | None = None  # (time, steps run) when this process's first step ended
 
     def note_eval(self, seconds: float) -> None:
         """Record the first eval's duration."""
         self.eval_s = self.eval_s or seconds
 
+    def note_step(self, steps_run: int) -> None:
+        """Record that `steps_run` steps have run in this process. The pace is measured from the end of
+        the first one: it carries one-time costs (loading the model, compiling, the first eval) that
+        the later steps do not repeat."""
+        if self._first is None and steps_run >= 1:
+            self._first = (time.time(), steps_run)
+
     def _pace(self, steps_run: int) -> tuple[float, float]:
-        """Seconds elapsed, and seconds per step so far (the first eval left out)."""
-        elapsed = time.time() - self.t0
+        """Seconds elapsed, and seconds per step: over the steps after the first once there are any,
+        else over everything so far (the first eval left out)."""
+        now = time.time()
+        elapsed = now - self.t0
+        if self._first is not None and steps_run > self._first[1]:
+            first_end, first_steps = self._first
+            return elapsed, (now - first_end) / (steps_run - first_steps)
         return elapsed, (elapsed - self.eval_s) / max(1, steps_run)
 
     def steps_left(self, steps_run: int) -> float:

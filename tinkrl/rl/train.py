@@ -173,6 +173,7 @@ async def train(
 
             # New weights -> a new sampling client, from a checkpoint when one is due.
             done = step + 1
+            budget.note_step(done - start)
             last = done == c.max_steps or budget.exhausted(steps_run=done - start)
             checkpoint = None
             if (c.save_every and done % c.save_every == 0) or last:
