@@ -20,6 +20,8 @@ from pathlib import Path
 import yaml
 from common import add_results_arg, command_line, write_result
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 SETTINGS = (  # the config fields that shape the workload
     "model_name",
     "precision",
@@ -61,7 +63,6 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
 def run_device(config: dict) -> str:
     """Where the run trained: its config's `device`, else the engine's default here (CUDA when torch sees a
     GPU), so a CPU run on a GPU host with the GPU hidden (`CUDA_VISIBLE_DEVICES=`) is filed as CPU work."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tinkrl.local.models import pick_device  # the engine's own rule (imports torch)
 
     return pick_device(config.get("device")).type
