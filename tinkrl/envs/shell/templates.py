@@ -572,6 +572,83 @@ def files_containing(rng) -> Instance:
     )
 
 
+def empty_dir(rng) -> Instance:
+    """rm with a glob on a whole directory: every file in it, the directory kept."""
+    d = _pick(rng, DIRS)
+    inside = {f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 4)))}
+    start = {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
+    return Instance(
+        "empty_dir",
+        f"Delete every file in the directory {d}, keeping {d} itself.",
+        start,
+        _set(start, {p: None for p in inside}),
+        [f"rm {d}/*"],
+    )
+
+
+def copy_all_into_dir(rng) -> Instance:
+    """cp with a glob: every file of one directory into another existing one."""
+    a, b = _pick(rng, DIRS, 2)
+    inside = {n: Entry("file", _text(_lines(rng, 1, 3))) for n in _file_names(rng, int(rng.integers(2, 4)))}
+    start = {a: Entry("dir"), b: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
+    return Instance(
+        "copy_all_into_dir",
+        f"Copy every file in the directory {a} into the existing directory {b}.",
+        start,
+        _set(start, {f"{b}/{n}": e for n, e in inside.items()}),
+        [f"cp {a}/* {b}/"],
+    )
+
+
+def repeated_lines(rng) -> Instance:
+    """sort | uniq -d: the lines that occur more than once, each once, sorted."""
+    f, out = _file_names(rng, 2, ext="txt")
+    base = _lines(rng, 3, 5)
+    twice = _pick(rng, base, int(rng.integers(1, len(base))))
+    lines = base + twice
+    rng.shuffle(lines)
+    return _to_new_file(
+        "repeated_lines",
+        f,
+        lines,
+        out,
+        _text(sorted({line for line in lines if lines.count(line) > 1})),
+        f"Write the lines that occur more than once in {f}, each once, sorted alphabetically, to a new file {out}.",
+        f"sort {f} | uniq -d > {out}",
+    )
+
+
+def numeric_sort(rng) -> Instance:
+    """sort -n: numbers sorted by value (not as text), into a new file."""
+    f, out = _file_names(rng, 2, ext="txt")
+    numbers = [int(x) for x in rng.choice(1000, size=int(rng.integers(4, 8)), replace=False)]
+    lines = [str(n) for n in numbers]
+    return _to_new_file(
+        "numeric_sort",
+        f,
+        lines,
+        out,
+        _text([str(n) for n in sorted(numbers)]),
+        f"Write the numbers in {f}, sorted from smallest to largest, to a new file {out}.",
+        f"sort -n {f} > {out}",
+    )
+
+
+def count_files(rng) -> Instance:
+    """ls | wc -l: the number of files in a directory, as a number in a new file."""
+    d = _pick(rng, DIRS)
+    out = f"{_pick(rng, ['count', 'total', 'number'])}.txt"
+    names = _file_names(rng, int(rng.integers(1, 7)))
+    start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
+    return Instance(
+        "count_files",
+        f"Write the number of files in the directory {d} to a new file {out}.",
+        start,
+        _set(start, {out: Entry("file", f"{len(names)}\n")}),
+        [f"ls {d} | wc -l > {out}"],
+    )
+
+
 # held-out templates: relatives of the trained ones, never trained on
 def make_nested_dirs(rng) -> Instance:
     """mkdir -p (held out; a relative of make_dir): a directory inside a new one."""
@@ -688,6 +765,11 @@ TRAIN_TEMPLATES: dict[str, Template] = {
         make_dir_inside,
         skip_first_line,
         files_containing,
+        empty_dir,
+        copy_all_into_dir,
+        repeated_lines,
+        numeric_sort,
+        count_files,
     )
 }
 HELD_OUT_TEMPLATES: dict[str, Template] = {
