@@ -250,3 +250,10 @@ def test_tinking_yaml_sections(in_tmp):
     c = load_config("t.yaml", [])
     assert c.dialect == "tinking" and c.learning_rate == 0.001 and "math" in c.environments
     assert c.wandb.enabled and c.wandb.project == "q"  # tinking's W&B default merges with the file's section
+
+
+def test_a_kl_toward_the_warm_start_needs_a_warm_start():
+    with pytest.raises(ConfigError, match="warm_start.steps > 0"):
+        load_config(None, ["env=arithmetic", "kl_penalty_coef=0.1", "kl_reference=warm_start"])
+    c = load_config(None, ["env=arithmetic", "kl_reference=warm_start", "warm_start.steps=2"])
+    assert c.kl_reference == "warm_start"

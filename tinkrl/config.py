@@ -326,7 +326,10 @@ class TrainConfig(BackendConfig):
     adv_beta: float = 2.0
     """The entropic estimator's beta."""
     kl_penalty_coef: float = 0.0
-    """Coefficient of the KL to the base model, added to the advantages (0: off)."""
+    """Coefficient of the KL to the reference policy (`kl_reference`), added to the advantages (0: off)."""
+    kl_reference: Literal["base", "warm_start"] = "base"
+    """The policy the KL penalty pulls toward: the base model, or the weights the warm start ended with
+    (saved as the run's `warm_start` sampler checkpoint; needs warm_start.steps > 0)."""
     remove_constant_reward_groups: bool = False
     """Leave out groups whose rollouts all got the same reward (they carry no signal)."""
     save_every: int = Field(10, ge=0)
@@ -382,6 +385,8 @@ class TrainConfig(BackendConfig):
             )
         if self.loss_fn == "dro" and "beta" not in (self.loss_fn_config or {}):
             raise ValueError("loss_fn: dro needs loss_fn_config.beta (the weight of its quadratic penalty), e.g. 0.05")
+        if self.kl_reference == "warm_start" and not self.warm_start.steps:
+            raise ValueError("kl_reference: warm_start needs a warm start (warm_start.steps > 0); else use base")
         if self.run_name is None:
             self.run_name = _fresh_run_name(self.environments)
         if not self.environments:

@@ -1,7 +1,8 @@
 """A run's checkpoints: where training starts, what is saved, and when a save counts.
 
 `checkpoints.jsonl` in the run directory lists the saved checkpoints (`name`, `batch` = steps
-done, `state_path`, `sampler_path`, `final`). A row is appended only after its step's line is
+done, `state_path`, `sampler_path`, `final`); the weights a warm start ended with are a row of
+their own, `warm_start`, with sampler weights only. A row is appended only after its step's line is
 in `metrics.jsonl`, so a run killed at any point resumes after a fully logged step: it never
 skips a step, nor repeats one whose line was written.
 """
@@ -24,6 +25,11 @@ class Checkpointer:
     def latest(self) -> dict | None:
         """The last committed checkpoint with training state, or None."""
         rows = [r for r in read_jsonl(self.path) if r.get("state_path")]
+        return rows[-1] if rows else None
+
+    def named(self, name: str) -> dict | None:
+        """The last committed checkpoint called `name` (e.g. `warm_start`), or None."""
+        rows = [r for r in read_jsonl(self.path) if r.get("name") == name]
         return rows[-1] if rows else None
 
     def steps_done(self) -> int:
@@ -56,6 +62,11 @@ class Checkpointer:
         state = await training_client.save_state(name)
         sampler = await training_client.save_weights_for_sampler(name)
         return {"name": name, "batch": step, "state_path": state.path, "sampler_path": sampler.path, "final": final}
+
+    async def save_sampler(self, training_client: Any, name: str, step: int) -> dict:
+        """Save sampler weights only (no training state: a restart never resumes from it) as `name`."""
+        sampler = await training_client.save_weights_for_sampler(name)
+        return {"name": name, "batch": step, "state_path": None, "sampler_path": sampler.path, "final": False}
 
     def commit(self, row: dict) -> None:
         """Make a saved checkpoint the one a restart resumes from (after its step is logged)."""

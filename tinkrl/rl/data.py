@@ -8,8 +8,8 @@ observation tokens. The standard shift: input = full[:-1], targets = full[1:].
 
 Two losses need more than the sampled tokens: `dro`, whose quadratic term covers every position,
 needs the sampler's own logprobs on observation positions so (lp - lp_sampler)^2 ~ 0 there
-(`add_observation_logprobs`); a KL penalty to the base model enters the advantages
-(`add_kl_penalty`).
+(`add_observation_logprobs`); a KL penalty to a reference policy (the base model, or the
+weights the warm start ended with) enters the advantages (`add_kl_penalty`).
 """
 
 from __future__ import annotations
@@ -141,11 +141,14 @@ async def add_observation_logprobs(seqs: list[SequenceData], sampling_client) ->
         fill_observation_logprobs(s, lps)
 
 
-async def add_kl_penalty(seqs: list[SequenceData], base_client, coef: float) -> Metrics:
-    """KL to the base model enters the advantages: A += coef * (mean(d) - d), d = q - p_base on actions."""
-    refs = await asyncio.gather(*(base_client.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs))
+async def add_kl_penalty(seqs: list[SequenceData], reference_client, coef: float, name: str = "base") -> Metrics:
+    """KL to a reference policy (the base model, or the warm start's weights) enters the advantages:
+    A += coef * (mean(d) - d), d = q - p_ref on actions; reported as `kl_policy_<name>`."""
+    refs = await asyncio.gather(
+        *(reference_client.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs)
+    )
     diffs = [[(q - (b or 0.0)) * m for q, b, m in zip(s.logprobs, ref, s.mask)] for s, ref in zip(seqs, refs)]
     avg = sum(sum(d) for d in diffs) / max(1.0, sum(sum(s.mask) for s in seqs))
     for s, d in zip(seqs, diffs):
         s.advantages = [a + coef * m * (avg - di) for a, m, di in zip(s.advantages, s.mask, d)]
-    return {"kl_policy_base": avg}
+    return {f"kl_policy_{name}": avg}

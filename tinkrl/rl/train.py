@@ -85,6 +85,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
         if start == 0 and config.warm_start.steps:
             sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
             await warm_start(config, tc, renderer, envs, sc, logger, t0)
+            checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
         return await train(config, service, tc, start, envs, logger, checkpointer, t0)
     finally:
         for env in envs.values():
@@ -106,9 +107,7 @@ async def train(
     """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics."""
     tokenizer = tc.get_tokenizer()
     semaphore = asyncio.Semaphore(c.max_concurrent_rollouts)
-    base_client = None
-    if c.kl_penalty_coef:
-        base_client = await asyncio.to_thread(service.create_sampling_client, base_model=c.model_name)
+    reference = await asyncio.to_thread(kl_reference_client, c, service, checkpointer) if c.kl_penalty_coef else None
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
     sc_step = start  # the optimizer step whose weights `sc` samples
     print(
@@ -152,8 +151,8 @@ async def train(
             seqs = [s for s, _ in seq_infos]
             if c.loss_fn == "dro" and seqs:
                 await add_observation_logprobs(seqs, sc)
-            if base_client is not None and seqs:
-                metrics.update(await add_kl_penalty(seqs, base_client, c.kl_penalty_coef))
+            if reference is not None and seqs:
+                metrics.update(await add_kl_penalty(seqs, reference, c.kl_penalty_coef, c.kl_reference))
 
             # Train: forward_backward and optim_step submitted back to back.
             with timed(metrics, "time/train"):
@@ -208,6 +207,19 @@ async def train(
     if final_sampler:
         print(f"final sampler weights: {final_sampler}")
     return metrics
+
+
+def kl_reference_client(c: TrainConfig, service: Any, checkpointer: Checkpointer) -> Any:
+    """The sampling client the KL penalty measures against: the base model, or the warm start's weights."""
+    if c.kl_reference == "base":
+        return service.create_sampling_client(base_model=c.model_name)
+    row = checkpointer.named("warm_start")
+    if row is None:
+        raise ConfigError(
+            f"kl_reference: warm_start, but {checkpointer.path} lists no warm_start checkpoint (a run that began "
+            "without a warm start, or from resume_from); use kl_reference=base"
+        )
+    return service.create_sampling_client(model_path=row["sampler_path"])
 
 
 async def _export_docent(c: TrainConfig, first: int, end: int) -> None:
