@@ -52,6 +52,20 @@ def test_held_out_instances_never_appear_in_the_train_stream() -> None:
     assert redrawn.key != drawn.key and redrawn.template == drawn.template
 
 
+def test_the_held_out_templates_may_have_an_eval_size_of_their_own(renderer, tmp_path) -> None:
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs import EnvContext
+    from tinkrl.envs.shell.env import build_datasets
+
+    ctx = EnvContext("shell", EnvEntry(), renderer, "tinkrl/tiny-llama", 2, 2, 32, tmp_path, seed=0)
+    cfg = ShellEnvConfig(templates=["make_dir", "head_lines"], test_per_template=2, test_per_held_out_template=5)
+    tags = [b.logging_tags()[0] for b in build_datasets(cfg, ctx).test.get_batch(0)]
+    assert tags.count("heldout_instances") == 2 * 2 and tags.count("heldout_templates") == 5 * len(HELD_OUT_TEMPLATES)
+    same = ShellEnvConfig(templates=["make_dir"], test_per_template=3)  # unset: test_per_template for both
+    tags = [b.logging_tags()[0] for b in build_datasets(same, ctx).test.get_batch(0)]
+    assert tags.count("heldout_instances") == 3 and tags.count("heldout_templates") == 3 * len(HELD_OUT_TEMPLATES)
+
+
 @needs_bwrap
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
@@ -201,8 +215,9 @@ def test_a_run_without_demonstrations_says_how_to_warm_start() -> None:
 
 @needs_bwrap
 def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolated_home, capsys) -> None:
-    """`tinkrl train env=shell` with a warm start: base eval, supervised steps, 2 RL steps, per-tag held-out
-    evals, per-episode transcripts, and a checkpoint that `tinkrl eval` runs in the shell format."""
+    """`tinkrl train env=shell` with a warm start: base eval, supervised steps, its weights saved as the KL
+    penalty's reference, 2 RL steps, per-tag held-out evals, per-episode transcripts, and a checkpoint that
+    `tinkrl eval` runs in the shell format."""
     from tinkrl.cli import main as tinkrl
 
     monkeypatch.chdir(tmp_path)
@@ -222,6 +237,8 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
         "warm_start.steps=2",
         "warm_start.batch_size=4",
         "warm_start.demonstrations=6",
+        "kl_penalty_coef=0.1",
+        "kl_reference=warm_start",
         "run_name=agent",
     ]
     assert tinkrl(run) == 0
@@ -235,6 +252,10 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
     assert [p["sft_step"] for p in sft] == [0, 1] and all(p["sft/tokens"] > 0 for p in sft)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
+    # the KL's reference is the warm start's weights: step 0 samples with them, so its KL is ~0
+    (ws_row,) = [json.loads(r) for r in (run_dir / "checkpoints.jsonl").read_text().splitlines() if "warm_start" in r]
+    assert ws_row["state_path"] is None and ws_row["sampler_path"].endswith("warm_start") and ws_row["batch"] == 0
+    assert abs(metrics[0]["kl_policy_warm_start"]) < 1e-2
     for tag in ("heldout_instances", "heldout_templates"):
         assert 0.0 <= metrics[-1][f"eval/shell/{tag}/greedy_reward"] <= 1.0
     episodes = [json.loads(line) for line in (run_dir / "episodes" / "step_000000.jsonl").read_text().splitlines()]

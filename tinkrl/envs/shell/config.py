@@ -25,7 +25,9 @@ class ShellEnvConfig(BaseModel):
     held_out_templates: list[str] = Field(default_factory=lambda: list(HELD_OUT_TEMPLATE_NAMES))
     """Templates never trained on, evaluated to measure generalisation (`eval/<key>/heldout_templates/...`)."""
     test_per_template: int = Field(4, ge=0)
-    """Held-out instances per template in the eval set (new names and contents; never in the train stream)."""
+    """Held-out instances per trained template in the eval set (new names and contents; never in the train stream)."""
+    test_per_held_out_template: int | None = Field(None, ge=0)
+    """Instances per held-out template in the eval set (None: test_per_template)."""
     max_turns: int = Field(3, ge=1)
     """Assistant turns per episode; the last one ends the episode and it is graded."""
     max_tokens_per_turn: int | None = Field(None, ge=1)

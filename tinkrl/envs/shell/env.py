@@ -95,7 +95,8 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
     renderer = renderer_for(ctx.renderer, cfg.tool_format)
     provider = ctx.sandbox
     tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed)
-    new_templates = held_out(cfg.held_out_templates, cfg.test_per_template, ctx.seed)
+    per_new = cfg.test_per_template if cfg.test_per_held_out_template is None else cfg.test_per_held_out_template
+    new_templates = held_out(cfg.held_out_templates, per_new, ctx.seed)
     exclude = {i.key for i in tests}
 
     def builder(inst: Instance, group_size: int, tag: str) -> TaskGroupBuilder:
