@@ -118,6 +118,12 @@ def _stem(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
+def _dir_of_files(rng: np.random.Generator, d: str) -> tuple[Tree, Tree]:
+    """A directory `d` holding 1-3 small files, beside one unrelated file: (its files, the whole tree)."""
+    inside = {f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 4)))}
+    return inside, {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
+
+
 def _set(tree: Tree, changes: dict[str, Entry | None]) -> Tree:
     out = dict(tree)
     for path, entry in changes.items():
@@ -575,8 +581,7 @@ def files_containing(rng) -> Instance:
 def empty_dir(rng) -> Instance:
     """rm with a glob on a whole directory: every file in it, the directory kept."""
     d = _pick(rng, DIRS)
-    inside = {f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 4)))}
-    start = {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
+    inside, start = _dir_of_files(rng, d)
     return Instance(
         "empty_dir",
         f"Delete every file in the directory {d}, keeping {d} itself.",
@@ -666,8 +671,7 @@ def make_nested_dirs(rng) -> Instance:
 def delete_dir(rng) -> Instance:
     """rm -r (held out; a relative of delete_file): a directory and its files."""
     d = _pick(rng, DIRS)
-    inside = {f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 4)))}
-    start = {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
+    inside, start = _dir_of_files(rng, d)
     gone = {p: None for p in [d, *inside]}
     return Instance(
         "delete_dir", f"Delete the directory {d} and everything in it.", start, _set(start, gone), [f"rm -r {d}"]
