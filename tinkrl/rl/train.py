@@ -216,8 +216,8 @@ def kl_reference_client(c: TrainConfig, service: Any, checkpointer: Checkpointer
     row = checkpointer.named("warm_start")
     if row is None:
         raise ConfigError(
-            f"kl_reference: warm_start, but {checkpointer.path} lists no warm_start checkpoint (a run that began "
-            "without a warm start, or from resume_from); use kl_reference=base"
+            f"kl_reference: warm_start, but {checkpointer.path} lists no warm_start checkpoint (this run's warm "
+            "start was not saved there); use kl_reference=base"
         )
     return service.create_sampling_client(model_path=row["sampler_path"])
 
