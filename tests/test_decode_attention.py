@@ -69,7 +69,8 @@ def test_kernel_declines_what_it_does_not_handle():
 
 def test_sampler_decodes_the_same_through_either_kernel(monkeypatch):
     """Greedy decoding of the tiny model, rows finishing at different steps (so the batch drops rows):
-    the kernel reading the cache's rows in place, torch's kernel on those rows gathered, and torch's
+    whole decode layers in the kernels (`DecoderLayer.decode`), torch's ops with the attention kernel
+    reading the cache's rows in place, torch's kernel on those rows gathered, and torch's
     kernel on a compacted cache all give the same tokens, logprobs within fp32 rounding."""
     service = ServiceClient(device="cpu", dtype="float32")
     client = service.create_sampling_client(base_model=TINY)
@@ -98,12 +99,22 @@ def test_sampler_decodes_the_same_through_either_kernel(monkeypatch):
         ]
         return [s for f in futures for s in f.result().sequences]
 
+    def counting_fused(*args):
+        calls.append((True, args[-2] is not None))
+        return real_fused(*args)
+
+    real_fused = da.rope_decode_attention
     monkeypatch.setattr(KVCache, "keep", keep)
+    monkeypatch.setattr("tinkrl.local.transformer.rope_decode_attention", counting_fused)
+    fused = sample()
+    assert calls and any(in_place for _, in_place in calls), "no fused decode step read rows left in place"
+    assert kept and all(kept)
+    calls.clear()
+    monkeypatch.setattr("tinkrl.local.transformer.decode_kernels_apply", lambda x, k: False)
     monkeypatch.setattr("tinkrl.local.transformer.decode_attention", counting)
     native = sample()
     assert calls and all(ran for ran, _ in calls), "the sampler's decode steps did not run the kernel"
     assert any(in_place for _, in_place in calls), "no step read rows left in place"
-    assert kept and all(kept)
     monkeypatch.setattr("tinkrl.local.transformer.decode_attention", lambda *a: None)
     gathered = sample()
     monkeypatch.setattr("tinkrl.local.transformer.reads_cache", lambda k: False)
@@ -111,10 +122,75 @@ def test_sampler_decodes_the_same_through_either_kernel(monkeypatch):
     compacted = sample()
     assert kept and not any(kept)
     assert [len(s.tokens) for s in native] == [8, 8, 16, 16, 24, 24]
-    for a, b, c in zip(native, gathered, compacted, strict=True):
-        assert a.tokens == b.tokens == c.tokens
+    for f, a, b, c in zip(fused, native, gathered, compacted, strict=True):
+        assert f.tokens == a.tokens == b.tokens == c.tokens
+        assert max(abs(x - y) for x, y in zip(f.logprobs, a.logprobs)) < 1e-4
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
         assert b.logprobs == c.logprobs  # torch's kernel on the same rows, gathered or copied
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def _close_in(dtype: torch.dtype, got: torch.Tensor, expect: torch.Tensor) -> None:
+    """fp32: equal to rounding; bf16: equal to the reference rounded to bf16, but where the fp32 values
+    sit at a rounding boundary (one bf16 step, in a few elements)."""
+    assert got.dtype == dtype and got.shape == expect.shape
+    if dtype == torch.float32:
+        assert (got - expect).abs().max().item() < 1e-5 * max(1.0, expect.abs().max().item())
+        return
+    rounded = expect.to(torch.bfloat16).float()
+    off = (got.float() - rounded).abs()
+    assert (off > 0).float().mean().item() < 0.02
+    assert (off <= rounded.abs() * 2**-7 + 1e-30).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_silu_kernels_compute_what_torch_computes(dtype):
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(5, 1, 96, generator=g) * 3, torch.rand(96, generator=g) + 0.5
+    added = torch.randn(5, 1, 96, generator=g).to(dtype)
+    expect_x = x + added.float()
+    expect = w * (expect_x * torch.rsqrt(expect_x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    with torch.no_grad():
+        got = da.rms_norm(x, w, 1e-5, dtype, add=added)
+    assert (x - expect_x).abs().max().item() < 1e-6  # the stream took the addition in place
+    _close_in(dtype, got, expect)
+    fused = (torch.randn(5, 1, 2 * 80, generator=g) * 4).to(dtype)  # gate and up side by side, as fused
+    gate, up = fused.chunk(2, -1)
+    _close_in(dtype, da.silu_mul(gate, up, dtype), F.silu(gate.float()) * up.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fused", [True, False])
+def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fused):
+    """RoPE on q and k, the new key and value at `pos` in the cache rows the batch rows live in (the
+    others untouched), attention over the positions so far with padding masked: as torch computes it."""
+    B, H, Hkv, D, pos, rows = 3, 6, 2, 32, 11, torch.tensor([4, 0, 2])
+    g = torch.Generator().manual_seed(2)
+    kc, vc = torch.randn(6, Hkv, 20, D, generator=g), torch.randn(6, Hkv, 20, D, generator=g)
+    qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, generator=g).to(dtype)
+    if fused:
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
+    else:
+        q, k, v = (t.contiguous() for t in qkv.split([H * D, Hkv * D, Hkv * D], -1))
+    angle = torch.rand(B, 1, D // 2, generator=g) * 6
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    mask = torch.zeros(B, 1, 1, pos + 1)
+    mask[1, ..., 3:5] = float("-inf")
+    heads = [t.float().view(B, 1, n, D).transpose(1, 2) for t, n in ((q, H), (k, Hkv), (v, Hkv))]
+    qr, kr = _rope(heads[0], cos[:, None], sin[:, None]), _rope(heads[1], cos[:, None], sin[:, None])
+    expect_k, expect_v = kc.clone(), vc.clone()
+    expect_k[rows, :, pos], expect_v[rows, :, pos] = kr[:, :, 0], heads[2][:, :, 0]
+    expect = F.scaled_dot_product_attention(
+        qr, expect_k[rows, :, : pos + 1], expect_v[rows, :, : pos + 1], attn_mask=mask, enable_gqa=True
+    )
+    with torch.no_grad():
+        got = da.rope_decode_attention(q, k, v, cos, sin, kc, vc, pos, mask, rows, dtype)
+    assert (kc - expect_k).abs().max().item() < 1e-5 and (vc - expect_v).abs().max().item() < 1e-6
+    _close_in(dtype, got, expect.transpose(1, 2).reshape(B, 1, H * D))
 
 
 def test_no_compiler_gives_a_reason_and_torch_runs(monkeypatch, tmp_path):

@@ -1,11 +1,14 @@
-/* Decode attention: one new query per row over a KV cache (see decode_attention.py).
+/* Decode attention: one new query per row over a KV cache (see decode_attention.py), and the rest of
+ * a decode step's work between its matrix products (RoPE, the cache write, RMSNorm, SiLU).
  *
- * One task per (row, KV head): the scores of that head's G query heads over every unmasked cached
- * position (each key read once for all G), a softmax per query head, then the weighted sum of the
- * values (each value read once for all G). Positions whose additive mask is -inf (padding, or not
- * yet written) are skipped, keys and values alike. Tasks are spread over OpenMP threads.
+ * Attention runs one task per (row, KV head): the scores of that head's G query heads over every
+ * unmasked cached position (each key read once for all G), a softmax per query head, then the
+ * weighted sum of the values (each value read once for all G). Positions whose additive mask is
+ * -inf (padding, or not yet written) are skipped, keys and values alike. Tasks are spread over
+ * OpenMP threads.
  *
- * fp32 throughout; head_dim a multiple of 16. Vectors are GCC/Clang vector extensions, so the
+ * fp32 arithmetic throughout (the elementwise kernels also read and write bf16, rounding to nearest
+ * even as torch does); head_dim a multiple of 16. Vectors are GCC/Clang vector extensions, so the
  * compiler emits whatever SIMD the machine has (-march=native).
  */
 #include <stdint.h>
@@ -49,6 +52,52 @@ static inline float exp_nonpositive(float x) {
 
 #define MASKED(m) ((m) < -1.0e30f)
 
+/* One (row, KV head) task: the scores of its G query heads (qb: G x D) over the unmasked positions
+ * of keys kb / values vb (T positions, D apart), a softmax per head, the weighted values into
+ * og (G x D). s: scratch of G * T + 2 * G floats; acc: G * D / W vectors. */
+static void attend(const float *qb, const float *kb, const float *vb, const float *m, int G, int D, int T,
+                   float scale, float *s, vf *acc, float *og) {
+    const int C = D / W;
+    float *mx = s + (size_t)G * T, *inv = mx + G;
+    for (int g = 0; g < G; g++) mx[g] = -3.0e38f;
+    for (int t = 0; t < T; t++) {
+        if (MASKED(m[t])) continue;
+        const vf *kt = (const vf *)(kb + (int64_t)t * D);
+        for (int g = 0; g < G; g++) {
+            const vf *qg = (const vf *)(qb + g * D);
+            vf a = qg[0] * kt[0];
+            for (int c = 1; c < C; c++) a += qg[c] * kt[c];
+            const float sc = hsum(a) * scale + m[t];
+            s[g * T + t] = sc;
+            mx[g] = sc > mx[g] ? sc : mx[g];
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = s + g * T, total = 0.0f;
+        const float top = mx[g];
+        #pragma omp simd reduction(+ : total)
+        for (int t = 0; t < T; t++) {
+            const float e = MASKED(m[t]) ? 0.0f : exp_nonpositive(sg[t] - top);
+            sg[t] = e;
+            total += e;
+        }
+        inv[g] = 1.0f / total;
+    }
+    for (int i = 0; i < G * C; i++) acc[i] = (vf){0};
+    for (int t = 0; t < T; t++) {
+        if (MASKED(m[t])) continue;
+        const vf *vt = (const vf *)(vb + (int64_t)t * D);
+        for (int g = 0; g < G; g++) {
+            const float p = s[g * T + t];
+            for (int c = 0; c < C; c++) acc[g * C + c] += p * vt[c];
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        vf *o = (vf *)(og + g * D);
+        for (int c = 0; c < C; c++) o[c] = acc[g * C + c] * inv[g];
+    }
+}
+
 /* q: [B, H, D] contiguous; k, v: [cache rows, Hkv, >=T, D] with row stride kv_sb and head stride
  * kv_sh (elements; positions D apart); rows: the cache row of each of the B rows (NULL: row b is
  * cache row b); mask: additive [B, T] with row stride mask_sb (0: one row for all); out: [B, H, D]
@@ -68,49 +117,111 @@ int decode_attention(const float *q, const float *k, const float *v, const int64
             if (failed) continue;
             const int64_t b = task / Hkv, h = task % Hkv;
             const int64_t at = (rows ? rows[b] : b) * kv_sb + h * kv_sh;
-            const float *kb = k + at, *vb = v + at;
-            const float *m = mask + b * mask_sb, *qb = q + (b * H + h * G) * D;
-            float *mx = s + (size_t)G * T, *inv = mx + G;
-            for (int g = 0; g < G; g++) mx[g] = -3.0e38f;
-            for (int t = 0; t < T; t++) {
-                if (MASKED(m[t])) continue;
-                const vf *kt = (const vf *)(kb + (int64_t)t * D);
-                for (int g = 0; g < G; g++) {
-                    const vf *qg = (const vf *)(qb + g * D);
-                    vf a = qg[0] * kt[0];
-                    for (int c = 1; c < C; c++) a += qg[c] * kt[c];
-                    const float sc = hsum(a) * scale + m[t];
-                    s[g * T + t] = sc;
-                    mx[g] = sc > mx[g] ? sc : mx[g];
-                }
-            }
-            for (int g = 0; g < G; g++) {
-                float *sg = s + g * T, total = 0.0f;
-                const float top = mx[g];
-                #pragma omp simd reduction(+ : total)
-                for (int t = 0; t < T; t++) {
-                    const float e = MASKED(m[t]) ? 0.0f : exp_nonpositive(sg[t] - top);
-                    sg[t] = e;
-                    total += e;
-                }
-                inv[g] = 1.0f / total;
-            }
-            for (int i = 0; i < G * C; i++) acc[i] = (vf){0};
-            for (int t = 0; t < T; t++) {
-                if (MASKED(m[t])) continue;
-                const vf *vt = (const vf *)(vb + (int64_t)t * D);
-                for (int g = 0; g < G; g++) {
-                    const float p = s[g * T + t];
-                    for (int c = 0; c < C; c++) acc[g * C + c] += p * vt[c];
-                }
-            }
-            for (int g = 0; g < G; g++) {
-                vf *o = (vf *)(out + (b * H + h * G + g) * D);
-                for (int c = 0; c < C; c++) o[c] = acc[g * C + c] * inv[g];
-            }
+            attend(q + (b * H + h * G) * D, k + at, v + at, mask + b * mask_sb, G, D, T, scale, s, acc,
+                   out + (b * H + h * G) * D);
         }
         free(s);
         free(acc);
     }
     return failed ? -1 : 0;
+}
+
+/* --- the rest of a decode step's elementwise work, on fp32 or bf16 tensors --------------------- */
+
+static inline float load(const void *p, int64_t i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    union { uint32_t u; float f; } x = {(uint32_t)((const uint16_t *)p)[i] << 16};
+    return x.f;
+}
+
+/* fp32 to bf16, rounding to nearest even (as torch does). */
+static inline void store(void *p, int64_t i, float f, int bf16) {
+    if (!bf16) {
+        ((float *)p)[i] = f;
+        return;
+    }
+    union { float f; uint32_t u; } x = {f};
+    uint16_t h = (x.u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((x.u >> 16) | 0x40u)
+                                                   : (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+    ((uint16_t *)p)[i] = h;
+}
+
+/* Rotates one head (D values, two halves) by RoPE: x * cos + rotate_half(x) * sin. */
+static inline void rope(const void *x, int bf16, const float *cs, const float *sn, int D, float *y) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) y[i] = load(x, i, bf16) * cs[i] + -load(x, i + half, bf16) * sn[i];
+    for (int i = half; i < D; i++) y[i] = load(x, i, bf16) * cs[i] + load(x, i - half, bf16) * sn[i];
+}
+
+/* A decode step's attention from the projections' output: RoPE on q and k (q, k, v: fp32 or bf16,
+ * heads D apart, rows q_stride and kv_stride elements apart), the new key and value written to the layer's cache
+ * at position `pos` (k_cache, v_cache as in decode_attention, through `rows`), then attention over
+ * positions 0..pos under `mask` ([B, pos + 1], row stride mask_sb). cos, sin: [B, D]. out: [B, H, D],
+ * fp32 or bf16. Returns 0, or -1 when a thread's scratch could not be allocated. */
+int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf16, int64_t q_stride, int64_t kv_stride,
+                          const float *cos,
+                          const float *sin, float *k_cache, float *v_cache, int64_t kv_sb, int64_t kv_sh,
+                          const int64_t *rows, int pos, const float *mask, int64_t mask_sb, void *out, int out_bf16,
+                          int B, int H, int Hkv, int D, float scale, int threads) {
+    const int G = H / Hkv, C = D / W, T = pos + 1;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *s = malloc(sizeof(float) * ((size_t)G * T + 2 * (size_t)G));
+        vf *acc = aligned_alloc(64, sizeof(vf) * (size_t)G * C);
+        float *qr = aligned_alloc(64, sizeof(float) * (size_t)G * D * 2), *og = qr + (size_t)G * D;
+        failed = s == NULL || acc == NULL || qr == NULL;
+        #pragma omp for schedule(static)
+        for (int64_t task = 0; task < (int64_t)B * Hkv; task++) {
+            if (failed) continue;
+            const int64_t b = task / Hkv, h = task % Hkv;
+            const int64_t at = (rows ? rows[b] : b) * kv_sb + h * kv_sh;
+            const float *cs = cos + b * D, *sn = sin + b * D;
+            const int64_t qi = b * q_stride, kvi = b * kv_stride + h * D, es = in_bf16 ? 2 : 4;
+            rope((const char *)k + kvi * es, in_bf16, cs, sn, D, k_cache + at + (int64_t)pos * D);
+            float *vd = v_cache + at + (int64_t)pos * D;
+            for (int i = 0; i < D; i++) vd[i] = load(v, kvi + i, in_bf16);
+            for (int g = 0; g < G; g++)
+                rope((const char *)q + (qi + (h * G + g) * D) * es, in_bf16, cs, sn, D, qr + g * D);
+            attend(qr, k_cache + at, v_cache + at, mask + b * mask_sb, G, D, T, scale, s, acc, og);
+            for (int i = 0; i < G * D; i++) store(out, (b * H + h * G) * D + i, og[i], out_bf16);
+        }
+        free(s);
+        free(acc);
+        free(qr);
+    }
+    return failed ? -1 : 0;
+}
+
+/* RMSNorm of a residual stream x ([rows, dim] fp32): with `add` (rows `add_stride` apart, fp32 or
+ * bf16), x += add first, in place. out = w * (x * rsqrt(mean(x^2) + eps)), [rows, dim], fp32 or bf16. */
+void rms_norm(float *x, const void *add, int add_bf16, int64_t add_stride, const float *w, float eps, void *out,
+              int out_bf16, int rows, int dim, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (int64_t)r * dim;
+        if (add)
+            for (int i = 0; i < dim; i++) xr[i] += load(add, (int64_t)r * add_stride + i, add_bf16);
+        float ss = 0.0f;
+        #pragma omp simd reduction(+ : ss)
+        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / __builtin_sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) store(out, (int64_t)r * dim + i, w[i] * (xr[i] * inv), out_bf16);
+    }
+}
+
+/* SwiGLU's activation: out = silu(gate) * up, [rows, f] (gate and up rows `stride` apart, fp32 or
+ * bf16; out contiguous, fp32 or bf16). */
+void silu_mul(const void *gate, const void *up, int in_bf16, int64_t stride, void *out, int out_bf16, int rows,
+              int f, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        const int64_t in = (int64_t)r * stride;
+        #pragma omp simd
+        for (int i = 0; i < f; i++) {
+            const float g = load(gate, in + i, in_bf16), e = exp_nonpositive(g < 0.0f ? g : -g);
+            const float sig = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
+            store(out, (int64_t)r * f + i, g * sig * load(up, in + i, in_bf16), out_bf16);
+        }
+    }
 }

@@ -8,6 +8,13 @@ one task per (row, KV head): the scores of all of that head's query heads over t
 read once), a softmax, and the weighted values (each value read once), skipping masked positions
 (padding, and cache slots not yet written). Same fp32 result as torch's kernel, to rounding.
 
+The same library holds the rest of a decode step's work between its matrix products, so that
+`transformer.DecoderLayer.decode` runs a layer as 4 products and 4 kernel calls instead of ~40 small
+torch ops (each of which costs more to dispatch, and at 64 rows to fork its threads, than to run):
+`rms_norm` (adding the block's output into the residual stream first), `rope_decode_attention` (RoPE
+on the projections' q and k, the cache write, attention) and `silu_mul`. They read the projections'
+outputs and write the next ones' inputs in fp32 or bf16, so bf16 products need no casts between.
+
 The kernel is compiled on first use with the machine's C compiler (`-march=native`, OpenMP: the
 same OpenMP runtime torch's CPU kernels run on, so both share one thread pool) into
 `$TINKRL_KERNEL_CACHE` (default `~/.cache/tinkrl/kernels`), keyed by the source, the compiler and
@@ -74,8 +81,8 @@ def _compile(cc: list[str], target: Path) -> str:
 
 
 @functools.cache
-def load_kernel() -> tuple[ctypes._CFuncPtr | None, str]:
-    """The compiled kernel's entry point, built on first use; (None, why) where it can't be."""
+def load_kernel() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernels' library, built on first use; (None, why) where it can't be."""
     if os.environ.get("TINKRL_DECODE_ATTENTION", "native") == "torch":
         return None, "TINKRL_DECODE_ATTENTION=torch"
     found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -93,7 +100,7 @@ def load_kernel() -> tuple[ctypes._CFuncPtr | None, str]:
                     if err:
                         return None, f"cannot compile {SOURCE.name}: {err}"
                 try:
-                    fn = ctypes.CDLL(str(target)).decode_attention
+                    lib = ctypes.CDLL(str(target))
                     break
                 except OSError:
                     if attempt == 2:
@@ -101,9 +108,17 @@ def load_kernel() -> tuple[ctypes._CFuncPtr | None, str]:
                     target.unlink(missing_ok=True)  # a damaged build: made again once
     except OSError as e:  # no such compiler, an unwritable cache, a library that does not load
         return None, f"cannot build or load {SOURCE.name}: {e}"
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_int]
-    return fn, ""
+    ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.decode_attention.restype = i32
+    lib.decode_attention.argtypes = [ptr] * 6 + [i32] * 5 + [i64] * 3 + [f32, i32]
+    lib.rope_decode_attention.restype = i32
+    lib.rope_decode_attention.argtypes = [ptr] * 3 + [i32, i64, i64] + [ptr] * 4 + [i64, i64, ptr, i32, ptr, i64, ptr]
+    lib.rope_decode_attention.argtypes += [i32] * 5 + [f32, i32]
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [ptr, ptr, i32, i64, ptr, f32, ptr, i32, i32, i32, i32]
+    lib.silu_mul.restype = None
+    lib.silu_mul.argtypes = [ptr, ptr, i32, i64, ptr, i32, i32, i32, i32]
+    return lib, ""
 
 
 @functools.cache
@@ -160,7 +175,7 @@ def decode_attention(
         lo, hi = (int(x) for x in torch.aminmax(rows))
         if lo < 0 or hi >= k.shape[0]:
             raise IndexError(f"decode attention: cache rows {lo}..{hi} outside the cache's {k.shape[0]}")
-    fn = load_kernel()[0]
+    fn = load_kernel()[0].decode_attention
     q = q.reshape(B, H, D).contiguous()
     out = torch.empty((B, H, D), dtype=torch.float32)
     mask_stride = mask.stride(0) if mask.shape[0] == B else 0
@@ -172,3 +187,96 @@ def decode_attention(
     if rc != 0:
         raise MemoryError("decode attention: a thread's scratch memory could not be allocated")
     return out.view(B, H, 1, D)
+
+
+# --- the rest of a decode step (transformer.DecoderLayer.decode) -------------------------------------
+
+
+def decode_kernels_apply(x: torch.Tensor, cache_k: torch.Tensor) -> bool:
+    """Whether a decode step ([B, 1, d] fp32 residual stream `x`, a KV cache like `reads_cache`'s) can
+    run its elementwise work and attention in the kernels below."""
+    return x.dtype == torch.float32 and not torch.is_grad_enabled() and reads_cache(cache_k)
+
+
+def _is_bf16(t: torch.Tensor) -> int:
+    return int(t.dtype == torch.bfloat16)
+
+
+def _rows_apart(t: torch.Tensor) -> int:
+    """The stride between the rows of a [B, 1, n] tensor whose values are contiguous in each row."""
+    if t.stride(-1) != 1 or t.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"decode kernels: a [rows, 1, n] fp32/bf16 tensor with contiguous rows, got {t.dtype}")
+    return t.stride(0)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of the residual stream `x` ([B, 1, d] fp32, contiguous), in `dtype` (fp32 or bf16); with
+    `add`, `x += add` first, in place (the block's output joining the stream)."""
+    if not (x.is_contiguous() and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()):
+        raise ValueError("decode kernels: rms_norm takes a contiguous fp32 stream and fp32 weight")
+    out = torch.empty(x.shape, dtype=dtype)
+    load_kernel()[0].rms_norm(
+        x.data_ptr(), None if add is None else add.data_ptr(), 0 if add is None else _is_bf16(add),
+        0 if add is None else _rows_apart(add), weight.data_ptr(), eps, out.data_ptr(), _is_bf16(out),
+        x.shape[0], x.shape[-1], torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SwiGLU's `silu(gate) * up` ([B, 1, f] each, fp32 or bf16, the same row stride) in `dtype`."""
+    stride = _rows_apart(gate)
+    if gate.dtype != up.dtype or _rows_apart(up) != stride or gate.shape != up.shape:
+        raise ValueError("decode kernels: silu_mul's gate and up must share dtype, shape and row stride")
+    out = torch.empty(gate.shape, dtype=dtype)
+    load_kernel()[0].silu_mul(
+        gate.data_ptr(), up.data_ptr(), _is_bf16(gate), stride, out.data_ptr(), _is_bf16(out), gate.shape[0],
+        gate.shape[-1], torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def rope_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: int,
+    mask: torch.Tensor,
+    rows: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A decode step's attention straight from the projections: RoPE on `q` and `k` ([B, 1, H * D] and
+    [B, 1, H_kv * D], fp32 or bf16), `k` and `v` written to the layer's cache ([cache rows, H_kv,
+    positions, D]) at `pos` (through `rows`, as `decode_attention`), then attention over positions
+    0..pos under `mask` (additive [B or 1, 1, 1, pos + 1]). `cos`, `sin`: [B, 1, D]. Returns
+    [B, 1, H * D] in `dtype`, the output projection's input."""
+    B, D = q.shape[0], cos.shape[-1]
+    H, Hkv = q.shape[-1] // D, k.shape[-1] // D
+    kv_stride = _rows_apart(k)
+    if q.dtype != k.dtype or v.dtype != k.dtype or _rows_apart(v) != kv_stride:
+        raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
+        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
+    if mask.shape[1:] != (1, 1, pos + 1) or mask.stride(3) != 1 or mask.dtype != torch.float32:
+        raise ValueError(f"decode kernels: an additive fp32 mask [B, 1, 1, {pos + 1}], got {tuple(mask.shape)}")
+    if rows is not None:
+        lo, hi = (int(x) for x in torch.aminmax(rows))
+        if lo < 0 or hi >= k_cache.shape[0] or rows.dtype != torch.int64 or not rows.is_contiguous():
+            raise IndexError(f"decode kernels: cache rows {lo}..{hi} outside the cache's {k_cache.shape[0]}")
+    cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
+    out = torch.empty((B, 1, H * D), dtype=dtype)
+    rc = load_kernel()[0].rope_decode_attention(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), _is_bf16(q), _rows_apart(q), kv_stride, cos.data_ptr(),
+        sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+        None if rows is None else rows.data_ptr(), pos, mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0,
+        out.data_ptr(), _is_bf16(out), B, H, Hkv, D, D**-0.5, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("decode attention: a thread's scratch memory could not be allocated")
+    return out

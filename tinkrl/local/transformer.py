@@ -16,9 +16,9 @@ bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 
 would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run through oneDNN
 (`frozen_linear`). The one exception is bf16 sampling (the engine's `sampler_precision`): its
 sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
-and round their inputs to bf16. On CPU a decode step's attention (one new token per row) runs
-`decode_attention`'s kernel, which also lets a batch drop finished rows without copying the KV
-cache (`KVCache.keep`). The figures behind these choices are in docs/engine.md.
+and round their inputs to bf16. On CPU a decode step (one new token per row) runs its attention and
+the elementwise work between the products in `decode_attention`'s kernels (`DecoderLayer.decode`),
+which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`). The figures behind these choices are in docs/engine.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinkrl.local.decode_attention import decode_attention, reads_cache
+from tinkrl.local.decode_attention import (
+    decode_attention,
+    decode_kernels_apply,
+    reads_cache,
+    rms_norm,
+    rope_decode_attention,
+    silu_mul,
+)
 from tinkrl.local.model_files import SUPPORTED_ARCHS
 from tinkrl.local.models import cpu_has_bf16_math
 
@@ -267,6 +274,20 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+def _multiplies_in(module: nn.Module) -> torch.dtype:
+    """The dtype a projection wants its input in: a frozen `Linear`'s weight dtype; fp32 for others (LoRA)."""
+    return module.weight.dtype if type(module) is Linear else torch.float32
+
+
+def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A projection of the decode kernels' input: a frozen `Linear` returns its weight's dtype (the kernels
+    read bf16 as well as fp32, so no fp32 copy), any other module (LoRA) what it returns."""
+    if type(module) is not Linear:
+        return module(x)
+    w = module.weight
+    return frozen_linear(x.to(w.dtype), w, None if module.bias is None else module.bias.to(w.dtype))
+
+
 class DecoderLayer(nn.Module):
     """One pre-norm block: attention, then the MLP, each added to the residual stream."""
 
@@ -283,6 +304,28 @@ class DecoderLayer(nn.Module):
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
         return (x, kv) if return_kv else x
+
+    def decode(self, x: torch.Tensor, cos, sin, mask: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+        """`forward` for one new token per row, without autograd, on CPU: the matrix products as in
+        `forward`, everything between them (norms, RoPE, the cache write, attention, SiLU) in
+        decode_attention's C kernels, 4 calls where `forward` runs ~40 small torch ops. `x` ([B, 1, d]
+        fp32, contiguous) is updated in place and returned; `mask` is additive [B, 1, 1, pos + 1]."""
+        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj))
+        if attn.qkv is not None:
+            q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
+        else:
+            q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        i, to = attn.layer_idx, _multiplies_in(attn.o_proj)
+        out = rope_decode_attention(q, k, v, cos, sin, cache.k[i], cache.v[i], pos, mask, cache.rows, to)
+        h = rms_norm(
+            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
+        )
+        if mlp.gate_up is not None:
+            gate, up = _project(mlp.gate_up, h).chunk(2, -1)
+        else:
+            gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
+        return x.add_(_project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj))))
 
 
 class Backbone(nn.Module):
@@ -327,9 +370,25 @@ class CausalLM(nn.Module):
         x = self._embed(input_ids)
         cos, sin = (t.float() for t in self.rotary(x, position_ids))
         mask = additive_mask(mask)
+        if self._decodes_in_kernels(x, cache, cache_pos):
+            x = x.contiguous()
+            for layer in self.model.layers:
+                x = layer.decode(x, cos, sin, mask, cache, cache_pos)
+            return self.model.norm(x)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
+
+    def _decodes_in_kernels(self, x: torch.Tensor, cache: KVCache | None, cache_pos: int | torch.Tensor) -> bool:
+        """Whether this forward is a decode step `DecoderLayer.decode` runs: one token per row into a
+        cache at an int position, on CPU without autograd, with the C kernels at hand."""
+        return (
+            x.shape[1] == 1
+            and cache is not None
+            and isinstance(cache_pos, int)
+            and self.config.model_type != "qwen3"  # its q/k norms are not in the kernels
+            and decode_kernels_apply(x, cache.k)
+        )
 
     def forward_shared_prefix(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
