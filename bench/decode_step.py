@@ -1,0 +1,112 @@
+"""One sampler decode step on CPU: its layers in the C kernels (`DecoderLayer.decode`) against op by op.
+
+    .venv/bin/python bench/decode_step.py [--rounds 9] [--threads 2]
+
+SmolLM2-135M's shape with random weights (transformers' Llama, no download), as the sampler holds
+it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree RL samples
+with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the projections'
+weights, fused). One step is the forward of one new token per row over a KV cache of the given
+length, plus the fp32 head, as `sample_batch` runs it. Per (tree, rows x cached positions): the
+median milliseconds of a step with the layers in the kernels and op by op (torch's ops with the
+decode-attention kernel), the two alternating, the speed-up, and the largest difference of the
+two ways' logprobs for the same step (bf16 products round differently once an input differs in
+its last bit; fp32 agrees to rounding). Figures: docs/performance.md,
+"Decode step".
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tinkrl.local.transformer import CausalLM, KVCache, Linear, build_causal_lm, fuse_projections  # noqa: E402
+
+SHAPES = ((64, 100), (16, 300), (16, 500))  # (rows, cached positions)
+SMOLLM2 = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
+
+
+def trees() -> dict[str, CausalLM]:
+    """The matched and the bf16 sampling tree of one random SmolLM2-shaped model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**SMOLLM2)).eval()
+    matched = build_causal_lm(hf, torch.float32, "cpu")
+    fuse_projections(matched)
+    bf16 = build_causal_lm(hf, torch.float32, "cpu")
+    with torch.no_grad():
+        for module in bf16.modules():
+            if isinstance(module, Linear):
+                module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+    fuse_projections(bf16)
+    return {"matched (fp32)": matched, "bf16 sampler": bf16}
+
+
+def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, float]:
+    """Median ms of a decode step at `positions` cached positions, in the kernels and op by op."""
+    cache = KVCache.allocate(lm.config, rows, positions + 8, "cpu")
+    cache.k.normal_(), cache.v.normal_()
+    attn = torch.ones(rows, positions + 8, dtype=torch.long)
+    tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))
+    in_kernels = CausalLM._decodes_in_kernels
+    ways = {"kernels": in_kernels, "op by op": lambda *a: False}
+    times: dict[str, list[float]] = {w: [] for w in ways}
+    logits = {}
+    with torch.no_grad():
+        for way, decides in ways.items():  # the same step both ways: the same logits, to rounding
+            CausalLM._decodes_in_kernels = decides
+            mask = attn[:, None, None, : positions + 1].bool()
+            hidden = lm(tokens, torch.full((rows, 1), positions), mask, cache, positions)
+            logits[way] = lm.logits(hidden[:, -1]).log_softmax(-1)
+        for r in range(rounds + 2):
+            for way, decides in ways.items():
+                CausalLM._decodes_in_kernels = decides
+                pos = positions + r % 4  # a few different lengths, all in the cache
+                t0 = time.perf_counter()
+                hidden = lm(tokens, torch.full((rows, 1), pos), attn[:, None, None, : pos + 1].bool(), cache, pos)
+                lm.logits(hidden[:, -1])
+                if r >= 2:  # two warm-up rounds
+                    times[way].append((time.perf_counter() - t0) * 1000)
+    CausalLM._decodes_in_kernels = in_kernels
+    out = {w: statistics.median(t) for w, t in times.items()}
+    out["max |dlogprob|"] = (logits["kernels"] - logits["op by op"]).abs().max().item()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads")
+    print("| tree | rows x cached positions | op by op | kernels | speed-up | max \\|dlogprob\\| |")
+    print("|---|---|---|---|---|---|")
+    for name, lm in trees().items():
+        for rows, positions in SHAPES:
+            got = step_ms(lm, rows, positions, args.rounds)
+            ops, kernels = got["op by op"], got["kernels"]
+            row = f"| {name} | {rows} x {positions} | {ops:.1f} ms | {kernels:.1f} ms | {ops / kernels:.2f}x |"
+            print(f"{row} {got['max |dlogprob|']:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
