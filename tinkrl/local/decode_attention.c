@@ -154,13 +154,14 @@ static inline void rope(const void *x, int bf16, const float *cs, const float *s
 }
 
 /* A decode step's attention from the projections' output: RoPE on q and k (q, k, v: fp32 or bf16,
- * heads D apart, rows q_stride and kv_stride elements apart), the new key and value written to the layer's cache
- * at position `pos` (k_cache, v_cache as in decode_attention, through `rows`), then attention over
- * positions 0..pos under `mask` ([B, pos + 1], row stride mask_sb). cos, sin: [B, D]. out: [B, H, D],
- * fp32 or bf16. Returns 0, or -1 when a thread's scratch could not be allocated. */
-int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf16, int64_t q_stride, int64_t kv_stride,
-                          const float *cos,
-                          const float *sin, float *k_cache, float *v_cache, int64_t kv_sb, int64_t kv_sh,
+ * heads D apart, rows q_stride and kv_stride elements apart), the new key and value written to the
+ * layer's cache at position `pos` (k_cache, v_cache as in decode_attention, through `rows`), then
+ * attention over positions 0..pos under `mask` ([B, pos + 1], row stride mask_sb). cos, sin:
+ * [B, D]. out: [B, H, D], fp32 or bf16. Returns 0, or -1 when a thread's scratch could not be
+ * allocated. */
+int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf16, int64_t q_stride,
+                          int64_t kv_stride, const float *cos, const float *sin, float *k_cache, float *v_cache,
+                          int64_t kv_sb, int64_t kv_sh,
                           const int64_t *rows, int pos, const float *mask, int64_t mask_sb, void *out, int out_bf16,
                           int B, int H, int Hkv, int D, float scale, int threads) {
     const int G = H / Hkv, C = D / W, T = pos + 1;

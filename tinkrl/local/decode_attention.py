@@ -263,11 +263,18 @@ def rope_decode_attention(
         raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
         raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
-    if mask.shape[1:] != (1, 1, pos + 1) or mask.stride(3) != 1 or mask.dtype != torch.float32:
+    if (
+        mask.shape[1:] != (1, 1, pos + 1)
+        or mask.shape[0] not in (1, B)
+        or mask.stride(3) != 1
+        or mask.dtype != torch.float32
+    ):
         raise ValueError(f"decode kernels: an additive fp32 mask [B, 1, 1, {pos + 1}], got {tuple(mask.shape)}")
     if rows is not None:
+        if rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous():
+            raise ValueError("decode kernels: `rows` must be a contiguous int64 [B]")
         lo, hi = (int(x) for x in torch.aminmax(rows))
-        if lo < 0 or hi >= k_cache.shape[0] or rows.dtype != torch.int64 or not rows.is_contiguous():
+        if lo < 0 or hi >= k_cache.shape[0]:
             raise IndexError(f"decode kernels: cache rows {lo}..{hi} outside the cache's {k_cache.shape[0]}")
     cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
     out = torch.empty((B, 1, H * D), dtype=dtype)

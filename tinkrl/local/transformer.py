@@ -18,7 +18,8 @@ would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run thr
 sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
 and round their inputs to bf16. On CPU a decode step (one new token per row) runs its attention and
 the elementwise work between the products in `decode_attention`'s kernels (`DecoderLayer.decode`),
-which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`). The figures behind these choices are in docs/engine.md.
+which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`). The
+figures behind these choices are in docs/engine.md.
 """
 
 from __future__ import annotations
