@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/decode_step.py [--rounds 9] [--threads 2]
 
-SmolLM2-135M's shape with random weights (transformers' Llama, no download), as the sampler holds
+SmolLM2-135M's shape with random weights (bench/engine.py's `smollm2`, no download), as the sampler holds
 it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree RL samples
 with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the projections'
 weights, fused). One step is the forward of one new token per row over a KV cache of the given
@@ -25,30 +25,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tinkrl.local.transformer import CausalLM, KVCache, Linear, build_causal_lm, fuse_projections  # noqa: E402
 
 SHAPES = ((64, 100), (16, 300), (16, 500))  # (rows, cached positions)
-SMOLLM2 = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    max_position_embeddings=8192,
-    tie_word_embeddings=True,
-)
 
 
 def trees() -> dict[str, CausalLM]:
     """The matched and the bf16 sampling tree of one random SmolLM2-shaped model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from engine import RANDOM_ARCHS  # bench/engine.py
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    spec = dict(RANDOM_ARCHS["smollm2"])
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**SMOLLM2)).eval()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec)).eval()
     matched = build_causal_lm(hf, torch.float32, "cpu")
     fuse_projections(matched)
     bf16 = build_causal_lm(hf, torch.float32, "cpu")

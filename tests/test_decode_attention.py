@@ -21,7 +21,7 @@ from tinker import types
 
 from tinkrl.local import ServiceClient
 from tinkrl.local import decode_attention as da
-from tinkrl.local.transformer import KVCache
+from tinkrl.local.transformer import KVCache, _rotate_half
 
 
 def _case(B: int, H: int, Hkv: int, D: int, T: int, cache_len: int, mask_rows: int, seed: int = 0):
@@ -129,11 +129,6 @@ def test_sampler_decodes_the_same_through_either_kernel(monkeypatch):
         assert b.logprobs == c.logprobs  # torch's kernel on the same rows, gathered or copied
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
-
-
 def _close_in(dtype: torch.dtype, got: torch.Tensor, expect: torch.Tensor) -> None:
     """fp32: equal to rounding; bf16: equal to the reference rounded to bf16, but where the fp32 values
     sit at a rounding boundary (one bf16 step, in a few elements)."""
@@ -181,7 +176,7 @@ def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fuse
     mask = torch.zeros(B, 1, 1, pos + 1)
     mask[1, ..., 3:5] = float("-inf")
     heads = [t.float().view(B, 1, n, D).transpose(1, 2) for t, n in ((q, H), (k, Hkv), (v, Hkv))]
-    qr, kr = _rope(heads[0], cos[:, None], sin[:, None]), _rope(heads[1], cos[:, None], sin[:, None])
+    qr, kr = (x * cos[:, None] + _rotate_half(x) * sin[:, None] for x in heads[:2])
     expect_k, expect_v = kc.clone(), vc.clone()
     expect_k[rows, :, pos], expect_v[rows, :, pos] = kr[:, :, 0], heads[2][:, :, 0]
     expect = F.scaled_dot_product_attention(

@@ -139,6 +139,13 @@ def _available() -> bool:
     return fn is not None
 
 
+def _check_rows_within(rows: torch.Tensor, cache_rows: int) -> None:
+    """The batch's cache rows must lie in the cache: the kernels read and write through them unchecked."""
+    lo, hi = (int(x) for x in torch.aminmax(rows))
+    if lo < 0 or hi >= cache_rows:
+        raise IndexError(f"decode attention: cache rows {lo}..{hi} outside the cache's {cache_rows}")
+
+
 def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -172,9 +179,7 @@ def decode_attention(
     ):
         return None
     if rows is not None:
-        lo, hi = (int(x) for x in torch.aminmax(rows))
-        if lo < 0 or hi >= k.shape[0]:
-            raise IndexError(f"decode attention: cache rows {lo}..{hi} outside the cache's {k.shape[0]}")
+        _check_rows_within(rows, k.shape[0])
     fn = load_kernel()[0].decode_attention
     q = q.reshape(B, H, D).contiguous()
     out = torch.empty((B, H, D), dtype=torch.float32)
@@ -273,9 +278,7 @@ def rope_decode_attention(
     if rows is not None:
         if rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous():
             raise ValueError("decode kernels: `rows` must be a contiguous int64 [B]")
-        lo, hi = (int(x) for x in torch.aminmax(rows))
-        if lo < 0 or hi >= k_cache.shape[0]:
-            raise IndexError(f"decode kernels: cache rows {lo}..{hi} outside the cache's {k_cache.shape[0]}")
+        _check_rows_within(rows, k_cache.shape[0])
     cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
     out = torch.empty((B, 1, H * D), dtype=dtype)
     rc = load_kernel()[0].rope_decode_attention(
