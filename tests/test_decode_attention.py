@@ -46,9 +46,11 @@ def _case(B: int, H: int, Hkv: int, D: int, T: int, cache_len: int, mask_rows: i
         (1, 4, 2, 16, 1, 8, 1),  # a single cached position
     ],
 )
-def test_kernel_computes_what_torch_computes(B, H, Hkv, D, T, cache_len, mask_rows):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_computes_what_torch_computes(B, H, Hkv, D, T, cache_len, mask_rows, cache_dtype):
     q, k, v, mask = _case(B, H, Hkv, D, T, cache_len, mask_rows)
-    expect = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)
+    k, v = k.to(cache_dtype), v.to(cache_dtype)  # a bf16 cache is read widened, exactly
+    expect = F.scaled_dot_product_attention(q, k.float(), v.float(), attn_mask=mask, enable_gqa=Hkv != H)
     with torch.no_grad():
         got = da.decode_attention(q, k, v, mask)
     assert got is not None, da.load_kernel()[1]
@@ -61,6 +63,8 @@ def test_kernel_declines_what_it_does_not_handle():
     with torch.no_grad():
         assert da.decode_attention(q, k, v, mask) is not None
         assert da.decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask.bfloat16()) is None
+        assert da.decode_attention(q, k.bfloat16(), v, mask) is None  # keys and values in different dtypes
+        assert da.decode_attention(q, k.half(), v.half(), mask) is None
         assert da.decode_attention(q[..., :8], k[..., :8], v[..., :8], mask) is None  # head_dim not a multiple of 16
         assert da.decode_attention(q.expand(2, 4, 3, 16), k, v, mask) is None  # more than one query token
         assert da.decode_attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, mask) is None  # layout
@@ -160,12 +164,14 @@ def test_norm_and_silu_kernels_compute_what_torch_computes(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fused", [True, False])
-def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fused):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fused, cache_dtype):
     """RoPE on q and k, the new key and value at `pos` in the cache rows the batch rows live in (the
-    others untouched), attention over the positions so far with padding masked: as torch computes it."""
+    others untouched; a bf16 cache holds them rounded to nearest), attention over the positions so
+    far with padding masked: as torch computes it."""
     B, H, Hkv, D, pos, rows = 3, 6, 2, 32, 11, torch.tensor([4, 0, 2])
     g = torch.Generator().manual_seed(2)
-    kc, vc = torch.randn(6, Hkv, 20, D, generator=g), torch.randn(6, Hkv, 20, D, generator=g)
+    kc, vc = (torch.randn(6, Hkv, 20, D, generator=g).to(cache_dtype) for _ in range(2))
     qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, generator=g).to(dtype)
     if fused:
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
@@ -177,14 +183,24 @@ def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fuse
     mask[1, ..., 3:5] = float("-inf")
     heads = [t.float().view(B, 1, n, D).transpose(1, 2) for t, n in ((q, H), (k, Hkv), (v, Hkv))]
     qr, kr = (x * cos[:, None] + _rotate_half(x) * sin[:, None] for x in heads[:2])
-    expect_k, expect_v = kc.clone(), vc.clone()
-    expect_k[rows, :, pos], expect_v[rows, :, pos] = kr[:, :, 0], heads[2][:, :, 0]
-    expect = F.scaled_dot_product_attention(
-        qr, expect_k[rows, :, : pos + 1], expect_v[rows, :, : pos + 1], attn_mask=mask, enable_gqa=True
-    )
+    before_k, before_v = kc.clone(), vc.clone()
     with torch.no_grad():
         got = da.rope_decode_attention(q, k, v, cos, sin, kc, vc, pos, mask, rows, dtype)
-    assert (kc - expect_k).abs().max().item() < 1e-5 and (vc - expect_v).abs().max().item() < 1e-6
+    new_k, new_v = kc[rows, :, pos].float(), vc[rows, :, pos].float()
+    if cache_dtype == torch.float32:
+        assert (new_k - kr[:, :, 0]).abs().max().item() < 1e-5
+    else:  # rounded as torch rounds, but where RoPE's fp32 result sits at a rounding boundary
+        rounded = kr[:, :, 0].to(torch.bfloat16).float()
+        assert ((new_k - rounded).abs() <= rounded.abs() * 2**-7).all()
+        assert ((new_k - rounded) != 0).float().mean().item() < 0.02
+    assert torch.equal(new_v, heads[2][:, :, 0].to(cache_dtype).float())
+    others = torch.ones(kc.shape[:3], dtype=torch.bool)
+    others[rows, :, pos] = False
+    assert torch.equal(kc[others], before_k[others])
+    assert torch.equal(vc[others], before_v[others])
+    expect = F.scaled_dot_product_attention(
+        qr, kc[rows, :, : pos + 1].float(), vc[rows, :, : pos + 1].float(), attn_mask=mask, enable_gqa=True
+    )
     _close_in(dtype, got, expect.transpose(1, 2).reshape(B, 1, H * D))
 
 

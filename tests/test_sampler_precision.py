@@ -105,6 +105,24 @@ def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_servi
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
 
 
+def test_only_the_bf16_sampler_keeps_its_kv_cache_in_bf16(bf16_service, prompts, monkeypatch):
+    """bf16 sampling, off-policy by its rounding already, halves its KV cache's bytes where the decode
+    kernels read it; a matched sampler's cache stays fp32, the trainer's arithmetic."""
+    from tinkrl.local.decode_attention import load_kernel
+    from tinkrl.local.transformer import KVCache
+
+    allocated, real = [], KVCache.allocate.__func__
+    monkeypatch.setattr(KVCache, "allocate", classmethod(lambda cls, *a: allocated.append(a[-1]) or real(cls, *a)))
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
+    matched = ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")
+    for service in (bf16_service, matched):
+        service.create_sampling_client(base_model=TINY).sample(prompts[0], 2, params).result()
+        tc = service.create_lora_training_client(TINY, rank=4, seed=0)
+        tc.save_weights_and_get_sampling_client().sample(prompts[0], 2, params).result()
+    bf16 = torch.bfloat16 if load_kernel()[0] is not None else torch.float32  # torch's kernel reads fp32 only
+    assert allocated == [bf16, bf16, torch.float32, torch.float32]
+
+
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
     assert set(CPU_SAMPLER_RULES) == set(get_args(CpuClass))
     for cls, rule in CPU_SAMPLER_RULES.items():

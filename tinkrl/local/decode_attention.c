@@ -13,23 +13,34 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define W 16
 typedef float vf __attribute__((vector_size(64), aligned(4)));
-typedef float vf8 __attribute__((vector_size(32), aligned(4)));
-typedef float vf4 __attribute__((vector_size(16), aligned(4)));
 
-static inline float hsum(vf a) {
-    vf8 lo, hi;
-    memcpy(&lo, &a, sizeof lo);
-    memcpy(&hi, (const char *)&a + sizeof lo, sizeof hi);
-    vf8 s8 = lo + hi;
-    vf4 l4, h4;
-    memcpy(&l4, &s8, sizeof l4);
-    memcpy(&h4, (const char *)&s8 + sizeof l4, sizeof h4);
-    vf4 s4 = l4 + h4;
-    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
+#define NEG (-3.0e38f)
+
+/* Lane by lane: a where mask (a comparison's result) is set, else b. */
+static inline vf pick(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+
+/* The sums of 16 vectors' lanes, one per lane of the result (lane j: the sum of a[j]): halving
+ * steps that add each vector's two halves while packing two vectors into one, 15 additions and 30
+ * shuffles for 16 sums where a horizontal sum per vector takes 4 additions and 4 shuffles each. */
+static inline vf hsums(const vf a[W]) {
+    vf b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               SHUF(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        c[i] = SHUF(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               SHUF(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        d[i] = SHUF(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               SHUF(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return SHUF(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           SHUF(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
 /* e^x for x <= 0 (a score minus its row's max): Cephes' expf polynomial, within 2 ulp; written
@@ -52,44 +63,82 @@ static inline float exp_nonpositive(float x) {
 
 #define MASKED(m) ((m) < -1.0e30f)
 
+typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+
+/* `nv` vectors of a cache from element i: in place for fp32, else widened into buf (exactly: a bf16
+ * is the high half of an fp32). */
+static inline const vf *block(const void *p, int64_t i, int nv, const int bf16, vf *buf) {
+    if (!bf16) return (const vf *)((const float *)p + i);
+    const vh *h = (const vh *)((const uint16_t *)p + i);
+    for (int k = 0; k < nv; k++) buf[k] = (vf)(__builtin_convertvector(h[k], vu) << 16);
+    return buf;
+}
+
 /* One (row, KV head) task: the scores of its G query heads (qb: G x D) over the unmasked positions
  * of keys kb / values vb (T positions, D apart), a softmax per head, the weighted values into
- * og (G x D). s: scratch of G * T + 2 * G floats; acc: G * D / W vectors. */
-static void attend(const float *qb, const float *kb, const float *vb, const float *m, int G, int D, int T,
-                   float scale, float *s, vf *acc, float *og) {
-    const int C = D / W;
-    float *mx = s + (size_t)G * T, *inv = mx + G;
-    for (int g = 0; g < G; g++) mx[g] = -3.0e38f;
-    for (int t = 0; t < T; t++) {
-        if (MASKED(m[t])) continue;
-        const vf *kt = (const vf *)(kb + (int64_t)t * D);
+ * og (G x D); keys and values in fp32 or (kv_bf16) bf16. s: scratch of G * (T + W) + 2 * G floats;
+ * acc: G * D / W vectors. Positions go in blocks of W: each block's keys and values are read from
+ * memory once and from the L1 cache by every query head, whose partial sums stay in registers.
+ * Inlined into `attend` with C = D / W and kv_bf16 constants, so the loops over a head's vectors
+ * unroll. */
+static inline __attribute__((always_inline)) void attend_(const float *qb, const void *kb, const void *vb,
+                                                          const int kv_bf16, const float *m, int G, const int C,
+                                                          int T, float scale, float *s, vf *acc, float *og) {
+    const int D = C * W, Tp = (T + W - 1) / W * W;
+    float *inv = s + (size_t)G * Tp;
+    vf buf[W * C];  /* a block of bf16 keys or values, widened once for all G heads */
+    vf top[G];
+    for (int g = 0; g < G; g++) top[g] = (vf){0} + NEG;
+    for (int t0 = 0; t0 < T; t0 += W) {
+        const int n = T - t0 < W ? T - t0 : W;
+        vf mv = (vf){0} + NEG;  /* lanes past T count as masked */
+        if (n == W)
+            mv = *(const vf *)(m + t0);
+        else
+            for (int j = 0; j < n; j++) mv[j] = m[t0 + j];
+        const vi masked = mv < -1.0e30f;
+        const vf *kt = block(kb, (int64_t)t0 * D, n * C, kv_bf16, buf);
         for (int g = 0; g < G; g++) {
             const vf *qg = (const vf *)(qb + g * D);
-            vf a = qg[0] * kt[0];
-            for (int c = 1; c < C; c++) a += qg[c] * kt[c];
-            const float sc = hsum(a) * scale + m[t];
-            s[g * T + t] = sc;
-            mx[g] = sc > mx[g] ? sc : mx[g];
+            vf a[W];
+            for (int j = 0; j < n; j++) {
+                a[j] = qg[0] * kt[j * C];
+                for (int c = 1; c < C; c++) a[j] += qg[c] * kt[j * C + c];
+            }
+            for (int j = n; j < W; j++) a[j] = (vf){0};
+            /* masked positions are left out of the max and of the softmax below */
+            const vf sc = pick(masked, (vf){0} + NEG, hsums(a) * scale + mv);
+            *(vf *)(s + g * Tp + t0) = sc;
+            top[g] = pick(sc > top[g], sc, top[g]);
         }
     }
     for (int g = 0; g < G; g++) {
-        float *sg = s + g * T, total = 0.0f;
-        const float top = mx[g];
+        float *sg = s + g * Tp, total = 0.0f, hi = top[g][0];
+        for (int j = 1; j < W; j++) hi = top[g][j] > hi ? top[g][j] : hi;
         #pragma omp simd reduction(+ : total)
         for (int t = 0; t < T; t++) {
-            const float e = MASKED(m[t]) ? 0.0f : exp_nonpositive(sg[t] - top);
+            const float e = MASKED(m[t]) ? 0.0f : exp_nonpositive(sg[t] - hi);
             sg[t] = e;
             total += e;
         }
         inv[g] = 1.0f / total;
     }
     for (int i = 0; i < G * C; i++) acc[i] = (vf){0};
-    for (int t = 0; t < T; t++) {
-        if (MASKED(m[t])) continue;
-        const vf *vt = (const vf *)(vb + (int64_t)t * D);
+    for (int t0 = 0; t0 < T; t0 += W) {
+        const int n = T - t0 < W ? T - t0 : W;
+        int any_masked = 0;
+        for (int j = 0; j < n; j++) any_masked |= MASKED(m[t0 + j]);
+        const vf *vt = block(vb, (int64_t)t0 * D, n * C, kv_bf16, buf);
         for (int g = 0; g < G; g++) {
-            const float p = s[g * T + t];
-            for (int c = 0; c < C; c++) acc[g * C + c] += p * vt[c];
+            vf r[C];
+            for (int c = 0; c < C; c++) r[c] = acc[g * C + c];
+            const float *pg = s + g * Tp + t0;
+            for (int j = 0; j < n; j++) {
+                if (any_masked && MASKED(m[t0 + j])) continue;
+                for (int c = 0; c < C; c++) r[c] += pg[j] * vt[j * C + c];
+            }
+            for (int c = 0; c < C; c++) acc[g * C + c] = r[c];
         }
     }
     for (int g = 0; g < G; g++) {
@@ -98,27 +147,42 @@ static void attend(const float *qb, const float *kb, const float *vb, const floa
     }
 }
 
-/* q: [B, H, D] contiguous; k, v: [cache rows, Hkv, >=T, D] with row stride kv_sb and head stride
- * kv_sh (elements; positions D apart); rows: the cache row of each of the B rows (NULL: row b is
+static void attend(const float *qb, const void *kb, const void *vb, int kv_bf16, const float *m, int G, int D,
+                   int T, float scale, float *s, vf *acc, float *og) {
+    switch ((D / W) * 2 + !!kv_bf16) {  /* head_dim 64 and 128, the common ones, unrolled */
+    case 8: attend_(qb, kb, vb, 0, m, G, 4, T, scale, s, acc, og); break;
+    case 9: attend_(qb, kb, vb, 1, m, G, 4, T, scale, s, acc, og); break;
+    case 16: attend_(qb, kb, vb, 0, m, G, 8, T, scale, s, acc, og); break;
+    case 17: attend_(qb, kb, vb, 1, m, G, 8, T, scale, s, acc, og); break;
+    default:
+        if (kv_bf16)
+            attend_(qb, kb, vb, 1, m, G, D / W, T, scale, s, acc, og);
+        else
+            attend_(qb, kb, vb, 0, m, G, D / W, T, scale, s, acc, og);
+    }
+}
+
+/* q: [B, H, D] contiguous; k, v: [cache rows, Hkv, >=T, D], fp32 or (kv_bf16) bf16, with row stride
+ * kv_sb and head stride kv_sh (elements; positions D apart); rows: the cache row of each of the B rows (NULL: row b is
  * cache row b); mask: additive [B, T] with row stride mask_sb (0: one row for all); out: [B, H, D]
  * contiguous. Returns 0, or -1 when a thread's scratch could not be allocated. */
-int decode_attention(const float *q, const float *k, const float *v, const int64_t *rows, const float *mask,
-                     float *out, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh, int64_t mask_sb,
+int decode_attention(const float *q, const void *k, const void *v, const int64_t *rows, const float *mask,
+                     float *out, int kv_bf16, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh, int64_t mask_sb,
                      float scale, int threads) {
     const int G = H / Hkv, C = D / W;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        float *s = malloc(sizeof(float) * ((size_t)G * T + 2 * (size_t)G));
+        float *s = malloc(sizeof(float) * ((size_t)G * (T + W) + 2 * (size_t)G));
         vf *acc = aligned_alloc(64, sizeof(vf) * (size_t)G * C);
         failed = s == NULL || acc == NULL;
         #pragma omp for schedule(static)
         for (int64_t task = 0; task < (int64_t)B * Hkv; task++) {
             if (failed) continue;
             const int64_t b = task / Hkv, h = task % Hkv;
-            const int64_t at = (rows ? rows[b] : b) * kv_sb + h * kv_sh;
-            attend(q + (b * H + h * G) * D, k + at, v + at, mask + b * mask_sb, G, D, T, scale, s, acc,
-                   out + (b * H + h * G) * D);
+            const int64_t at = ((rows ? rows[b] : b) * kv_sb + h * kv_sh) * (kv_bf16 ? 2 : 4);
+            attend(q + (b * H + h * G) * D, (const char *)k + at, (const char *)v + at, kv_bf16, mask + b * mask_sb,
+                   G, D, T, scale, s, acc, out + (b * H + h * G) * D);
         }
         free(s);
         free(acc);
@@ -155,36 +219,42 @@ static inline void rope(const void *x, int bf16, const float *cs, const float *s
 
 /* A decode step's attention from the projections' output: RoPE on q and k (q, k, v: fp32 or bf16,
  * heads D apart, rows q_stride and kv_stride elements apart), the new key and value written to the
- * layer's cache at position `pos` (k_cache, v_cache as in decode_attention, through `rows`), then
+ * layer's cache at position `pos` (k_cache, v_cache as in decode_attention, through `rows`; in bf16
+ * rounded to nearest even), then
  * attention over positions 0..pos under `mask` ([B, pos + 1], row stride mask_sb). cos, sin:
  * [B, D]. out: [B, H, D], fp32 or bf16. Returns 0, or -1 when a thread's scratch could not be
  * allocated. */
 int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf16, int64_t q_stride,
-                          int64_t kv_stride, const float *cos, const float *sin, float *k_cache, float *v_cache,
-                          int64_t kv_sb, int64_t kv_sh,
+                          int64_t kv_stride, const float *cos, const float *sin, void *k_cache, void *v_cache,
+                          int kv_bf16, int64_t kv_sb, int64_t kv_sh,
                           const int64_t *rows, int pos, const float *mask, int64_t mask_sb, void *out, int out_bf16,
                           int B, int H, int Hkv, int D, float scale, int threads) {
     const int G = H / Hkv, C = D / W, T = pos + 1;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        float *s = malloc(sizeof(float) * ((size_t)G * T + 2 * (size_t)G));
+        float *s = malloc(sizeof(float) * ((size_t)G * (T + W) + 2 * (size_t)G));
         vf *acc = aligned_alloc(64, sizeof(vf) * (size_t)G * C);
-        float *qr = aligned_alloc(64, sizeof(float) * (size_t)G * D * 2), *og = qr + (size_t)G * D;
+        float *qr = aligned_alloc(64, sizeof(float) * ((size_t)G * D * 2 + D)), *og = qr + (size_t)G * D;
+        float *kr = og + (size_t)G * D;
         failed = s == NULL || acc == NULL || qr == NULL;
         #pragma omp for schedule(static)
         for (int64_t task = 0; task < (int64_t)B * Hkv; task++) {
             if (failed) continue;
             const int64_t b = task / Hkv, h = task % Hkv;
-            const int64_t at = (rows ? rows[b] : b) * kv_sb + h * kv_sh;
+            const int64_t at = (rows ? rows[b] : b) * kv_sb + h * kv_sh, here = at + (int64_t)pos * D;
             const float *cs = cos + b * D, *sn = sin + b * D;
             const int64_t qi = b * q_stride, kvi = b * kv_stride + h * D, es = in_bf16 ? 2 : 4;
-            rope((const char *)k + kvi * es, in_bf16, cs, sn, D, k_cache + at + (int64_t)pos * D);
-            float *vd = v_cache + at + (int64_t)pos * D;
-            for (int i = 0; i < D; i++) vd[i] = load(v, kvi + i, in_bf16);
+            rope((const char *)k + kvi * es, in_bf16, cs, sn, D, kr);
+            for (int i = 0; i < D; i++) {
+                store(k_cache, here + i, kr[i], kv_bf16);
+                store(v_cache, here + i, load(v, kvi + i, in_bf16), kv_bf16);
+            }
             for (int g = 0; g < G; g++)
                 rope((const char *)q + (qi + (h * G + g) * D) * es, in_bf16, cs, sn, D, qr + g * D);
-            attend(qr, k_cache + at, v_cache + at, mask + b * mask_sb, G, D, T, scale, s, acc, og);
+            const int64_t kv_es = kv_bf16 ? 2 : 4;
+            attend(qr, (char *)k_cache + at * kv_es, (char *)v_cache + at * kv_es, kv_bf16, mask + b * mask_sb, G, D,
+                   T, scale, s, acc, og);
             for (int i = 0; i < G * D; i++) store(out, (b * H + h * G) * D + i, og[i], out_bf16);
         }
         free(s);

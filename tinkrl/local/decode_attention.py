@@ -43,6 +43,7 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 BASE_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
 ARCH_FLAGS = (["-march=native"], ["-mcpu=native"], [])  # the first one the compiler accepts
 _LANES = 16  # the kernel's vector width in floats: head_dim must be a multiple of it
+_CACHE_DTYPES = (torch.float32, torch.bfloat16)  # a KV cache the kernels read and write
 _lock = threading.Lock()
 
 
@@ -110,9 +111,10 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot build or load {SOURCE.name}: {e}"
     ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.decode_attention.restype = i32
-    lib.decode_attention.argtypes = [ptr] * 6 + [i32] * 5 + [i64] * 3 + [f32, i32]
+    lib.decode_attention.argtypes = [ptr] * 6 + [i32] * 6 + [i64] * 3 + [f32, i32]
     lib.rope_decode_attention.restype = i32
-    lib.rope_decode_attention.argtypes = [ptr] * 3 + [i32, i64, i64] + [ptr] * 4 + [i64, i64, ptr, i32, ptr, i64, ptr]
+    lib.rope_decode_attention.argtypes = [ptr] * 3 + [i32, i64, i64] + [ptr] * 4 + [i32, i64, i64, ptr, i32, ptr, i64]
+    lib.rope_decode_attention.argtypes += [ptr]
     lib.rope_decode_attention.argtypes += [i32] * 5 + [f32, i32]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ptr, ptr, i32, i64, ptr, f32, ptr, i32, i32, i32, i32]
@@ -129,7 +131,12 @@ def _warn_unavailable(why: str) -> None:
 def reads_cache(k: torch.Tensor) -> bool:
     """Whether the kernel can read this cache ([layers, rows, H_kv, positions, D]) in place: then a
     batch may keep its rows where they are (`rows` of `decode_attention`) instead of copying them."""
-    return k.device.type == "cpu" and k.dtype == torch.float32 and k.shape[-1] % _LANES == 0 and _available()
+    return kernels_read(k.device, k.dtype, k.shape[-1])
+
+
+def kernels_read(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernels read and write a KV cache of this device, dtype (fp32 or bf16) and head_dim."""
+    return torch.device(device).type == "cpu" and dtype in _CACHE_DTYPES and head_dim % _LANES == 0 and _available()
 
 
 def _available() -> bool:
@@ -156,7 +163,7 @@ def decode_attention(
     `rows` (int64 [B]) the cache's rows of every batch row, `k` and `v` then being views of all the
     cache's rows; `mask`: additive [B or 1, 1, 1, T], -inf where a row must not look. Returns
     [B, H, 1, D] like `scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)`.
-    Applies on CPU, in fp32, without autograd, with head_dim a multiple of 16.
+    Applies on CPU, in fp32 (the cache fp32 or bf16), without autograd, with head_dim a multiple of 16.
     """
     B, H, Q, D = q.shape
     T = k.shape[2]
@@ -165,7 +172,7 @@ def decode_attention(
         or Q != 1
         or torch.is_grad_enabled()
         or D % _LANES
-        or not (q.dtype == k.dtype == v.dtype == mask.dtype == torch.float32)
+        or not (q.dtype == mask.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in _CACHE_DTYPES)
         or H % k.shape[1]
         or k.stride() != v.stride()
         or k.stride(3) != 1
@@ -186,7 +193,7 @@ def decode_attention(
     mask_stride = mask.stride(0) if mask.shape[0] == B else 0
     rc = fn(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), None if rows is None else rows.data_ptr(), mask.data_ptr(),
-        out.data_ptr(),
+        out.data_ptr(), _is_bf16(k),
         B, H, k.shape[1], D, T, k.stride(0), k.stride(1), mask_stride, D**-0.5, torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
@@ -258,7 +265,7 @@ def rope_decode_attention(
 ) -> torch.Tensor:
     """A decode step's attention straight from the projections: RoPE on `q` and `k` ([B, 1, H * D] and
     [B, 1, H_kv * D], fp32 or bf16), `k` and `v` written to the layer's cache ([cache rows, H_kv,
-    positions, D]) at `pos` (through `rows`, as `decode_attention`), then attention over positions
+    positions, D], fp32 or bf16) at `pos` (through `rows`, as `decode_attention`), then attention over positions
     0..pos under `mask` (additive [B or 1, 1, 1, pos + 1]). `cos`, `sin`: [B, 1, D]. Returns
     [B, 1, H * D] in `dtype`, the output projection's input."""
     B, D = q.shape[0], cos.shape[-1]
@@ -268,6 +275,8 @@ def rope_decode_attention(
         raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
         raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"decode kernels: an fp32 or bf16 cache, keys and values alike, got {k_cache.dtype}")
     if (
         mask.shape[1:] != (1, 1, pos + 1)
         or mask.shape[0] not in (1, B)
@@ -283,7 +292,7 @@ def rope_decode_attention(
     out = torch.empty((B, 1, H * D), dtype=dtype)
     rc = load_kernel()[0].rope_decode_attention(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), _is_bf16(q), _rows_apart(q), kv_stride, cos.data_ptr(),
-        sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+        sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), k_cache.stride(0), k_cache.stride(1),
         None if rows is None else rows.data_ptr(), pos, mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0,
         out.data_ptr(), _is_bf16(out), B, H, Hkv, D, D**-0.5, torch.get_num_threads(),
     )  # fmt: skip

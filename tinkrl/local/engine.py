@@ -228,6 +228,7 @@ class Engine:
                     if isinstance(module, Linear):
                         module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
             fuse_projections(tree)
+            tree.kv_cache_dtype = torch.bfloat16  # off-policy by its rounding already: a bf16 cache too
             self._bf16_base = tree
         return self._bf16_base
 
@@ -295,4 +296,5 @@ def copy_tree(tree: CausalLM) -> CausalLM:
     new.rotary = tree.rotary
     new.lm_head.compute_dtype = tree.lm_head.compute_dtype
     new.lm_head._fast_weight = tree.lm_head._fast_weight
+    new.kv_cache_dtype = tree.kv_cache_dtype
     return new.requires_grad_(False)

@@ -232,7 +232,7 @@ def sample_batch(
         attn[u, P - (lens[u] - shared) : P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
-    cache = KVCache.allocate(lm.config, U, P + max_new, device)
+    cache = KVCache.allocate(lm.config, U, P + max_new, device, lm.cache_dtype(device))
     if shared:
         first = KVCache(cache.k[:, :1], cache.v[:, :1])  # a view: the prefix's keys/values land in row 0
         prefix_hidden = lm(ids[:1, :shared], positions[:1, :shared], causal_mask(attn[:1, :shared], shared), first, 0)

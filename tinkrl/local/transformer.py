@@ -35,6 +35,7 @@ from torch import nn
 from tinkrl.local.decode_attention import (
     decode_attention,
     decode_kernels_apply,
+    kernels_read,
     reads_cache,
     rms_norm,
     rope_decode_attention,
@@ -135,7 +136,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class KVCache:
-    """Preallocated keys/values for every layer: [layers, cache rows, kv_heads, max_len, head_dim], fp32.
+    """Preallocated keys/values for every layer: [layers, cache rows, kv_heads, max_len, head_dim], fp32
+    (or bf16, `CausalLM.cache_dtype`).
 
     `rows`: the cache row each batch row lives in (None: batch row b is cache row b). Set by `keep`
     where the decode-attention kernel reads rows in place, so a batch whose rows finish drops them
@@ -147,9 +149,9 @@ class KVCache:
     rows: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, cfg, batch: int, max_len: int, device) -> KVCache:
+    def allocate(cls, cfg, batch: int, max_len: int, device, dtype: torch.dtype = torch.float32) -> KVCache:
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, _head_dim(cfg))
-        return cls(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
     def select(self, rows: torch.Tensor) -> KVCache:
         """A cache of the given batch rows (repeats allowed: each gets its own copy)."""
@@ -250,6 +252,7 @@ class Attention(nn.Module):
         if out is None:
             if rows is not None:  # the batch's rows out of the whole cache, for torch's kernel
                 k, v = k.index_select(0, rows), v.index_select(0, rows)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (no copy for an fp32 one)
             with ieee_attention(q.device):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
         out = self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -344,6 +347,8 @@ class CausalLM(nn.Module):
     """The transformer. `forward` returns final hidden states (fp32); `logits` applies the head."""
 
     compiled = False  # set by compile_layers
+    # A sampling tree that may keep its KV cache in bf16 (the bf16 sampler's; `cache_dtype`).
+    kv_cache_dtype = torch.float32
 
     def __init__(self, cfg, rotary: nn.Module, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
@@ -379,6 +384,13 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
+
+    def cache_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of this tree's KV cache on `device`: `kv_cache_dtype` where the decode kernels read
+        and write the cache (bf16 halves the bytes a decode step's attention reads), else fp32."""
+        if kernels_read(device, self.kv_cache_dtype, _head_dim(self.config)):
+            return self.kv_cache_dtype
+        return torch.float32
 
     def _decodes_in_kernels(self, x: torch.Tensor, cache: KVCache | None, cache_pos: int | torch.Tensor) -> bool:
         """Whether this forward is a decode step `DecoderLayer.decode` runs: one token per row into a
