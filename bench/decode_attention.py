@@ -6,8 +6,8 @@ One decode step's attention over all 30 layers of SmolLM2-135M's shape (9 query 
 head_dim 64), each layer's KV cache its own tensor (as in the sampler: a step reads 30 layers'
 caches, which do not stay in the CPU's caches), a few padding positions masked in every row. Per
 (rows, cached positions): the median milliseconds of torch's `scaled_dot_product_attention`, of the
-kernel, and of reading the same keys and values once (`sum`, a floor set by the memory), the
-rounds interleaved. Then what dropping 4 finished rows of 64 costs: copying the cache
+kernel, of reading the same keys and values once (`sum`, a floor set by the memory), and of the
+kernel on a bf16 copy of the cache (as the bf16 sampler keeps it), the rounds interleaved. Then what dropping 4 finished rows of 64 costs: copying the cache
 (`KVCache.select`, the only way with torch's kernel) against keeping the rows in place
 (`KVCache.keep`).
 
@@ -54,6 +54,7 @@ def attention_row(rows: int, positions: int, rounds: int) -> dict[str, float]:
     cap = positions + 64  # the cache is longer than what is written so far
     k = torch.randn(LAYERS, rows, H_KV, cap, D)
     v = torch.randn(LAYERS, rows, H_KV, cap, D)
+    k16, v16 = k.bfloat16(), v.bfloat16()  # the bf16 sampler's cache
     q = torch.randn(rows, H, 1, D)
     mask = torch.zeros(rows, 1, 1, positions)
     mask[..., 3:9] = float("-inf")
@@ -66,6 +67,9 @@ def attention_row(rows: int, positions: int, rounds: int) -> dict[str, float]:
         ],
         "kernel": lambda: [
             decode_attention(q, k[i, :, :, :positions], v[i, :, :, :positions], mask) for i in range(LAYERS)
+        ],
+        "kernel, bf16 cache": lambda: [
+            decode_attention(q, k16[i, :, :, :positions], v16[i, :, :, :positions], mask) for i in range(LAYERS)
         ],
         "read once": lambda: [(k[i, :, :, :positions].sum(), v[i, :, :, :positions].sum()) for i in range(LAYERS)],
     }
@@ -124,14 +128,17 @@ def main() -> None:
     if args.sampler:  # first: this thread's own torch work would start a second OpenMP team beside the engine's
         sampler_rows(max(3, args.rounds // 3))
     torch.set_grad_enabled(False)
-    print("\n| rows x cached positions | KV bytes read | torch's kernel | tinkrl's kernel | read once | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| rows x cached positions | KV bytes read | torch's kernel | tinkrl's kernel | read once | speed-up "
+        "| tinkrl's kernel, bf16 cache |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for rows, positions in SHAPES:
         ms = attention_row(rows, positions, args.rounds)
         mb = 2 * LAYERS * rows * H_KV * positions * D * 4 / 1e6
         print(
             f"| {rows} x {positions} | {mb:.0f} MB | {ms['torch']:.1f} ms | {ms['kernel']:.1f} ms "
-            f"| {ms['read once']:.1f} ms | {ms['torch'] / ms['kernel']:.2f}x |"
+            f"| {ms['read once']:.1f} ms | {ms['torch'] / ms['kernel']:.2f}x | {ms['kernel, bf16 cache']:.1f} ms |"
         )
     cache = KVCache(torch.randn(LAYERS, 64, H_KV, 116, D), torch.randn(LAYERS, 64, H_KV, 116, D))
     keep = torch.arange(60)

@@ -5,7 +5,7 @@
 SmolLM2-135M's shape with random weights (bench/engine.py's `smollm2`, no download), as the sampler holds
 it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree RL samples
 with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the projections'
-weights, fused). One step is the forward of one new token per row over a KV cache of the given
+weights, fused, its KV cache in bf16). One step is the forward of one new token per row over a KV cache of the given
 length, plus the fp32 head, as `sample_batch` runs it. Per (tree, rows x cached positions): the
 median milliseconds of a step with the layers in the kernels and op by op (torch's ops with the
 decode-attention kernel), the two alternating, the speed-up, and the largest difference of the
@@ -48,12 +48,13 @@ def trees() -> dict[str, CausalLM]:
             if isinstance(module, Linear):
                 module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
     fuse_projections(bf16)
+    bf16.kv_cache_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
     return {"matched (fp32)": matched, "bf16 sampler": bf16}
 
 
 def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, float]:
     """Median ms of a decode step at `positions` cached positions, in the kernels and op by op."""
-    cache = KVCache.allocate(lm.config, rows, positions + 8, "cpu")
+    cache = KVCache.allocate(lm.config, rows, positions + 8, "cpu", lm.cache_dtype("cpu"))
     cache.k.normal_(), cache.v.normal_()
     attn = torch.ones(rows, positions + 8, dtype=torch.long)
     tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))

@@ -2,14 +2,15 @@
  * a decode step's work between its matrix products (RoPE, the cache write, RMSNorm, SiLU).
  *
  * Attention runs one task per (row, KV head): the scores of that head's G query heads over every
- * unmasked cached position (each key read once for all G), a softmax per query head, then the
- * weighted sum of the values (each value read once for all G). Positions whose additive mask is
- * -inf (padding, or not yet written) are skipped, keys and values alike. Tasks are spread over
- * OpenMP threads.
+ * cached position (each key read once for all G), a softmax per query head, then the weighted sum
+ * of the values (each value read once for all G), in blocks of 16 positions. Positions whose
+ * additive mask is -inf (padding, or not yet written) take no part: their scores are dropped and
+ * their values never read. Tasks are spread over OpenMP threads.
  *
- * fp32 arithmetic throughout (the elementwise kernels also read and write bf16, rounding to nearest
- * even as torch does); head_dim a multiple of 16. Vectors are GCC/Clang vector extensions, so the
- * compiler emits whatever SIMD the machine has (-march=native).
+ * fp32 arithmetic throughout; the cache holds fp32 or bf16 keys and values, and the elementwise
+ * kernels also read and write bf16, rounding to nearest even as torch does. head_dim a multiple
+ * of 16. Vectors are GCC (12 or later) / Clang vector extensions, so the compiler emits whatever
+ * SIMD the machine has (-march=native).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -163,12 +164,12 @@ static void attend(const float *qb, const void *kb, const void *vb, int kv_bf16,
 }
 
 /* q: [B, H, D] contiguous; k, v: [cache rows, Hkv, >=T, D], fp32 or (kv_bf16) bf16, with row stride
- * kv_sb and head stride kv_sh (elements; positions D apart); rows: the cache row of each of the B rows (NULL: row b is
- * cache row b); mask: additive [B, T] with row stride mask_sb (0: one row for all); out: [B, H, D]
- * contiguous. Returns 0, or -1 when a thread's scratch could not be allocated. */
+ * kv_sb and head stride kv_sh (elements; positions D apart); rows: the cache row of each of the B
+ * rows (NULL: row b is cache row b); mask: additive [B, T] with row stride mask_sb (0: one row for
+ * all); out: [B, H, D] contiguous. Returns 0, or -1 when a thread's scratch could not be allocated. */
 int decode_attention(const float *q, const void *k, const void *v, const int64_t *rows, const float *mask,
-                     float *out, int kv_bf16, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh, int64_t mask_sb,
-                     float scale, int threads) {
+                     float *out, int kv_bf16, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh,
+                     int64_t mask_sb, float scale, int threads) {
     const int G = H / Hkv, C = D / W;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)

@@ -5,8 +5,9 @@ attention kernel (`scaled_dot_product_attention`) is built for long queries: at 
 runs each query head alone (re-reading the keys and values its KV head shares with the other query
 heads of its group) and spends most of its time outside the arithmetic. `decode_attention.c` runs
 one task per (row, KV head): the scores of all of that head's query heads over the cache (each key
-read once), a softmax, and the weighted values (each value read once), skipping masked positions
-(padding, and cache slots not yet written). Same fp32 result as torch's kernel, to rounding.
+read once), a softmax, and the weighted values (each value read once), leaving masked positions
+out (padding, and cache slots not yet written). Same fp32 result as torch's kernel, to rounding.
+It reads an fp32 or a bf16 cache (the bf16 sampler's: half the bytes, widened exactly).
 
 The same library holds the rest of a decode step's work between its matrix products, so that
 `transformer.DecoderLayer.decode` runs a layer as 4 products and 4 kernel calls instead of ~40 small
