@@ -220,11 +220,10 @@ static inline void rope(const void *x, int bf16, const float *cs, const float *s
 
 /* A decode step's attention from the projections' output: RoPE on q and k (q, k, v: fp32 or bf16,
  * heads D apart, rows q_stride and kv_stride elements apart), the new key and value written to the
- * layer's cache at position `pos` (k_cache, v_cache as in decode_attention, through `rows`; in bf16
- * rounded to nearest even), then
- * attention over positions 0..pos under `mask` ([B, pos + 1], row stride mask_sb). cos, sin:
- * [B, D]. out: [B, H, D], fp32 or bf16. Returns 0, or -1 when a thread's scratch could not be
- * allocated. */
+ * layer's cache at position `pos` (k_cache, v_cache as in decode_attention, through `rows`; a bf16
+ * cache gets them rounded to nearest even), then attention over positions 0..pos under `mask`
+ * ([B, pos + 1], row stride mask_sb). cos, sin: [B, D]. out: [B, H, D], fp32 or bf16. Returns 0,
+ * or -1 when a thread's scratch could not be allocated. */
 int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf16, int64_t q_stride,
                           int64_t kv_stride, const float *cos, const float *sin, void *k_cache, void *v_cache,
                           int kv_bf16, int64_t kv_sb, int64_t kv_sh,

@@ -114,9 +114,8 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.decode_attention.restype = i32
     lib.decode_attention.argtypes = [ptr] * 6 + [i32] * 6 + [i64] * 3 + [f32, i32]
     lib.rope_decode_attention.restype = i32
-    lib.rope_decode_attention.argtypes = [ptr] * 3 + [i32, i64, i64] + [ptr] * 4 + [i32, i64, i64, ptr, i32, ptr, i64]
-    lib.rope_decode_attention.argtypes += [ptr]
-    lib.rope_decode_attention.argtypes += [i32] * 5 + [f32, i32]
+    lib.rope_decode_attention.argtypes = [ptr] * 3 + [i32, i64, i64] + [ptr] * 4 + [i32, i64, i64]
+    lib.rope_decode_attention.argtypes += [ptr, i32, ptr, i64, ptr] + [i32] * 5 + [f32, i32]
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ptr, ptr, i32, i64, ptr, f32, ptr, i32, i32, i32, i32]
     lib.silu_mul.restype = None
@@ -266,9 +265,9 @@ def rope_decode_attention(
 ) -> torch.Tensor:
     """A decode step's attention straight from the projections: RoPE on `q` and `k` ([B, 1, H * D] and
     [B, 1, H_kv * D], fp32 or bf16), `k` and `v` written to the layer's cache ([cache rows, H_kv,
-    positions, D], fp32 or bf16) at `pos` (through `rows`, as `decode_attention`), then attention over positions
-    0..pos under `mask` (additive [B or 1, 1, 1, pos + 1]). `cos`, `sin`: [B, 1, D]. Returns
-    [B, 1, H * D] in `dtype`, the output projection's input."""
+    positions, D], fp32 or bf16) at `pos` (through `rows`, as `decode_attention`), then attention
+    over positions 0..pos under `mask` (additive [B or 1, 1, 1, pos + 1]). `cos`, `sin`: [B, 1, D].
+    Returns [B, 1, H * D] in `dtype`, the output projection's input."""
     B, D = q.shape[0], cos.shape[-1]
     H, Hkv = q.shape[-1] // D, k.shape[-1] // D
     kv_stride = _rows_apart(k)
