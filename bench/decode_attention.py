@@ -7,9 +7,9 @@ head_dim 64), each layer's KV cache its own tensor (as in the sampler: a step re
 caches, which do not stay in the CPU's caches), a few padding positions masked in every row. Per
 (rows, cached positions): the median milliseconds of torch's `scaled_dot_product_attention`, of the
 kernel, of reading the same keys and values once (`sum`, a floor set by the memory), and of the
-kernel on a bf16 copy of the cache (as the bf16 sampler keeps it), the rounds interleaved. Then what dropping 4 finished rows of 64 costs: copying the cache
-(`KVCache.select`, the only way with torch's kernel) against keeping the rows in place
-(`KVCache.keep`).
+kernel on a bf16 copy of the cache (as the bf16 sampler keeps it), the rounds interleaved. Then
+what dropping 4 finished rows of 64 costs: copying the cache (`KVCache.select`, the only way with
+torch's kernel) against keeping the rows in place (`KVCache.keep`).
 
 `--sampler` also times whole `sample_batch` calls of SmolLM2-135M-Instruct (fp32, the engine's
 base tree; prompts of bench/engine.py) with the kernel and with torch's kernel (rows then copied

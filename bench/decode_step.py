@@ -2,16 +2,16 @@
 
     .venv/bin/python bench/decode_step.py [--rounds 9] [--threads 2]
 
-SmolLM2-135M's shape with random weights (bench/engine.py's `smollm2`, no download), as the sampler holds
-it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree RL samples
-with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the projections'
-weights, fused, its KV cache in bf16). One step is the forward of one new token per row over a KV cache of the given
-length, plus the fp32 head, as `sample_batch` runs it. Per (tree, rows x cached positions): the
-median milliseconds of a step with the layers in the kernels and op by op (torch's ops with the
-decode-attention kernel), the two alternating, the speed-up, and the largest difference of the
-two ways' logprobs for the same step (bf16 products round differently once an input differs in
-its last bit; fp32 agrees to rounding). Figures: docs/performance.md,
-"Decode step".
+SmolLM2-135M's shape with random weights (bench/engine.py's `smollm2`, no download), as the
+sampler holds it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree
+RL samples with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the
+projections' weights, fused, its KV cache in bf16). One step is the forward of one new token per
+row over a KV cache of the given length, plus the fp32 head, as `sample_batch` runs it. Per
+(tree, rows x cached positions): the median milliseconds of a step with the layers in the kernels
+and op by op (torch's ops with the decode-attention kernel), the two alternating, the speed-up,
+and the largest difference of the two ways' logprobs for the same step (bf16 products round
+differently once an input differs in its last bit; fp32 agrees to rounding). Figures:
+docs/performance.md, "Decode step".
 """
 
 from __future__ import annotations

@@ -171,6 +171,7 @@ int decode_attention(const float *q, const void *k, const void *v, const int64_t
                      float *out, int kv_bf16, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh,
                      int64_t mask_sb, float scale, int threads) {
     const int G = H / Hkv, C = D / W;
+    const int64_t kv_es = kv_bf16 ? 2 : 4;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -181,7 +182,7 @@ int decode_attention(const float *q, const void *k, const void *v, const int64_t
         for (int64_t task = 0; task < (int64_t)B * Hkv; task++) {
             if (failed) continue;
             const int64_t b = task / Hkv, h = task % Hkv;
-            const int64_t at = ((rows ? rows[b] : b) * kv_sb + h * kv_sh) * (kv_bf16 ? 2 : 4);
+            const int64_t at = ((rows ? rows[b] : b) * kv_sb + h * kv_sh) * kv_es;
             attend(q + (b * H + h * G) * D, (const char *)k + at, (const char *)v + at, kv_bf16, mask + b * mask_sb,
                    G, D, T, scale, s, acc, out + (b * H + h * G) * D);
         }
@@ -230,6 +231,7 @@ int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf
                           const int64_t *rows, int pos, const float *mask, int64_t mask_sb, void *out, int out_bf16,
                           int B, int H, int Hkv, int D, float scale, int threads) {
     const int G = H / Hkv, C = D / W, T = pos + 1;
+    const int64_t kv_es = kv_bf16 ? 2 : 4;
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -252,7 +254,6 @@ int rope_decode_attention(const void *q, const void *k, const void *v, int in_bf
             }
             for (int g = 0; g < G; g++)
                 rope((const char *)q + (qi + (h * G + g) * D) * es, in_bf16, cs, sn, D, qr + g * D);
-            const int64_t kv_es = kv_bf16 ? 2 : 4;
             attend(qr, (char *)k_cache + at * kv_es, (char *)v_cache + at * kv_es, kv_bf16, mask + b * mask_sb, G, D,
                    T, scale, s, acc, og);
             for (int i = 0; i < G * D; i++) store(out, (b * H + h * G) * D + i, og[i], out_bf16);

@@ -168,11 +168,9 @@ def decode_attention(
     B, H, Q, D = q.shape
     T = k.shape[2]
     if (
-        q.device.type != "cpu"
-        or Q != 1
+        Q != 1
         or torch.is_grad_enabled()
-        or D % _LANES
-        or not (q.dtype == mask.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in _CACHE_DTYPES)
+        or not (q.dtype == mask.dtype == torch.float32 and k.dtype == v.dtype)
         or H % k.shape[1]
         or k.stride() != v.stride()
         or k.stride(3) != 1
@@ -182,7 +180,7 @@ def decode_attention(
         or mask.stride(3) != 1
         or (rows is None and k.shape[0] != B)
         or (rows is not None and (rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous()))
-        or not _available()
+        or not kernels_read(q.device, k.dtype, D)
     ):
         return None
     if rows is not None:
