@@ -48,7 +48,7 @@ def trees() -> dict[str, CausalLM]:
             if isinstance(module, Linear):
                 module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
     fuse_projections(bf16)
-    bf16.kv_cache_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
+    bf16.kv_cache_dtype = bf16.head_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
     return {"matched (fp32)": matched, "bf16 sampler": bf16}
 
 

@@ -6,9 +6,11 @@ SmolLM2-135M-Instruct (the engine's own weights), an engine with `sampler_precis
 fresh LoRA snapshot (B = 0, so the base model) samples `--requests` chat prompts (bench/engine.py)
 for `--tokens` tokens each at T=1, then the same engine's trainer scores those sequences
 (`forward`, cross_entropy). Prints mean, p99 and max |trainer - sampler| logprob over the sampled
-tokens, once with the KV cache as the bf16 sampler keeps it (bf16 on CPU where the decode kernels
-read it) and once with it held in fp32, each in its own process. The two passes sample different
-tokens where their logprobs differ, so their maxima are single tokens apart; compare the means.
+tokens, in three passes, each in its own process: the bf16 sampler as it runs (on CPU with the
+decode kernels: a bf16 KV cache, and bf16 products in the head where the CPU has bf16 dot
+products), with the head in fp32, and with the head and the cache in fp32. The passes sample
+different tokens where their logprobs differ, so their maxima are single tokens apart; compare
+the means.
 Figures: docs/engine.md, "Sampler precision".
 """
 
@@ -24,21 +26,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-CACHES = ("bf16 cache", "fp32 cache")
+VARIANTS = {  # name -> (fp32 KV cache, fp32 head)
+    "as it runs": (False, False),
+    "fp32 head": (False, True),
+    "fp32 head and KV cache": (True, True),
+}
 
 
-def measure(requests: int, tokens: int, fp32_cache: bool) -> dict[str, float]:
-    """Mean, p99 and max |dlogprob| of one sampling pass, the cache as the sampler keeps it or fp32."""
+def measure(requests: int, tokens: int, fp32_cache: bool, fp32_head: bool) -> dict[str, float]:
+    """Mean, p99 and max |dlogprob| of one sampling pass: the sampler as it runs, or with its KV cache
+    and/or its head in fp32."""
     import numpy as np
     import torch
     from engine import prompts  # bench/engine.py
     from tinker import types
 
-    from tinkrl.local import ServiceClient
-    from tinkrl.local.transformer import CausalLM
+    from tinkrl.local import ServiceClient, transformer
 
     if fp32_cache:
-        CausalLM.cache_dtype = lambda self, device: torch.float32
+        transformer.CausalLM.cache_dtype = lambda self, device: torch.float32
+    if fp32_head:
+        transformer.head_bf16_applies = lambda x: False
     service = ServiceClient(device="cpu", dtype="float32", sampler_precision="bfloat16")
     trainer = service.create_lora_training_client(MODEL, rank=16, seed=0)
     sampler = trainer.save_weights_and_get_sampling_client()
@@ -71,21 +79,21 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--child", choices=CACHES, help=argparse.SUPPRESS)  # one pass, in its own process
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)  # one pass, in its own process
     args = ap.parse_args()
     if args.child:
         import torch
 
         torch.set_num_threads(args.threads)
-        print(json.dumps(measure(args.requests, args.tokens, args.child == "fp32 cache")), flush=True)
+        print(json.dumps(measure(args.requests, args.tokens, *VARIANTS[args.child])), flush=True)
         return
-    print("| bf16 sampler's KV cache | sampled tokens | mean \\|dlogprob\\| | p99 | max |\n|---|---|---|---|---|")
-    for cache in CACHES:
-        child = [sys.executable, __file__, "--child", cache, "--requests", str(args.requests)]
+    print("| bf16 sampler | sampled tokens | mean \\|dlogprob\\| | p99 | max |\n|---|---|---|---|---|")
+    for variant in VARIANTS:
+        child = [sys.executable, __file__, "--child", variant, "--requests", str(args.requests)]
         child += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
         done = subprocess.run(child, check=True, stdout=subprocess.PIPE, text=True)
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"| {cache} | {r['tokens']} | {r['mean']:.2e} | {r['p99']:.2e} | {r['max']:.2e} |", flush=True)
+        print(f"| {variant} | {r['tokens']} | {r['mean']:.2e} | {r['p99']:.2e} | {r['max']:.2e} |", flush=True)
 
 
 if __name__ == "__main__":

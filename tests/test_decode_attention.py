@@ -162,6 +162,37 @@ def test_norm_and_silu_kernels_compute_what_torch_computes(dtype):
     _close_in(dtype, da.silu_mul(gate, up, dtype), F.silu(gate.float()) * up.float())
 
 
+def _skip_without_bf16_dot_products() -> None:
+    with torch.no_grad():
+        if not da.head_bf16_applies(torch.zeros(1, 16)):
+            pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: the head stays fp32")
+
+
+@pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (64, 96, 160)])
+def test_bf16_head_sums_bf16_products_in_fp32(M, K, N):
+    """The bf16 sampler's unembedding: x and w rounded to bf16, their products summed in fp32, fp32
+    logits; any row count, an odd width, a vocabulary that is not a multiple of 32, strided rows."""
+    _skip_without_bf16_dot_products()
+    g = torch.Generator().manual_seed(M)
+    w = torch.randn(N, K, generator=g) * 0.1
+    x = (torch.randn(M, K + 7, generator=g) * 2)[:, :K]  # rows K + 7 apart
+    with torch.no_grad():
+        got = da.head_bf16(x, da.pack_head(w), N)
+    expect = x.bfloat16().double() @ w.bfloat16().double().t()
+    assert got.shape == (M, N) and got.dtype == torch.float32
+    assert (got.double() - expect).abs().max().item() < 1e-4
+    assert (got.double() - x.double() @ w.double().t()).abs().max().item() > 1e-3  # bf16 products, not fp32
+    with torch.no_grad():  # leading dimensions kept, as for [rows, positions, hidden]
+        batched = da.head_bf16(x.reshape(1, M, K), da.pack_head(w), N)
+    assert batched.shape == (1, M, N) and torch.equal(batched[0], got)
+
+
+def test_bf16_head_refuses_a_weight_of_another_width():
+    _skip_without_bf16_dot_products()
+    with torch.no_grad(), pytest.raises(ValueError, match="pack_head weight of width 64"):
+        da.head_bf16(torch.zeros(2, 64), da.pack_head(torch.zeros(32, 96)), 32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])

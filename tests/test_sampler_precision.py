@@ -123,6 +123,26 @@ def test_only_the_bf16_sampler_keeps_its_kv_cache_in_bf16(bf16_service, prompts,
     assert allocated == [bf16, bf16, torch.float32, torch.float32]
 
 
+def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts, monkeypatch):
+    """Its logits come from bf16 products summed in fp32 where the CPU has bf16 dot products, its
+    merged trees' too; a matched sampler's head stays the trainer's fp32 product."""
+    from tinkrl.local import transformer
+
+    calls, real = [], transformer.head_bf16
+    monkeypatch.setattr(transformer, "head_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
+    matched = ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")
+    for service in (matched, bf16_service):
+        service.create_sampling_client(base_model=TINY).sample(prompts[0], 2, params).result()
+        tc = service.create_lora_training_client(TINY, rank=4, seed=0)
+        tc.save_weights_and_get_sampling_client().sample(prompts[0], 2, params).result()
+        if service is matched:
+            assert calls == []
+    with torch.no_grad():
+        applies = transformer.head_bf16_applies(torch.zeros(1, 16))
+    assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows
+
+
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
     assert set(CPU_SAMPLER_RULES) == set(get_args(CpuClass))
     for cls, rule in CPU_SAMPLER_RULES.items():

@@ -297,3 +297,80 @@ void silu_mul(const void *gate, const void *up, int in_bf16, int64_t stride, voi
         }
     }
 }
+
+/* The bf16 sampler's unembedding: out[m][n] = sum_k x[m][k] w[n][k] with x and w rounded to bf16 and
+ * the products summed in fp32 (the CPU's bf16 dot-product instruction), the logits written in fp32.
+ * `w` is packed by `pack_head`: [N / 16][K2][16 columns][2 consecutive k] bf16, K2 = ceil(K / 2),
+ * N a multiple of 32, zeros where padded. Tiles of up to 8 rows x 32 columns keep 16 sums in
+ * registers; each thread takes whole 32-column strips, whose weights it reads from memory once and
+ * from its cache for every further tile of rows. Needs AVX512-BF16: `head_bf16_available` says. */
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) void head_tile(const uint32_t *xb, int64_t K2, const uint32_t *w0,
+                                                            float *out, int64_t ldo, const int R) {
+    __m512 acc[8][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t *w1 = w0 + 16 * K2;
+    for (int64_t k = 0; k < K2; k++) {
+        const __m512bh a = (__m512bh)_mm512_loadu_si512(w0 + 16 * k), b = (__m512bh)_mm512_loadu_si512(w1 + 16 * k);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)xb[r * K2 + k]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, a);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, b);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out + r * ldo, acc[r][0]);
+        _mm512_storeu_ps(out + r * ldo + 16, acc[r][1]);
+    }
+}
+
+int head_bf16_available(void) { return 1; }
+
+static inline uint32_t to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    return (v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16;
+}
+
+/* x: [M][K] fp32, rows `x_stride` floats apart; out: [M][N] fp32, rows N apart. 0, or 1 where the
+ * scratch for x in bf16 could not be allocated. */
+int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, int M, int64_t K, int64_t N,
+              int threads) {
+    const int64_t K2 = (K + 1) / 2;
+    uint32_t *xb = malloc(sizeof(uint32_t) * (size_t)(M * K2 + 1));
+    if (!xb) return 1;
+    for (int m = 0; m < M; m++)
+        for (int64_t k = 0; k < K2; k++) {
+            const float *row = x + m * x_stride;
+            const uint32_t hi = 2 * k + 1 < K ? to_bf16(row[2 * k + 1]) : 0;
+            xb[m * K2 + k] = to_bf16(row[2 * k]) | hi << 16;
+        }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t j = 0; j < N / 32; j++) {
+        const uint32_t *wj = w + 2 * j * 16 * K2;
+        for (int m = 0; m < M; m += 8) {
+            const uint32_t *xm = xb + m * K2;
+            float *o = out + m * N + 32 * j;
+            switch (M - m < 8 ? M - m : 8) {
+            case 1: head_tile(xm, K2, wj, o, N, 1); break;
+            case 2: head_tile(xm, K2, wj, o, N, 2); break;
+            case 3: head_tile(xm, K2, wj, o, N, 3); break;
+            case 4: head_tile(xm, K2, wj, o, N, 4); break;
+            case 5: head_tile(xm, K2, wj, o, N, 5); break;
+            case 6: head_tile(xm, K2, wj, o, N, 6); break;
+            case 7: head_tile(xm, K2, wj, o, N, 7); break;
+            default: head_tile(xm, K2, wj, o, N, 8); break;
+            }
+        }
+    }
+    free(xb);
+    return 0;
+}
+#else
+int head_bf16_available(void) { return 0; }
+int head_bf16(const float *x, int64_t x_stride, const void *w, float *out, int M, int64_t K, int64_t N, int threads) {
+    (void)x, (void)x_stride, (void)w, (void)out, (void)M, (void)K, (void)N, (void)threads;
+    return 2;
+}
+#endif

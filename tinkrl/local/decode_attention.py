@@ -120,6 +120,10 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.rms_norm.argtypes = [ptr, ptr, i32, i64, ptr, f32, ptr, i32, i32, i32, i32]
     lib.silu_mul.restype = None
     lib.silu_mul.argtypes = [ptr, ptr, i32, i64, ptr, i32, i32, i32, i32]
+    lib.head_bf16_available.restype = i32
+    lib.head_bf16_available.argtypes = []
+    lib.head_bf16.restype = i32
+    lib.head_bf16.argtypes = [ptr, i64, ptr, ptr, i32, i64, i64, i32]
     return lib, ""
 
 
@@ -297,3 +301,45 @@ def rope_decode_attention(
     if rc != 0:
         raise MemoryError("decode attention: a thread's scratch memory could not be allocated")
     return out
+
+
+# --- the bf16 sampler's unembedding --------------------------------------------------------------------
+
+
+def head_bf16_applies(x: torch.Tensor) -> bool:
+    """Whether `head_bf16` can compute logits for these hidden states: fp32 on CPU, without autograd,
+    with the kernels built for a CPU with bf16 dot products (AVX512-BF16)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
+        return False
+    lib = load_kernel()[0]
+    return lib is not None and bool(lib.head_bf16_available())
+
+
+def pack_head(weight: torch.Tensor) -> torch.Tensor:
+    """The unembedding's weight ([N, K]) rounded to bf16 in the kernel's layout: [N' / 16, K' / 2, 16, 2],
+    N' the vocabulary padded to a multiple of 32, K' the width padded to even, zeros in the padding."""
+    n, k = weight.shape
+    n_pad, k_pad = -(-n // 32) * 32, k + k % 2
+    w = torch.zeros(n_pad, k_pad, dtype=torch.bfloat16)
+    w[:n, :k] = weight.detach()
+    return w.view(n_pad // 16, 16, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """fp32 logits [..., vocab] of fp32 hidden states `x` [..., K] against a `pack_head` weight, the
+    products in bf16 (x and the weight rounded to nearest even) summed in fp32, as a bf16 matrix
+    product with fp32 output computes them. Only where `head_bf16_applies`."""
+    n_pad, k = packed.shape[0] * 16, x.shape[-1]
+    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 2), 16, 2) or not packed.is_contiguous():
+        raise ValueError(f"head_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], n_pad), dtype=torch.float32)
+    rc = load_kernel()[0].head_bf16(
+        rows.data_ptr(), rows.stride(0), packed.data_ptr(), out.data_ptr(), rows.shape[0], k, n_pad,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("head_bf16: scratch memory for the hidden states could not be allocated")
+    return out[:, :vocab].view(*x.shape[:-1], vocab)

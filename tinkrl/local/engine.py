@@ -229,6 +229,7 @@ class Engine:
                         module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
             fuse_projections(tree)
             tree.kv_cache_dtype = torch.bfloat16  # off-policy by its rounding already: a bf16 cache too
+            tree.head_dtype = torch.bfloat16  # and bf16 products in the head (fp32 sums and logits)
             self._bf16_base = tree
         return self._bf16_base
 
@@ -296,5 +297,5 @@ def copy_tree(tree: CausalLM) -> CausalLM:
     new.rotary = tree.rotary
     new.lm_head.compute_dtype = tree.lm_head.compute_dtype
     new.lm_head._fast_weight = tree.lm_head._fast_weight
-    new.kv_cache_dtype = tree.kv_cache_dtype
+    new.kv_cache_dtype, new.head_dtype = tree.kv_cache_dtype, tree.head_dtype
     return new.requires_grad_(False)

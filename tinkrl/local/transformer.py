@@ -35,7 +35,10 @@ from torch import nn
 from tinkrl.local.decode_attention import (
     decode_attention,
     decode_kernels_apply,
+    head_bf16,
+    head_bf16_applies,
     kernels_read,
+    pack_head,
     reads_cache,
     rms_norm,
     rope_decode_attention,
@@ -349,6 +352,8 @@ class CausalLM(nn.Module):
     compiled = False  # set by compile_layers
     # A sampling tree that may keep its KV cache in bf16 (the bf16 sampler's; `cache_dtype`).
     kv_cache_dtype = torch.float32
+    # bf16: a sampling tree whose logits may come from bf16 products (the bf16 sampler's; `logits`).
+    head_dtype = torch.float32
 
     def __init__(self, cfg, rotary: nn.Module, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
@@ -432,13 +437,26 @@ class CausalLM(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor, exact: bool = True) -> torch.Tensor:
-        """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on)."""
+        """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on).
+        A tree with `head_dtype` bf16 (the bf16 sampler's) multiplies in bf16 with fp32 sums and output
+        (`head_bf16`) where the CPU has bf16 dot products."""
         head = getattr(self.lm_head, "base_layer", self.lm_head)  # peft wraps it when the unembedding trains
+        if exact and self.head_dtype == torch.bfloat16 and head is self.lm_head and head_bf16_applies(hidden):
+            return head_bf16(hidden, _packed_head(head.weight), head.weight.shape[0])
         head.fast = not exact
         try:
             return self.lm_head(hidden)
         finally:
             head.fast = False
+
+
+def _packed_head(weight: torch.Tensor) -> torch.Tensor:
+    """`pack_head`'s bf16 copy of an unembedding weight, kept on the weight and remade when it is
+    rewritten in place (a merged sampler head), like `_packed`."""
+    cached = getattr(weight, "_tinkrl_head_bf16", None)
+    if cached is None or cached[0] != weight._version:
+        cached = weight._tinkrl_head_bf16 = (weight._version, pack_head(weight))
+    return cached[1]
 
 
 class Head(nn.Linear):
