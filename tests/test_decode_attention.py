@@ -104,7 +104,7 @@ def test_sampler_decodes_the_same_through_either_kernel(monkeypatch):
         return [s for f in futures for s in f.result().sequences]
 
     def counting_fused(*args):
-        calls.append((True, args[-2] is not None))
+        calls.append((True, args[3].rows is not None))
         return real_fused(*args)
 
     real_fused = da.rope_decode_attention
@@ -216,7 +216,7 @@ def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fuse
     qr, kr = (x * cos[:, None] + _rotate_half(x) * sin[:, None] for x in heads[:2])
     before_k, before_v = kc.clone(), vc.clone()
     with torch.no_grad():
-        got = da.rope_decode_attention(q, k, v, cos, sin, kc, vc, pos, mask, rows, dtype)
+        got = da.rope_decode_attention(q, k, v, da.decode_step(cos, sin, pos, mask, rows, 6), kc, vc, dtype)
     new_k, new_v = kc[rows, :, pos].float(), vc[rows, :, pos].float()
     if cache_dtype == torch.float32:
         assert (new_k - kr[:, :, 0]).abs().max().item() < 1e-5
@@ -233,6 +233,23 @@ def test_rope_attention_kernel_writes_the_cache_and_attends_as_torch(dtype, fuse
         qr, kc[rows, :, : pos + 1].float(), vc[rows, :, : pos + 1].float(), attn_mask=mask, enable_gqa=True
     )
     _close_in(dtype, got, expect.transpose(1, 2).reshape(B, 1, H * D))
+
+
+def test_a_decode_step_is_checked_once_and_fits_only_its_cache():
+    """The kernels write through `rows` unchecked, so a step's rows, mask and shapes are checked when
+    the step is prepared, and a layer refuses a step prepared for another cache."""
+    cos = sin = torch.ones(2, 1, 16)
+    with pytest.raises(ValueError, match="additive fp32 mask"):
+        da.decode_step(cos, sin, 5, torch.zeros(2, 1, 1, 5), None, 4)
+    with pytest.raises(IndexError, match="outside the cache"):
+        da.decode_step(cos, sin, 5, torch.zeros(2, 1, 1, 6), torch.tensor([0, 4]), 4)
+    with pytest.raises(IndexError, match="2 rows in a cache of 1"):
+        da.decode_step(cos, sin, 5, torch.zeros(1, 1, 1, 6), None, 1)
+    step = da.decode_step(cos, sin, 5, torch.zeros(1, 1, 1, 6), torch.tensor([3, 1]), 4)
+    q, kv = torch.zeros(2, 1, 32), torch.zeros(2, 1, 16)
+    cache = torch.zeros(3, 1, 8, 16)  # 3 rows, not the step's 4
+    with torch.no_grad(), pytest.raises(ValueError, match="prepared for another batch or cache"):
+        da.rope_decode_attention(q, kv, kv, step, cache, cache.clone(), torch.float32)
 
 
 def test_no_compiler_gives_a_reason_and_torch_runs(monkeypatch, tmp_path):

@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -252,33 +253,26 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> torch.
     return out
 
 
-def rope_decode_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    pos: int,
-    mask: torch.Tensor,
-    rows: torch.Tensor | None,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """A decode step's attention straight from the projections: RoPE on `q` and `k` ([B, 1, H * D] and
-    [B, 1, H_kv * D], fp32 or bf16), `k` and `v` written to the layer's cache ([cache rows, H_kv,
-    positions, D], fp32 or bf16) at `pos` (through `rows`, as `decode_attention`), then attention
-    over positions 0..pos under `mask` (additive [B or 1, 1, 1, pos + 1]). `cos`, `sin`: [B, 1, D].
-    Returns [B, 1, H * D] in `dtype`, the output projection's input."""
-    B, D = q.shape[0], cos.shape[-1]
-    H, Hkv = q.shape[-1] // D, k.shape[-1] // D
-    kv_stride = _rows_apart(k)
-    if q.dtype != k.dtype or v.dtype != k.dtype or _rows_apart(v) != kv_stride:
-        raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
-        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _CACHE_DTYPES:
-        raise ValueError(f"decode kernels: an fp32 or bf16 cache, keys and values alike, got {k_cache.dtype}")
+@dataclass(frozen=True)
+class DecodeStep:
+    """What every layer of one decode step shares, checked once for the step (`decode_step`), not per
+    layer: RoPE's `cos` and `sin` ([B, D], contiguous), the position `pos` the step writes, the
+    additive `mask` ([B or 1, 1, 1, pos + 1] fp32) and the cache `rows` of the batch rows."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    pos: int
+    mask: torch.Tensor
+    rows: torch.Tensor | None
+    cache_rows: int  # the cache's row count `rows` was checked against
+
+
+def decode_step(
+    cos: torch.Tensor, sin: torch.Tensor, pos: int, mask: torch.Tensor, rows: torch.Tensor | None, cache_rows: int
+) -> DecodeStep:
+    """A `DecodeStep` for B rows: `cos`, `sin` [B, 1, D]; `mask` additive [B or 1, 1, 1, pos + 1];
+    `rows` (int64 [B]) the cache rows of the batch rows, or None (batch row b in cache row b)."""
+    B, D = cos.shape[0], cos.shape[-1]
     if (
         mask.shape[1:] != (1, 1, pos + 1)
         or mask.shape[0] not in (1, B)
@@ -289,14 +283,45 @@ def rope_decode_attention(
     if rows is not None:
         if rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous():
             raise ValueError("decode kernels: `rows` must be a contiguous int64 [B]")
-        _check_rows_within(rows, k_cache.shape[0])
-    cos, sin = cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous()
+        _check_rows_within(rows, cache_rows)
+    elif B > cache_rows:
+        raise IndexError(f"decode attention: {B} rows in a cache of {cache_rows}")
+    return DecodeStep(cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous(), pos, mask, rows, cache_rows)
+
+
+def rope_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    step: DecodeStep,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A decode step's attention straight from the projections: RoPE on `q` and `k` ([B, 1, H * D] and
+    [B, 1, H_kv * D], fp32 or bf16), `k` and `v` written to the layer's cache ([cache rows, H_kv,
+    positions, D], fp32 or bf16) at `step.pos` (in `step.rows`, as `decode_attention`), then attention
+    over positions 0..pos under `step.mask`. Returns [B, 1, H * D] in `dtype`, the output projection's
+    input."""
+    B, D = q.shape[0], step.cos.shape[-1]
+    H, Hkv = q.shape[-1] // D, k.shape[-1] // D
+    kv_stride = _rows_apart(k)
+    if q.dtype != k.dtype or v.dtype != k.dtype or _rows_apart(v) != kv_stride:
+        raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
+        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"decode kernels: an fp32 or bf16 cache, keys and values alike, got {k_cache.dtype}")
+    if B != step.cos.shape[0] or k_cache.shape[0] != step.cache_rows or k_cache.shape[2] <= step.pos:
+        raise ValueError("decode kernels: the step was prepared for another batch or cache")
+    mask = step.mask
     out = torch.empty((B, 1, H * D), dtype=dtype)
     rc = load_kernel()[0].rope_decode_attention(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), _is_bf16(q), _rows_apart(q), kv_stride, cos.data_ptr(),
-        sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), k_cache.stride(0), k_cache.stride(1),
-        None if rows is None else rows.data_ptr(), pos, mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0,
-        out.data_ptr(), _is_bf16(out), B, H, Hkv, D, D**-0.5, torch.get_num_threads(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), _is_bf16(q), _rows_apart(q), kv_stride, step.cos.data_ptr(),
+        step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), k_cache.stride(0),
+        k_cache.stride(1), None if step.rows is None else step.rows.data_ptr(), step.pos, mask.data_ptr(),
+        mask.stride(0) if mask.shape[0] == B else 0, out.data_ptr(), _is_bf16(out), B, H, Hkv, D, D**-0.5,
+        torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
         raise MemoryError("decode attention: a thread's scratch memory could not be allocated")

@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinkrl.local.decode_attention import (
+    DecodeStep,
     decode_attention,
     decode_kernels_apply,
+    decode_step,
     head_bf16,
     head_bf16_applies,
     kernels_read,
@@ -312,19 +314,21 @@ class DecoderLayer(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return (x, kv) if return_kv else x
 
-    def decode(self, x: torch.Tensor, cos, sin, mask: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, pending: torch.Tensor | None, step: DecodeStep, cache: KVCache) -> torch.Tensor:
         """`forward` for one new token per row, without autograd, on CPU: the matrix products as in
         `forward`, everything between them (norms, RoPE, the cache write, attention, SiLU) in
         decode_attention's C kernels, 4 calls where `forward` runs ~40 small torch ops. `x` ([B, 1, d]
-        fp32, contiguous) is updated in place and returned; `mask` is additive [B, 1, 1, pos + 1]."""
+        fp32, contiguous) is the residual stream, updated in place; `pending`, the previous layer's
+        MLP output, joins it in this layer's first norm. Returns this layer's MLP output, which the
+        next layer (or the caller) adds to `x`."""
         attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj))
+        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj), add=pending)
         if attn.qkv is not None:
             q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
         else:
             q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         i, to = attn.layer_idx, _multiplies_in(attn.o_proj)
-        out = rope_decode_attention(q, k, v, cos, sin, cache.k[i], cache.v[i], pos, mask, cache.rows, to)
+        out = rope_decode_attention(q, k, v, step, cache.k[i], cache.v[i], to)
         h = rms_norm(
             x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
         )
@@ -332,7 +336,7 @@ class DecoderLayer(nn.Module):
             gate, up = _project(mlp.gate_up, h).chunk(2, -1)
         else:
             gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
-        return x.add_(_project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj))))
+        return _project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj)))
 
 
 class Backbone(nn.Module):
@@ -382,10 +386,11 @@ class CausalLM(nn.Module):
         cos, sin = (t.float() for t in self.rotary(x, position_ids))
         mask = additive_mask(mask)
         if self._decodes_in_kernels(x, cache, cache_pos):
-            x = x.contiguous()
+            x, pending = x.contiguous(), None
+            step = decode_step(cos, sin, cache_pos, mask, cache.rows, cache.k.shape[1])
             for layer in self.model.layers:
-                x = layer.decode(x, cos, sin, mask, cache, cache_pos)
-            return self.model.norm(x)
+                pending = layer.decode(x, pending, step, cache)
+            return self.model.norm(x if pending is None else x.add_(pending))
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
