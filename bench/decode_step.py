@@ -5,8 +5,9 @@
 SmolLM2-135M's shape with random weights (bench/engine.py's `smollm2`, no download), as the
 sampler holds it: the matched tree (fp32 weights, q/k/v and gate/up fused, as the merged LoRA tree
 RL samples with) and the bf16 sampling tree (`sampler_precision: bfloat16`: bf16 copies of the
-projections' weights, fused, its KV cache in bf16). One step is the forward of one new token per
-row over a KV cache of the given length, plus the fp32 head, as `sample_batch` runs it. Per
+projections' weights, fused, its KV cache in bf16, its head in bf16 products with fp32 sums). One
+step is the forward of one new token per row over a KV cache of the given length, plus the head,
+as `sample_batch` runs it. Per
 (tree, rows x cached positions): the median milliseconds of a step with the layers in the kernels
 and op by op (torch's ops with the decode-attention kernel), the two alternating, the speed-up,
 and the largest difference of the two ways' logprobs for the same step (bf16 products round
