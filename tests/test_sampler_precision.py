@@ -105,6 +105,14 @@ def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_servi
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
 
 
+def _sample_base_and_merged(service: ServiceClient, prompt) -> None:
+    """Two samples of 3 tokens from the base model's sampler, then from a fresh LoRA's merged tree."""
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
+    service.create_sampling_client(base_model=TINY).sample(prompt, 2, params).result()
+    tc = service.create_lora_training_client(TINY, rank=4, seed=0)
+    tc.save_weights_and_get_sampling_client().sample(prompt, 2, params).result()
+
+
 def test_only_the_bf16_sampler_keeps_its_kv_cache_in_bf16(bf16_service, prompts, monkeypatch):
     """bf16 sampling, off-policy by its rounding already, halves its KV cache's bytes where the decode
     kernels read it; a matched sampler's cache stays fp32, the trainer's arithmetic."""
@@ -113,12 +121,8 @@ def test_only_the_bf16_sampler_keeps_its_kv_cache_in_bf16(bf16_service, prompts,
 
     allocated, real = [], KVCache.allocate.__func__
     monkeypatch.setattr(KVCache, "allocate", classmethod(lambda cls, *a: allocated.append(a[-1]) or real(cls, *a)))
-    params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
-    matched = ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")
-    for service in (bf16_service, matched):
-        service.create_sampling_client(base_model=TINY).sample(prompts[0], 2, params).result()
-        tc = service.create_lora_training_client(TINY, rank=4, seed=0)
-        tc.save_weights_and_get_sampling_client().sample(prompts[0], 2, params).result()
+    for service in (bf16_service, ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")):
+        _sample_base_and_merged(service, prompts[0])
     bf16 = torch.bfloat16 if load_kernel()[0] is not None else torch.float32  # torch's kernel reads fp32 only
     assert allocated == [bf16, bf16, torch.float32, torch.float32]
 
@@ -130,14 +134,9 @@ def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts
 
     calls, real = [], transformer.head_bf16
     monkeypatch.setattr(transformer, "head_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
-    matched = ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")
-    for service in (matched, bf16_service):
-        service.create_sampling_client(base_model=TINY).sample(prompts[0], 2, params).result()
-        tc = service.create_lora_training_client(TINY, rank=4, seed=0)
-        tc.save_weights_and_get_sampling_client().sample(prompts[0], 2, params).result()
-        if service is matched:
-            assert calls == []
+    _sample_base_and_merged(ServiceClient(device="cpu", dtype="float32", sampler_precision="matched"), prompts[0])
+    assert calls == []
+    _sample_base_and_merged(bf16_service, prompts[0])
     with torch.no_grad():
         applies = transformer.head_bf16_applies(torch.zeros(1, 16))
     assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows

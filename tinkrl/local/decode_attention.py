@@ -158,6 +158,16 @@ def _check_rows_within(rows: torch.Tensor, cache_rows: int) -> None:
         raise IndexError(f"decode attention: cache rows {lo}..{hi} outside the cache's {cache_rows}")
 
 
+def _mask_fits(mask: torch.Tensor, B: int, T: int) -> bool:
+    """An additive mask the kernels read: [B or 1, 1, 1, T], positions contiguous."""
+    return mask.shape[1:] == (1, 1, T) and mask.shape[0] in (1, B) and mask.stride(3) == 1
+
+
+def _rows_fit(rows: torch.Tensor, B: int) -> bool:
+    """Cache rows the kernels read: a contiguous int64 [B]."""
+    return rows.dtype == torch.int64 and rows.shape == (B,) and rows.is_contiguous()
+
+
 def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -180,11 +190,9 @@ def decode_attention(
         or k.stride() != v.stride()
         or k.stride(3) != 1
         or k.stride(2) != D
-        or mask.shape[1:] != (1, 1, T)
-        or mask.shape[0] not in (1, B)
-        or mask.stride(3) != 1
+        or not _mask_fits(mask, B, T)
         or (rows is None and k.shape[0] != B)
-        or (rows is not None and (rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous()))
+        or (rows is not None and not _rows_fit(rows, B))
         or not kernels_read(q.device, k.dtype, D)
     ):
         return None
@@ -273,15 +281,10 @@ def decode_step(
     """A `DecodeStep` for B rows: `cos`, `sin` [B, 1, D]; `mask` additive [B or 1, 1, 1, pos + 1];
     `rows` (int64 [B]) the cache rows of the batch rows, or None (batch row b in cache row b)."""
     B, D = cos.shape[0], cos.shape[-1]
-    if (
-        mask.shape[1:] != (1, 1, pos + 1)
-        or mask.shape[0] not in (1, B)
-        or mask.stride(3) != 1
-        or mask.dtype != torch.float32
-    ):
+    if not _mask_fits(mask, B, pos + 1) or mask.dtype != torch.float32:
         raise ValueError(f"decode kernels: an additive fp32 mask [B, 1, 1, {pos + 1}], got {tuple(mask.shape)}")
     if rows is not None:
-        if rows.dtype != torch.int64 or rows.shape != (B,) or not rows.is_contiguous():
+        if not _rows_fit(rows, B):
             raise ValueError("decode kernels: `rows` must be a contiguous int64 [B]")
         _check_rows_within(rows, cache_rows)
     elif B > cache_rows:

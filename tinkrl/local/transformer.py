@@ -25,6 +25,7 @@ figures behind these choices are in docs/engine.md.
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -82,15 +83,21 @@ def _onednn_linear_backward(ctx, grad: torch.Tensor):
 _onednn_linear.register_autograd(_onednn_linear_backward, setup_context=_onednn_linear_context)
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked layout of a frozen weight, kept on the weight (so every tree sharing it
-    shares one) and remade when the weight is rewritten in place (merged sampler weights).
-    Products without autograd (sampling, `forward`) run faster from it at decode shapes, for a
-    second copy of the weights in memory."""
-    cached = getattr(weight, "_tinkrl_packed", None)
+def _kept_on(weight: torch.Tensor, name: str, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`make(weight)`, kept on the weight as `name` (so every tree sharing the weight shares it) and
+    remade when the weight is rewritten in place (merged sampler weights)."""
+    cached = getattr(weight, name, None)
     if cached is None or cached[0] != weight._version:
-        cached = weight._tinkrl_packed = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight, 32))
+        cached = (weight._version, make(weight))
+        setattr(weight, name, cached)
     return cached[1]
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked layout of a frozen weight (`_kept_on` it). Products without autograd
+    (sampling, `forward`) run faster from it at decode shapes, for a second copy of the weights in
+    memory."""
+    return _kept_on(weight, "_tinkrl_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 32))
 
 
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -456,12 +463,8 @@ class CausalLM(nn.Module):
 
 
 def _packed_head(weight: torch.Tensor) -> torch.Tensor:
-    """`pack_head`'s bf16 copy of an unembedding weight, kept on the weight and remade when it is
-    rewritten in place (a merged sampler head), like `_packed`."""
-    cached = getattr(weight, "_tinkrl_head_bf16", None)
-    if cached is None or cached[0] != weight._version:
-        cached = weight._tinkrl_head_bf16 = (weight._version, pack_head(weight))
-    return cached[1]
+    """`pack_head`'s bf16 copy of an unembedding weight (`_kept_on` it)."""
+    return _kept_on(weight, "_tinkrl_head_bf16", pack_head)
 
 
 class Head(nn.Linear):
