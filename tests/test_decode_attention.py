@@ -168,22 +168,26 @@ def _skip_without_bf16_dot_products() -> None:
             pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: the head stays fp32")
 
 
-@pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (64, 96, 160)])
-def test_bf16_head_sums_bf16_products_in_fp32(M, K, N):
-    """The bf16 sampler's unembedding: x and w rounded to bf16, their products summed in fp32, fp32
-    logits; any row count, an odd width, a vocabulary that is not a multiple of 32, strided rows."""
+@pytest.mark.parametrize("amx", [False, True], ids=["dot-products", "amx-tiles"])
+@pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (40, 96, 160), (64, 96, 160)])
+def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, amx):
+    """The bf16 sampler's unembedding, in AVX512-BF16 dot products and in AMX tiles: x and w rounded to
+    bf16, their products summed in fp32, fp32 logits; any row count, an odd width, a vocabulary that
+    is not a multiple of 32, strided rows."""
     _skip_without_bf16_dot_products()
+    if amx and not da.head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): the head uses dot products")
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, K, generator=g) * 0.1
     x = (torch.randn(M, K + 7, generator=g) * 2)[:, :K]  # rows K + 7 apart
     with torch.no_grad():
-        got = da.head_bf16(x, da.pack_head(w), N)
+        got = da.head_bf16(x, da.pack_head(w), N, amx=amx)
     expect = x.bfloat16().double() @ w.bfloat16().double().t()
     assert got.shape == (M, N) and got.dtype == torch.float32
     assert (got.double() - expect).abs().max().item() < 1e-4
     assert (got.double() - x.double() @ w.double().t()).abs().max().item() > 1e-3  # bf16 products, not fp32
     with torch.no_grad():  # leading dimensions kept, as for [rows, positions, hidden]
-        batched = da.head_bf16(x.reshape(1, M, K), da.pack_head(w), N)
+        batched = da.head_bf16(x.reshape(1, M, K), da.pack_head(w), N, amx=amx)
     assert batched.shape == (1, M, N) and torch.equal(batched[0], got)
 
 

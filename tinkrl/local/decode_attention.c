@@ -333,19 +333,95 @@ static inline uint32_t to_bf16(float f) {
     return (v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16;
 }
 
-/* x: [M][K] fp32, rows `x_stride` floats apart; out: [M][N] fp32, rows N apart. 0, or 1 where the
- * scratch for x in bf16 could not be allocated. */
-int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, int M, int64_t K, int64_t N,
-              int threads) {
-    const int64_t K2 = (K + 1) / 2;
-    uint32_t *xb = malloc(sizeof(uint32_t) * (size_t)(M * K2 + 1));
+/* AMX tiles (Intel Xeon from Sapphire Rapids on): a 16 x 32 bf16 tile of x times a 32 x 16 tile of
+ * the weight, summed in fp32, in one instruction. The packed weight's 16-column blocks are already
+ * the layout a weight tile loads (pairs of consecutive k side by side, 64 bytes a row). Linux lends a
+ * process the tiles' registers only on request (`amx_ready`). */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int amx_ready(void) {
+    static int ready = -1;
+    if (ready < 0) ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ready;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Tiles 0-3: sums for 32 rows x 32 columns; 4-5: rows of x; 6-7: columns of the weight. `xb` holds a
+ * multiple of 32 rows, `out` a multiple of 32 rows of N floats. */
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M32, int64_t N, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        tile_config cfg = {0};
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+        _tile_loadconfig(&cfg);
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < N / 32; j++) {
+            const uint32_t *w0 = w + 2 * j * 16 * K2, *w1 = w0 + 16 * K2;
+            for (int m = 0; m < M32; m += 32) {
+                const uint32_t *x0 = xb + m * K2, *x1 = x0 + 16 * K2;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int64_t k = 0; k < K2; k += 16) {
+                    _tile_loadd(4, x0 + k, 4 * K2);
+                    _tile_loadd(5, x1 + k, 4 * K2);
+                    _tile_loadd(6, w0 + 16 * k, 64);
+                    _tile_loadd(7, w1 + 16 * k, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                float *o = out + m * N + 32 * j;
+                _tile_stored(0, o, 4 * N);
+                _tile_stored(1, o + 16, 4 * N);
+                _tile_stored(2, o + 16 * N, 4 * N);
+                _tile_stored(3, o + 16 * N + 16, 4 * N);
+            }
+        }
+        _tile_release();
+    }
+}
+#else
+static int amx_ready(void) { return 0; }
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M32, int64_t N, int threads) {
+    (void)xb, (void)K2, (void)w, (void)out, (void)M32, (void)N, (void)threads;
+}
+#endif
+
+/* Whether `head_bf16` may be asked for AMX tiles here: built for them, and Linux lent them. */
+int head_amx_available(void) { return amx_ready(); }
+
+/* x: [M][K] fp32, rows `x_stride` floats apart; `w` holds K2 pairs of k a column (K2 >= (K + 1) / 2,
+ * zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart, with room for M rounded up
+ * to 32 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x in bf16 could not be
+ * allocated; 2 where AMX was asked for and is not available. */
+int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, int M, int64_t K, int64_t K2,
+              int64_t N, int amx, int threads) {
+    if (amx && (!amx_ready() || K2 % 16)) return 2;
+    const int rows = amx ? (M + 31) / 32 * 32 : M;
+    uint32_t *xb = calloc((size_t)(rows * K2 + 1), sizeof(uint32_t));
     if (!xb) return 1;
     for (int m = 0; m < M; m++)
-        for (int64_t k = 0; k < K2; k++) {
+        for (int64_t k = 0; 2 * k < K; k++) {
             const float *row = x + m * x_stride;
             const uint32_t hi = 2 * k + 1 < K ? to_bf16(row[2 * k + 1]) : 0;
             xb[m * K2 + k] = to_bf16(row[2 * k]) | hi << 16;
         }
+    if (amx) {
+        head_amx(xb, K2, w, out, rows, N, threads);
+        free(xb);
+        return 0;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t j = 0; j < N / 32; j++) {
         const uint32_t *wj = w + 2 * j * 16 * K2;
@@ -369,8 +445,10 @@ int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, i
 }
 #else
 int head_bf16_available(void) { return 0; }
-int head_bf16(const float *x, int64_t x_stride, const void *w, float *out, int M, int64_t K, int64_t N, int threads) {
-    (void)x, (void)x_stride, (void)w, (void)out, (void)M, (void)K, (void)N, (void)threads;
+int head_amx_available(void) { return 0; }
+int head_bf16(const float *x, int64_t x_stride, const void *w, float *out, int M, int64_t K, int64_t K2, int64_t N,
+              int amx, int threads) {
+    (void)x, (void)x_stride, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)amx, (void)threads;
     return 2;
 }
 #endif

@@ -124,7 +124,9 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_bf16_available.restype = i32
     lib.head_bf16_available.argtypes = []
     lib.head_bf16.restype = i32
-    lib.head_bf16.argtypes = [ptr, i64, ptr, ptr, i32, i64, i64, i32]
+    lib.head_amx_available.restype = i32
+    lib.head_amx_available.argtypes = []
+    lib.head_bf16.argtypes = [ptr, i64, ptr, ptr, i32, i64, i64, i64, i32, i32]
     return lib, ""
 
 
@@ -343,31 +345,48 @@ def head_bf16_applies(x: torch.Tensor) -> bool:
     return lib is not None and bool(lib.head_bf16_available())
 
 
+AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot products
+
+
+def head_amx_available() -> bool:
+    """Whether `head_bf16` can use AMX tiles here (Intel Xeon from Sapphire Rapids on): the kernels were
+    built for them and Linux lent this process their registers."""
+    lib = load_kernel()[0]
+    return lib is not None and bool(lib.head_amx_available())
+
+
 def pack_head(weight: torch.Tensor) -> torch.Tensor:
     """The unembedding's weight ([N, K]) rounded to bf16 in the kernel's layout: [N' / 16, K' / 2, 16, 2],
-    N' the vocabulary padded to a multiple of 32, K' the width padded to even, zeros in the padding."""
+    N' the vocabulary padded to a multiple of 32, K' the width padded to a multiple of 32, zeros in the
+    padding. Each [K' / 2, 16, 2] block is also the layout an AMX tile of the weight loads."""
     n, k = weight.shape
-    n_pad, k_pad = -(-n // 32) * 32, k + k % 2
+    n_pad, k_pad = -(-n // 32) * 32, -(-k // 32) * 32
     w = torch.zeros(n_pad, k_pad, dtype=torch.bfloat16)
     w[:n, :k] = weight.detach()
     return w.view(n_pad // 16, 16, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int) -> torch.Tensor:
+def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | None = None) -> torch.Tensor:
     """fp32 logits [..., vocab] of fp32 hidden states `x` [..., K] against a `pack_head` weight, the
     products in bf16 (x and the weight rounded to nearest even) summed in fp32, as a bf16 matrix
-    product with fp32 output computes them. Only where `head_bf16_applies`."""
+    product with fp32 output computes them. Only where `head_bf16_applies`. `amx` picks AMX tiles or
+    AVX512-BF16 dot products; by default AMX tiles where `head_amx_available` for `AMX_HEAD_ROWS` rows
+    or more (fewer rows read the weight as fast through dot products, docs/performance.md)."""
     n_pad, k = packed.shape[0] * 16, x.shape[-1]
-    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 2), 16, 2) or not packed.is_contiguous():
+    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 32) * 16, 16, 2) or not packed.is_contiguous():
         raise ValueError(f"head_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
     rows = x.reshape(-1, k)
+    amx = rows.shape[0] >= AMX_HEAD_ROWS and head_amx_available() if amx is None else amx
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty((rows.shape[0], n_pad), dtype=torch.float32)
+    m = rows.shape[0]
+    out = torch.empty((-(-m // 32) * 32 if amx else m, n_pad), dtype=torch.float32)
     rc = load_kernel()[0].head_bf16(
-        rows.data_ptr(), rows.stride(0), packed.data_ptr(), out.data_ptr(), rows.shape[0], k, n_pad,
-        torch.get_num_threads(),
+        rows.data_ptr(), rows.stride(0), packed.data_ptr(), out.data_ptr(), m, k, packed.shape[1], n_pad,
+        int(amx), torch.get_num_threads(),
     )  # fmt: skip
+    if rc == 2:
+        raise RuntimeError("head_bf16: AMX tiles asked for where head_amx_available() is False")
     if rc != 0:
         raise MemoryError("head_bf16: scratch memory for the hidden states could not be allocated")
-    return out[:, :vocab].view(*x.shape[:-1], vocab)
+    return out[:m, :vocab].view(*x.shape[:-1], vocab)
