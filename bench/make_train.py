@@ -60,6 +60,15 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def run_sampler(config: dict) -> str:
+    """How the run's sampler computed: its config's `sampler_precision`, else the default of this machine's
+    class for the run's device (`local/precision.py`), as the engine resolved it."""
+    from tinkrl.local.models import default_sampler_precision, pick_device
+
+    chosen = config.get("sampler_precision") or "auto"
+    return default_sampler_precision(pick_device(config.get("device"))) if chosen == "auto" else chosen
+
+
 def run_device(config: dict) -> str:
     """Where the run trained: its config's `device`, else the engine's default here (CUDA when torch sees a
     GPU), so a CPU run on a GPU host with the GPU hidden (`CUDA_VISIBLE_DEVICES=`) is filed as CPU work."""
@@ -79,6 +88,7 @@ def main() -> None:
     figures = run_figures(rows)
     print(json.dumps({k: v if len(v) == 1 else f"{len(v)} steps" for k, v in figures.items()}))
     settings = {k: config.get(k) for k in SETTINGS} | {"environments": sorted(config.get("environments") or {})}
+    settings["sampler_precision"] = run_sampler(config)
     command = f"{args.train_command} && {command_line()}"
     write_result(
         "make_train", args.run_dir.name, settings, figures, args.results, device=run_device(config), command=command

@@ -240,7 +240,10 @@ def make_train_rows(r: Record) -> list[list[str]]:
     greedy = f"{m['greedy_before']:.2f} -> {m['greedy_after']:.2f}" if "greedy_after" in m else "no eval"
     sampled = f"{m['sampled_after']:.2f}" if "sampled_after" in m else "no eval"
     rollouts = str(s.get("batch_size"))
-    return [[str(s.get("model_name")), rollouts, f"{m['steps']:.0f}", step, greedy, sampled, minutes(m["wall_s"])]]
+    sampler = str(s.get("sampler_precision", "matched"))  # runs recorded before the field: every class sampled matched
+    return [
+        [str(s.get("model_name")), sampler, rollouts, f"{m['steps']:.0f}", step, greedy, sampled, minutes(m["wall_s"])]
+    ]
 
 
 def sweep_rows(r: Record) -> list[list[str]]:
@@ -376,6 +379,7 @@ TABLES = (
         "make train && python bench/make_train.py",
         (
             "model",
+            "sampler",
             "rollouts/step",
             "steps in budget",
             "late s/step (sample + train)",
