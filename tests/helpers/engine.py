@@ -9,11 +9,14 @@ import numpy as np
 import torch
 from tinker import types
 
+from tinkrl.local.precision import cpu_class
+
 TINY = "tinkrl/tiny-llama"
 REAL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# On CUDA the default precision multiplies in TF32 (~1e-3 relative): exactness checks run in fp32 there.
-# On CPU the engine tests run the bf16 mode's code paths (the default there is fp32 without AMX).
-TEST_DTYPE = "float32" if torch.cuda.is_available() else "bfloat16"
+# Where the bf16 setting really multiplies in reduced precision (TF32 on CUDA, bf16 on AMX's tiles,
+# ~1e-2 relative) the exactness checks run in fp32. On other CPUs the bf16 setting computes fp32, and
+# the engine tests run its code paths.
+TEST_DTYPE = "float32" if torch.cuda.is_available() or cpu_class() == "amx_bf16" else "bfloat16"
 TEXTS = [
     "The quick brown fox jumps over the lazy dog while the cat watches from the fence.",
     "Question: what is 17 + 25? Answer: 42, because seventeen plus twenty-five is forty-two.",
