@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from helpers.engine import real_models_dir
+
+# The engine's tests check its arithmetic exactly (sampled logprobs against forward()'s), so they
+# sample with the trainer's own arithmetic on every CPU class, also where the class's default
+# sampler is bf16 (CPUs with AMX); the tests of the bf16 sampler and of the defaults ask for it.
+os.environ.setdefault("TINKRL_SAMPLER_PRECISION", "matched")
 
 
 @pytest.fixture
