@@ -299,11 +299,12 @@ void silu_mul(const void *gate, const void *up, int in_bf16, int64_t stride, voi
 }
 
 /* The bf16 sampler's unembedding: out[m][n] = sum_k x[m][k] w[n][k] with x and w rounded to bf16 and
- * the products summed in fp32 (the CPU's bf16 dot-product instruction), the logits written in fp32.
- * `w` is packed by `pack_head`: [N / 16][K2][16 columns][2 consecutive k] bf16, K2 = ceil(K / 2),
- * N a multiple of 32, zeros where padded. Tiles of up to 8 rows x 32 columns keep 16 sums in
- * registers; each thread takes whole 32-column strips, whose weights it reads from memory once and
- * from its cache for every further tile of rows. Needs AVX512-BF16: `head_bf16_available` says. */
+ * the products summed in fp32 (the CPU's bf16 dot-product instruction, or AMX tiles below), the logits
+ * written in fp32. `w` is packed by `pack_head`: [N / 16][K2][16 columns][2 consecutive k] bf16, K2
+ * the width padded to a multiple of 32, halved, N a multiple of 32, zeros where padded. Tiles of up
+ * to 8 rows x 32 columns keep 16 sums in registers; each thread takes whole 32-column strips, whose
+ * weights it reads from memory once and from its cache for every further tile of rows. Needs
+ * AVX512-BF16: `head_bf16_available` says. */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
