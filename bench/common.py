@@ -29,7 +29,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -158,6 +159,18 @@ def add_results_arg(ap: argparse.ArgumentParser) -> None:
         default=Path(os.environ.get(RESULTS_ENV) or RESULTS_DIR),
         help=f"directory for the result JSON (default ${RESULTS_ENV} or bench/results)",
     )
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmups: int = 1) -> float:
+    """The median wall time of `repeats` calls of `fn`, in ms, after `warmups` calls."""
+    for _ in range(warmups):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def medians(repeats: Mapping[str, Sequence[float]]) -> dict[str, float]:

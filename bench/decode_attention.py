@@ -32,21 +32,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import median_ms  # noqa: E402
+
 from tinkrl.local.decode_attention import decode_attention, load_kernel  # noqa: E402
 from tinkrl.local.transformer import KVCache  # noqa: E402
 
 H, H_KV, D, LAYERS = 9, 3, 64, 30
 SHAPES = ((64, 100), (64, 200), (16, 300), (16, 550))  # (rows, cached positions)
-
-
-def _median_ms(fn, rounds: int) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def attention_row(rows: int, positions: int, rounds: int) -> dict[str, float]:
@@ -76,7 +68,7 @@ def attention_row(rows: int, positions: int, rounds: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, fn in runs.items():
-            times[name].append(_median_ms(fn, 1))
+            times[name].append(median_ms(fn, 1))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -142,8 +134,8 @@ def main() -> None:
         )
     cache = KVCache(torch.randn(LAYERS, 64, H_KV, 116, D), torch.randn(LAYERS, 64, H_KV, 116, D))
     keep = torch.arange(60)
-    copy_ms = _median_ms(lambda: cache.select(keep), args.rounds)
-    keep_ms = _median_ms(lambda: cache.keep(keep), args.rounds)
+    copy_ms = median_ms(lambda: cache.select(keep), args.rounds)
+    keep_ms = median_ms(lambda: cache.keep(keep), args.rounds)
     print(
         f"\ndropping 4 of 64 rows (116 positions): copying the cache {copy_ms:.1f} ms, keeping rows in place {keep_ms:.3f} ms"
     )

@@ -18,9 +18,7 @@ docs/performance.md, "The bf16 sampler's head".
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,20 +26,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import median_ms  # noqa: E402
 
 from tinkrl.local import decode_attention as da  # noqa: E402
-
-
-def median_ms(f: Callable[[], torch.Tensor], repeats: int) -> float:
-    """The median wall time of `f` in ms, after 3 warm-up calls."""
-    for _ in range(3):
-        f()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -76,7 +65,7 @@ def main() -> None:
             if f is None:
                 cells.append("n/a")
                 continue
-            ms = median_ms(f, args.repeats)
+            ms = median_ms(f, args.repeats, warmups=3)
             err = "" if name == "fp32" else f" (max err {(f().double() - exact).abs().max().item():.0e})"
             cells.append(f"{ms:.2f} ms{err}")
         print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)

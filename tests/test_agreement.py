@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.engine import REAL, assert_agreement_before_and_after_a_step
+from helpers.engine import BF16_ON_AMX, REAL, assert_agreement_before_and_after_a_step
 
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import default_dtype, parse_dtype
-from tinkrl.local.precision import AGREEMENT_BOUND, cpu_class
+from tinkrl.local.precision import AGREEMENT_BOUND
 from tinkrl.renderers import get_renderer
 
 pytestmark = pytest.mark.real_model
 
 QUESTIONS = ["What is 12 + 30?", "Name a colour of the sky.", "Write one word that rhymes with cat."]
-# bf16 on an AMX CPU runs its products in bf16 (5.3e-2 to over 1e-1 apart on two Xeons), which is
-# why it is no default there; elsewhere on CPU it computes fp32, on CUDA TF32.
-BF16_IS_BF16 = cpu_class() == "amx_bf16" and not torch.cuda.is_available()
+# bf16 on an AMX CPU runs its products in bf16 (5.3e-2 to over 1e-1 apart on two Xeons: `BF16_ON_AMX`),
+# which is why it is no default there.
 TOLERANCE = {"float32": 1e-3, "bfloat16": AGREEMENT_BOUND}
 
 
@@ -37,7 +36,7 @@ def test_the_default_precision_is_checked_here_within_the_bound(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sampler_and_trainer_logprobs_agree(dtype):
-    if dtype == "bfloat16" and BF16_IS_BF16:
+    if dtype == "bfloat16" and BF16_ON_AMX:
         pytest.skip(
             "on a CPU with AMX the bfloat16 setting multiplies in bf16 and is no default there: "
             "its mismatch is reported per step, not bounded"
