@@ -12,7 +12,7 @@ from helpers.requirements import needs_bwrap
 
 from tinkrl.envs.shell.config import HELD_OUT_TEMPLATE_NAMES, TRAIN_TEMPLATE_NAMES, ShellEnvConfig
 from tinkrl.envs.shell.tasks import LIMITS, held_out, instance, to_task, train_instance
-from tinkrl.envs.shell.templates import HELD_OUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES, WORDS
+from tinkrl.envs.shell.templates import DIRS, HELD_OUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES, WORDS
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox import LazyProvider
 from tinkrl.taskdirs import grade, run_gate, start_sandbox
@@ -39,6 +39,29 @@ def test_instances_are_seeded_and_varied() -> None:
         assert len({instance(name, s).key for s in range(20)}) >= 10, name
 
 
+def _names(text: str) -> set[str]:
+    """The names an instruction mentions: files, directories (a path's parts), words of contents, numbers."""
+    tokens = {part for t in text.split() for part in t.strip(".,;:()").split("/")}
+    return {t for t in tokens if "." in t or t in DIRS or t in WORDS or t.isdigit()} - {""}
+
+
+def test_every_wording_of_an_instance_names_the_same_things() -> None:
+    """A paraphrase is the same task: it names every file, directory, word and number its first wording
+    names, and nothing else; all wordings are used, and the wording never changes the instance's key."""
+    for name in TRAIN_TEMPLATES:
+        wordings = set()
+        for seed in range(12):
+            plain, told = instance(name, seed), instance(name, seed, paraphrase=True)
+            assert told.key == plain.key and told.instruction == plain.instruction and plain.wording == 0
+            assert to_task(told).instruction == told.told and to_task(plain).instruction == plain.instruction
+            for words in told.paraphrases:
+                assert _names(words) == _names(plain.instruction), (name, words, plain.instruction)
+            wordings.add(told.wording)
+        assert wordings == {0, 1, 2}, name
+    for name in HELD_OUT_TEMPLATES:  # told as they always were: the generalisation test does not move
+        assert all(instance(name, s, paraphrase=True) == instance(name, s) for s in range(5))
+
+
 def test_held_out_instances_never_appear_in_the_train_stream() -> None:
     tests = held_out(TRAIN_TEMPLATE_NAMES, 3, seed=0)
     assert len(tests) == 3 * len(TRAIN_TEMPLATE_NAMES)
@@ -46,6 +69,11 @@ def test_held_out_instances_never_appear_in_the_train_stream() -> None:
     stream = [train_instance(TRAIN_TEMPLATE_NAMES, p, 0, keys) for p in range(3000)]
     assert not keys & {i.key for i in stream}
     assert {i.template for i in stream} == set(TRAIN_TEMPLATE_NAMES)  # every trained template, no held-out one
+    # in any wording: the key is the task's, not its words'
+    worded = held_out(TRAIN_TEMPLATE_NAMES, 3, seed=0, paraphrase=True)
+    assert {t.key for t in worded} == keys and {t.wording for t in worded} == {0, 1, 2}
+    stream = [train_instance(TRAIN_TEMPLATE_NAMES, p, 0, keys, paraphrase=True) for p in range(1000)]
+    assert not keys & {i.key for i in stream}
     # an excluded instance is redrawn: the exclusion, not luck, keeps the sets apart
     drawn = train_instance(TRAIN_TEMPLATE_NAMES, 11, 0, set())
     redrawn = train_instance(TRAIN_TEMPLATE_NAMES, 11, 0, {drawn.key})

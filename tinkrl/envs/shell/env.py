@@ -43,7 +43,7 @@ class ShellStream(RLDataset):
 
     def instance_at(self, position: int) -> Instance:
         """The stream's instance at `position`."""
-        return train_instance(self.cfg.templates, position, self.seed, self.exclude)
+        return train_instance(self.cfg.templates, position, self.seed, self.exclude, self.cfg.paraphrase)
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         start = index * self.groups_per_batch
@@ -94,7 +94,7 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
     """The train stream, the held-out set (two tags) and the reference demonstrations of the shell family."""
     renderer = renderer_for(ctx.renderer, cfg.tool_format)
     provider = ctx.sandbox
-    tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed)
+    tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed, cfg.paraphrase)
     per_new = cfg.test_per_template if cfg.test_per_held_out_template is None else cfg.test_per_held_out_template
     new_templates = held_out(cfg.held_out_templates, per_new, ctx.seed)
     exclude = {i.key for i in tests}
@@ -116,7 +116,7 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
             return bool(draw[position] < cfg.recovery_demonstrations)
 
         async def one(position: int) -> list[Message] | None:
-            inst = train_instance(cfg.templates, position, ctx.seed + 1_000_003, exclude)
+            inst = train_instance(cfg.templates, position, ctx.seed + 1_000_003, exclude, cfg.paraphrase)
             async with sem:
                 return await reference_transcript(inst, cfg, provider, recover=recovers(position))
 

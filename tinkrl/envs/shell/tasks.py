@@ -9,6 +9,7 @@ so nothing the agent writes to /tests or /logs can grade it. The sandbox caps ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -24,9 +25,14 @@ TEST_SH = "#!/bin/bash\nexec python3 /tests/check_tree.py /tests/expected.json\n
 LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "agent_timeout_s": 60.0, "verifier_timeout_s": 30.0}
 
 
-def instance(template: str, seed: int | list[int]) -> Instance:
-    """The instance of `template` drawn with `seed` (the same seed always gives the same instance)."""
-    return TEMPLATES[template](np.random.default_rng(seed))
+def instance(template: str, seed: int | list[int], paraphrase: bool = False) -> Instance:
+    """The instance of `template` drawn with `seed` (the same seed always gives the same instance);
+    with `paraphrase`, told in one of its wordings, drawn with the same seed."""
+    rng = np.random.default_rng(seed)
+    inst = TEMPLATES[template](rng)
+    if paraphrase and inst.paraphrases:
+        inst = dataclasses.replace(inst, wording=int(rng.integers(len(inst.paraphrases) + 1)))
+    return inst
 
 
 @functools.cache
@@ -51,10 +57,10 @@ def to_task(inst: Instance) -> Task:
     expected = json.dumps({"root": WORKDIR, "tree": {p: e.to_json() for p, e in sorted(inst.end.items())}})
     solve = "#!/bin/bash\nset -e\ncd /app\n" + "".join(c + "\n" for c in inst.solution)
     return Task(
-        id=f"shell-{inst.template}-{inst.key}",
+        id=f"shell-{inst.template}-{inst.key}" + (f"-w{inst.wording}" if inst.wording else ""),
         source=CHECKER.parent,
         format="harbor",
-        instruction=inst.instruction,
+        instruction=inst.told,
         workdir=WORKDIR,
         build=_build(inst.start),
         tests=[
@@ -70,14 +76,15 @@ def to_task(inst: Instance) -> Task:
     )
 
 
-def held_out(templates: list[str], per_template: int, seed: int) -> list[Instance]:
-    """`per_template` distinct instances of each template, from a seed space the train stream never uses."""
+def held_out(templates: list[str], per_template: int, seed: int, paraphrase: bool = False) -> list[Instance]:
+    """`per_template` distinct instances of each template, from a seed space the train stream never uses
+    (`paraphrase`: as `instance`)."""
     out = []
     for name in templates:
         seen: set[str] = set()
         i = 0
         while len(seen) < per_template and i < 50 * per_template:
-            inst = instance(name, [seed, 0x7E57, TEMPLATE_IDS[name], i])
+            inst = instance(name, [seed, 0x7E57, TEMPLATE_IDS[name], i], paraphrase)
             i += 1
             if inst.key not in seen:
                 seen.add(inst.key)
@@ -85,13 +92,15 @@ def held_out(templates: list[str], per_template: int, seed: int) -> list[Instanc
     return out
 
 
-def train_instance(templates: list[str], position: int, seed: int, exclude: set[str]) -> Instance:
+def train_instance(
+    templates: list[str], position: int, seed: int, exclude: set[str], paraphrase: bool = False
+) -> Instance:
     """The train stream's instance at `position`: its template drawn by the seed, redrawn while it
-    equals a held-out instance (`exclude`: their keys)."""
+    equals a held-out instance (`exclude`: their keys, whatever the wording; `paraphrase`: as `instance`)."""
     rng = np.random.default_rng([seed, 0x78A1, position])
     name = templates[int(rng.integers(len(templates)))]
     for attempt in range(100):
-        inst = instance(name, [seed, 0x78A1, position, attempt + 1])
+        inst = instance(name, [seed, 0x78A1, position, attempt + 1], paraphrase)
         if inst.key not in exclude:
             return inst
     raise RuntimeError(f"template {name} keeps drawing held-out instances; it has too few distinct ones")

@@ -2,7 +2,8 @@
 
 A template is a function `rng -> Instance`: the instruction, the working directory's files
 before (`start`) and the whole tree it must hold after (`end`), and a reference solution
-(shell commands, one per turn) and, for some, a plausible first command that fails with an
+(shell commands, one per turn), for the training templates two paraphrases of the instruction,
+and, for some, a plausible first command that fails with an
 informative error (`mistake`: recovery demonstrations show it, the error, then the fix). The end state is complete — every path, its type, its
 content and its executable bit — so a checker comparing trees rewards only the right result:
 extra files, a deleted neighbour or a wrong line all score 0.
@@ -63,6 +64,16 @@ class Instance:
     # A plausible first command that fails with an error naming what is wrong; a recovery
     # demonstration runs it, shows the error, then the solution (never part of `solution`).
     mistake: str | None = None
+    # Other wordings of `instruction`, the same task in other words; `wording` picks the one the
+    # agent is told (0: `instruction`). Neither is part of `key`: a held-out instance stays held
+    # out however it is worded.
+    paraphrases: tuple[str, ...] = ()
+    wording: int = 0
+
+    @property
+    def told(self) -> str:
+        """The instruction in the words the agent gets."""
+        return (self.instruction, *self.paraphrases)[self.wording]
 
     @property
     def key(self) -> str:
@@ -139,7 +150,14 @@ def make_dir(rng) -> Instance:
     """mkdir: create a directory."""
     d = _pick(rng, DIRS)
     start = _distractors(rng, {d})
-    return Instance("make_dir", f"Create a directory named {d}.", start, _set(start, {d: Entry("dir")}), [f"mkdir {d}"])
+    return Instance(
+        "make_dir",
+        f"Create a directory named {d}.",
+        start,
+        _set(start, {d: Entry("dir")}),
+        [f"mkdir {d}"],
+        paraphrases=(f"Make a new directory called {d}.", f"Add an empty directory {d} to the working directory."),
+    )
 
 
 def make_file(rng) -> Instance:
@@ -147,7 +165,12 @@ def make_file(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     start = _distractors(rng, {f})
     return Instance(
-        "make_file", f"Create an empty file named {f}.", start, _set(start, {f: Entry("file")}), [f"touch {f}"]
+        "make_file",
+        f"Create an empty file named {f}.",
+        start,
+        _set(start, {f: Entry("file")}),
+        [f"touch {f}"],
+        paraphrases=(f"Make a new, empty file called {f}.", f"Add an empty file {f} to the working directory."),
     )
 
 
@@ -162,6 +185,7 @@ def write_line(rng) -> Instance:
         start,
         _set(start, {f: Entry("file", text + "\n")}),
         [f"echo {_q(text)} > {f}"],
+        paraphrases=(f"Make a new file {f} whose only line is: {text}", f"Save this line in a new file {f}: {text}"),
     )
 
 
@@ -170,7 +194,14 @@ def copy_file(rng) -> Instance:
     a, b = _file_names(rng, 2)
     body = Entry("file", _text(_lines(rng)))
     start = {a: body, **_distractors(rng, {a, b})}
-    return Instance("copy_file", f"Copy {a} to {b}.", start, _set(start, {b: body}), [f"cp {a} {b}"])
+    return Instance(
+        "copy_file",
+        f"Copy {a} to {b}.",
+        start,
+        _set(start, {b: body}),
+        [f"cp {a} {b}"],
+        paraphrases=(f"Make a copy of {a} named {b}.", f"Duplicate {a} as {b}, keeping {a}."),
+    )
 
 
 def rename_file(rng) -> Instance:
@@ -185,6 +216,7 @@ def rename_file(rng) -> Instance:
         _set(start, {a: None, b: body}),
         [f"mv {a} {b}"],
         mistake=f"mv {_stem(a)} {b}",
+        paraphrases=(f"Change the name of {a} to {b}.", f"Give the file {a} the new name {b}."),
     )
 
 
@@ -193,7 +225,13 @@ def delete_file(rng) -> Instance:
     (a,) = _file_names(rng, 1)
     start = {a: Entry("file", _text(_lines(rng))), **_distractors(rng, {a}, k=int(rng.integers(1, 3)))}
     return Instance(
-        "delete_file", f"Delete the file {a}.", start, _set(start, {a: None}), [f"rm {a}"], mistake=f"rm {_stem(a)}"
+        "delete_file",
+        f"Delete the file {a}.",
+        start,
+        _set(start, {a: None}),
+        [f"rm {a}"],
+        mistake=f"rm {_stem(a)}",
+        paraphrases=(f"Remove {a}.", f"Get rid of the file {a}, leaving the other files."),
     )
 
 
@@ -208,6 +246,7 @@ def append_line(rng) -> Instance:
         start,
         _set(start, {f: Entry("file", _text(lines + [extra]))}),
         [f"echo {_q(extra)} >> {f}"],
+        paraphrases=(f"Add the line {extra} at the end of {f}.", f"Add a line to {f} after its existing ones: {extra}"),
     )
 
 
@@ -216,10 +255,19 @@ def _source_and_out(rng, lo: int = 4, hi: int = 9) -> tuple[str, str, list[str]]
     return f, out, _lines(rng, lo, hi)
 
 
-def _to_new_file(name: str, f: str, lines: list[str], out: str, text: str, prompt: str, command: str) -> Instance:
+def _to_new_file(
+    name: str,
+    f: str,
+    lines: list[str],
+    out: str,
+    text: str,
+    prompt: str,
+    command: str,
+    paraphrases: tuple[str, ...] = (),
+) -> Instance:
     """An instance whose start is one file `f` of `lines` and whose end adds a new file `out` holding `text`."""
     start = {f: Entry("file", _text(lines))}
-    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command])
+    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command], paraphrases=paraphrases)
 
 
 def count_lines(rng) -> Instance:
@@ -233,6 +281,10 @@ def count_lines(rng) -> Instance:
         f"{len(lines)}\n",
         f"Write the number of lines in {f} to a new file {out}.",
         f"wc -l < {f} > {out}",
+        paraphrases=(
+            f"Count the lines of {f} and save the count in a new file {out}.",
+            f"Put how many lines {f} has into a new file {out}.",
+        ),
     )
 
 
@@ -253,6 +305,10 @@ def count_matches(rng) -> Instance:
         f"{n}\n",
         f"Write the number of lines in {f} that contain {w} to a new file {out}.",
         f"grep -c {w} {f} > {out}",
+        paraphrases=(
+            f"Count the lines of {f} containing {w}; save the count in a new file {out}.",
+            f"Put how many lines of {f} mention {w} into a new file {out}.",
+        ),
     )
 
 
@@ -268,6 +324,10 @@ def grep_lines(rng) -> Instance:
         _text([line for line in lines if w in line]),
         f"Write the lines of {f} that contain {w} to a new file {out}.",
         f"grep {w} {f} > {out}",
+        paraphrases=(
+            f"Save every line of {f} containing {w} in a new file {out}.",
+            f"Put the lines of {f} that mention {w} into a new file {out}.",
+        ),
     )
 
 
@@ -283,6 +343,10 @@ def head_lines(rng) -> Instance:
         _text(lines[:k]),
         f"Write the first {k} lines of {f} to a new file {out}.",
         f"head -n {k} {f} > {out}",
+        paraphrases=(
+            f"Save the top {k} lines of {f} in a new file {out}.",
+            f"Put the opening {k} lines of {f} into a new file {out}.",
+        ),
     )
 
 
@@ -297,6 +361,10 @@ def sort_lines(rng) -> Instance:
         _text(sorted(lines)),
         f"Write the lines of {f}, sorted alphabetically, to a new file {out}.",
         f"sort {f} > {out}",
+        paraphrases=(
+            f"Sort the lines of {f} alphabetically into a new file {out}.",
+            f"Save the lines of {f} in alphabetical order in a new file {out}.",
+        ),
     )
 
 
@@ -312,6 +380,7 @@ def make_executable(rng) -> Instance:
         _set(start, {f: Entry("file", body, True)}),
         [f"chmod +x {f}"],
         mistake=f"chmod +x {_stem(f)}",
+        paraphrases=(f"Give {f} permission to execute.", f"Set the executable bit on {f}."),
     )
 
 
@@ -331,6 +400,10 @@ def find_ext(rng) -> Instance:
         start,
         _set(start, {out: Entry("file", _text(found))}),
         [f"ls {d} | grep '\\.{ext}$' | sort > {out}"],
+        paraphrases=(
+            f"List the .{ext} files in {d} (names only, sorted, one per line) in a new file {out}.",
+            f"Save the sorted names of the .{ext} files in {d}, one per line, in a new file {out}.",
+        ),
     )
 
 
@@ -347,6 +420,7 @@ def replace_word(rng) -> Instance:
         start,
         _set(start, {f: Entry("file", _text([line.replace(a, b) for line in lines]))}),
         [f"sed -i 's/{a}/{b}/g' {f}"],
+        paraphrases=(f"Change each {a} in {f} to {b}.", f"Edit {f} so that every {a} becomes {b}."),
     )
 
 
@@ -362,6 +436,7 @@ def move_into_dir(rng) -> Instance:
         start,
         _set(start, {f: None, f"{d}/{f}": body}),
         [f"mv {f} {d}/"],
+        paraphrases=(f"Put {f} inside {d}, leaving no copy behind.", f"Relocate {f} to the directory {d}."),
     )
 
 
@@ -375,6 +450,7 @@ def make_two_dirs(rng) -> Instance:
         start,
         _set(start, {a: Entry("dir"), b: Entry("dir")}),
         [f"mkdir {a} {b}"],
+        paraphrases=(f"Make the directories {a} and {b}.", f"Add two new directories named {a} and {b}."),
     )
 
 
@@ -391,6 +467,10 @@ def write_into_new_dir(rng) -> Instance:
         _set(start, {d: Entry("dir"), f"{d}/{f}": Entry("file", text + "\n")}),
         [f"mkdir {d} && echo {_q(text)} > {d}/{f}"],
         mistake=f"echo {_q(text)} > {d}/{f}",
+        paraphrases=(
+            f"Make a new directory {d} and in it a file {f} containing the line: {text}",
+            f"Inside a new directory {d}, create a file {f} holding the line: {text}",
+        ),
     )
 
 
@@ -399,7 +479,12 @@ def delete_empty_dir(rng) -> Instance:
     d = _pick(rng, DIRS)
     start = {d: Entry("dir"), **_distractors(rng, {d})}
     return Instance(
-        "delete_empty_dir", f"Delete the empty directory {d}.", start, _set(start, {d: None}), [f"rmdir {d}"]
+        "delete_empty_dir",
+        f"Delete the empty directory {d}.",
+        start,
+        _set(start, {d: None}),
+        [f"rmdir {d}"],
+        paraphrases=(f"Remove the directory {d}, which is empty.", f"Get rid of the empty directory {d}."),
     )
 
 
@@ -416,6 +501,10 @@ def copy_into_dir(rng) -> Instance:
         _set(start, {f"{d}/{f}": body}),
         [f"cp {f} {d}/"],
         mistake=f"cp {_stem(f)} {d}/",
+        paraphrases=(
+            f"Put a copy of {f} in the directory {d}, keeping the original.",
+            f"Duplicate {f} into the directory {d}.",
+        ),
     )
 
 
@@ -425,7 +514,14 @@ def rename_dir(rng) -> Instance:
     inside = {n: Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 3)))}
     start = {a: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
     end = {b: Entry("dir"), **{f"{b}/{n}": e for n, e in inside.items()}}
-    return Instance("rename_dir", f"Rename the directory {a} to {b}.", start, end, [f"mv {a} {b}"])
+    return Instance(
+        "rename_dir",
+        f"Rename the directory {a} to {b}.",
+        start,
+        end,
+        [f"mv {a} {b}"],
+        paraphrases=(f"Change the name of the directory {a} to {b}.", f"Give the directory {a} the new name {b}."),
+    )
 
 
 def delete_by_ext(rng) -> Instance:
@@ -437,7 +533,14 @@ def delete_by_ext(rng) -> Instance:
     names = [f"{s}.{ext}" for s in stems[:n_match]] + [f"{s}.{other}" for s in stems[n_match:]]
     start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
     gone = {f"{d}/{n}": None for n in names if n.endswith("." + ext)}
-    return Instance("delete_by_ext", f"Delete every .{ext} file in {d}.", start, _set(start, gone), [f"rm {d}/*.{ext}"])
+    return Instance(
+        "delete_by_ext",
+        f"Delete every .{ext} file in {d}.",
+        start,
+        _set(start, gone),
+        [f"rm {d}/*.{ext}"],
+        paraphrases=(f"Remove all the .{ext} files from {d}.", f"In {d}, delete the files ending in .{ext}."),
+    )
 
 
 def count_chars(rng) -> Instance:
@@ -451,6 +554,10 @@ def count_chars(rng) -> Instance:
         f"{len(_text(lines))}\n",
         f"Write the number of characters in {f} to a new file {out}.",
         f"wc -c < {f} > {out}",
+        paraphrases=(
+            f"Count the characters of {f} and save the count in a new file {out}.",
+            f"Put how many characters {f} has into a new file {out}.",
+        ),
     )
 
 
@@ -465,6 +572,10 @@ def reverse_sort(rng) -> Instance:
         _text(sorted(lines, reverse=True)),
         f"Write the lines of {f}, sorted in reverse alphabetical order, to a new file {out}.",
         f"sort -r {f} > {out}",
+        paraphrases=(
+            f"Sort the lines of {f} from Z to A into a new file {out}.",
+            f"Save the lines of {f} in reverse alphabetical order in a new file {out}.",
+        ),
     )
 
 
@@ -481,6 +592,10 @@ def squeeze_repeats(rng) -> Instance:
         _text(squeezed),
         f"Write the lines of {f} to a new file {out}, with each run of repeated adjacent lines kept once.",
         f"uniq {f} > {out}",
+        paraphrases=(
+            f"Save the lines of {f} in a new file {out}, collapsing each run of identical adjacent lines into one.",
+            f"Write {f} to a new file {out} with consecutive repeated lines squeezed into one.",
+        ),
     )
 
 
@@ -495,6 +610,10 @@ def join_files(rng) -> Instance:
         start,
         _set(start, {c: Entry("file", ta + tb)}),
         [f"cat {a} {b} > {c}"],
+        paraphrases=(
+            f"Join {a} and then {b} into a new file {c}.",
+            f"Concatenate {a} and {b}, in that order, into a new file {c}.",
+        ),
     )
 
 
@@ -510,6 +629,10 @@ def drop_matches(rng) -> Instance:
         _text([line for line in lines if w not in line]),
         f"Write the lines of {f} that do not contain {w} to a new file {out}.",
         f"grep -v {w} {f} > {out}",
+        paraphrases=(
+            f"Save every line of {f} without {w} in a new file {out}.",
+            f"Put the lines of {f} that lack {w} into a new file {out}.",
+        ),
     )
 
 
@@ -524,6 +647,10 @@ def upper_case(rng) -> Instance:
         _text([line.upper() for line in lines]),
         f"Write the text of {f} in upper case to a new file {out}.",
         f"tr a-z A-Z < {f} > {out}",
+        paraphrases=(
+            f"Save {f} converted to capital letters in a new file {out}.",
+            f"Put an upper-case version of {f} into a new file {out}.",
+        ),
     )
 
 
@@ -537,6 +664,7 @@ def make_dir_inside(rng) -> Instance:
         start,
         _set(start, {f"{a}/{b}": Entry("dir")}),
         [f"mkdir {a}/{b}"],
+        paraphrases=(f"Make a subdirectory {b} in the directory {a}.", f"Add a directory {a}/{b}; {a} already exists."),
     )
 
 
@@ -551,6 +679,10 @@ def skip_first_line(rng) -> Instance:
         _text(lines[1:]),
         f"Write every line of {f} except the first one to a new file {out}.",
         f"tail -n +2 {f} > {out}",
+        paraphrases=(
+            f"Save {f} without its header line in a new file {out}.",
+            f"Put all lines of {f} but the first into a new file {out}.",
+        ),
     )
 
 
@@ -575,6 +707,10 @@ def files_containing(rng) -> Instance:
         start,
         _set(start, {out: Entry("file", _text(found))}),
         [f"grep -rl {w} {d} | sort > {out}"],
+        paraphrases=(
+            f"List which files in {d} mention {w} (paths, sorted, one per line) in a new file {out}.",
+            f"Save the sorted paths of the files in {d} containing {w}, one per line, in a new file {out}.",
+        ),
     )
 
 
@@ -588,6 +724,10 @@ def empty_dir(rng) -> Instance:
         start,
         _set(start, {p: None for p in inside}),
         [f"rm {d}/*"],
+        paraphrases=(
+            f"Remove all the files inside {d} but keep the directory.",
+            f"Empty the directory {d} without removing it.",
+        ),
     )
 
 
@@ -602,6 +742,10 @@ def copy_all_into_dir(rng) -> Instance:
         start,
         _set(start, {f"{b}/{n}": e for n, e in inside.items()}),
         [f"cp {a}/* {b}/"],
+        paraphrases=(
+            f"Put copies of all the files in {a} into {b}, which already exists.",
+            f"Duplicate each file of the directory {a} into the directory {b}.",
+        ),
     )
 
 
@@ -620,6 +764,10 @@ def repeated_lines(rng) -> Instance:
         _text(sorted({line for line in lines if lines.count(line) > 1})),
         f"Write the lines that occur more than once in {f}, each once, sorted alphabetically, to a new file {out}.",
         f"sort {f} | uniq -d > {out}",
+        paraphrases=(
+            f"Find the duplicated lines of {f} and save each of them once, sorted, in a new file {out}.",
+            f"Put the lines that repeat in {f}, one copy each in alphabetical order, into a new file {out}.",
+        ),
     )
 
 
@@ -636,6 +784,10 @@ def numeric_sort(rng) -> Instance:
         _text([str(n) for n in sorted(numbers)]),
         f"Write the numbers in {f}, sorted from smallest to largest, to a new file {out}.",
         f"sort -n {f} > {out}",
+        paraphrases=(
+            f"Sort the numbers of {f} by value, ascending, into a new file {out}.",
+            f"Save the numbers of {f} in increasing numeric order in a new file {out}.",
+        ),
     )
 
 
@@ -651,6 +803,10 @@ def count_files(rng) -> Instance:
         start,
         _set(start, {out: Entry("file", f"{len(names)}\n")}),
         [f"ls {d} | wc -l > {out}"],
+        paraphrases=(
+            f"Count the files in the directory {d} and save the count in a new file {out}.",
+            f"Put how many files the directory {d} contains into a new file {out}.",
+        ),
     )
 
 
