@@ -168,18 +168,22 @@ def _skip_without_bf16_dot_products() -> None:
             pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: the head stays fp32")
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["fp32-x", "bf16-x"])
 @pytest.mark.parametrize("amx", [False, True], ids=["dot-products", "amx-tiles"])
-@pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (40, 96, 160), (64, 96, 160)])
-def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, amx):
-    """The bf16 sampler's unembedding, in AVX512-BF16 dot products and in AMX tiles: x and w rounded to
-    bf16, their products summed in fp32, fp32 logits; any row count, an odd width, a vocabulary that
-    is not a multiple of 32, strided rows."""
+@pytest.mark.parametrize(
+    "M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (16, 64, 96), (40, 96, 160), (64, 96, 160)]
+)
+def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, amx, x_dtype):
+    """The bf16 sampler's unembedding (and, on AMX, its projections), in AVX512-BF16 dot products and
+    in AMX tiles: x and w rounded to bf16, their products summed in fp32, fp32 logits; any row count
+    (AMX: blocks of 32 and 16 rows), an odd width, a vocabulary that is not a multiple of 32, strided
+    rows, x in fp32 or already in bf16."""
     _skip_without_bf16_dot_products()
     if amx and not da.head_amx_available():
         pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): the head uses dot products")
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, K, generator=g) * 0.1
-    x = (torch.randn(M, K + 7, generator=g) * 2)[:, :K]  # rows K + 7 apart
+    x = (torch.randn(M, K + 7, generator=g) * 2).to(x_dtype)[:, :K]  # rows K + 7 apart
     with torch.no_grad():
         got = da.head_bf16(x, da.pack_head(w), N, amx=amx)
     expect = x.bfloat16().double() @ w.bfloat16().double().t()

@@ -133,13 +133,46 @@ def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts
     from tinkrl.local import transformer
 
     calls, real = [], transformer.head_bf16
-    monkeypatch.setattr(transformer, "head_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+
+    def head_calls(x, packed, n, **kw):  # on AMX the projections' products run in it too: the head's have vocab rows
+        if n == vocab:
+            calls.append(x.shape[0])
+        return real(x, packed, n, **kw)
+
+    vocab = bf16_service.create_sampling_client(base_model=TINY).engine.base.lm_head.weight.shape[0]
+    monkeypatch.setattr(transformer, "head_bf16", head_calls)
     _sample_base_and_merged(ServiceClient(device="cpu", dtype="float32", sampler_precision="matched"), prompts[0])
     assert calls == []
     _sample_base_and_merged(bf16_service, prompts[0])
     with torch.no_grad():
         applies = transformer.head_bf16_applies(torch.zeros(1, 16))
     assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows
+
+
+def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatch):
+    """Where AMX is lent, a bf16 weight's product of a decode step's rows without autograd (the bf16
+    sampler's) runs in AMX tiles: bf16 products, fp32 sums with the bias, rounded to bf16 as oneDNN's
+    product rounds them; with autograd, or for a prefill's many rows, it stays torch's product."""
+    from tinkrl.local import transformer
+    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, head_amx_available
+    from tinkrl.local.transformer import frozen_linear
+
+    if not head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
+    g = torch.Generator().manual_seed(0)
+    w, bias = (torch.randn(96, 200, generator=g) * 0.1).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    x = (torch.randn(5, 1, 200, generator=g) * 2).bfloat16()
+    expect = (x.double() @ w.double().t() + bias.double()).float()
+    calls, real = [], transformer.head_bf16
+    monkeypatch.setattr(transformer, "head_bf16", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    with torch.no_grad():
+        got = frozen_linear(x, w, bias)
+    assert calls == [(5, 1, 200)] and got.dtype == torch.bfloat16 and got.shape == (5, 1, 96)
+    assert torch.equal(got, expect.bfloat16())  # fp32 sums, one rounding
+    frozen_linear(x, w, bias)  # autograd on: torch's own product
+    with torch.no_grad():  # a prefill's many rows: oneDNN's product, faster there
+        frozen_linear(torch.zeros(AMX_PRODUCT_ROWS + 1, 200).bfloat16(), w)
+    assert calls == [(5, 1, 200)]
 
 
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):

@@ -14,6 +14,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define W 16
 typedef float vf __attribute__((vector_size(64), aligned(4)));
@@ -354,9 +355,12 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Tiles 0-3: sums for 32 rows x 32 columns; 4-5: rows of x; 6-7: columns of the weight. `xb` holds a
- * multiple of 32 rows, `out` a multiple of 32 rows of N floats. */
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M32, int64_t N, int threads) {
+/* Tiles 0-3: sums for 32 rows x 32 columns (0-1 for a last block of 16 rows); 4-5: rows of x; 6-7:
+ * columns of the weight. `xb` holds a multiple of 16 rows, `out` as many rows of N floats. The first
+ * block of rows reads a strip of the weight from memory, prefetched `HEAD_PREFETCH` bytes ahead (the
+ * tile loads alone leave the memory idle between them); the other blocks find it in the cache. */
+#define HEAD_PREFETCH 2048
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads) {
 #pragma omp parallel num_threads(threads)
     {
         tile_config cfg = {0};
@@ -366,27 +370,39 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < N / 32; j++) {
             const uint32_t *w0 = w + 2 * j * 16 * K2, *w1 = w0 + 16 * K2;
-            for (int m = 0; m < M32; m += 32) {
+            for (int m = 0; m < M16; m += 32) {
                 const uint32_t *x0 = xb + m * K2, *x1 = x0 + 16 * K2;
+                const int pairs = M16 - m >= 32;
+                float *o = out + m * N + 32 * j;
                 _tile_zero(0);
                 _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                if (pairs) {
+                    _tile_zero(2);
+                    _tile_zero(3);
+                }
                 for (int64_t k = 0; k < K2; k += 16) {
+                    if (m == 0)
+                        for (int l = 0; l < 1024; l += 64) {
+                            _mm_prefetch((const char *)(w0 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
+                            _mm_prefetch((const char *)(w1 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
+                        }
                     _tile_loadd(4, x0 + k, 4 * K2);
-                    _tile_loadd(5, x1 + k, 4 * K2);
                     _tile_loadd(6, w0 + 16 * k, 64);
                     _tile_loadd(7, w1 + 16 * k, 64);
                     _tile_dpbf16ps(0, 4, 6);
                     _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                    if (pairs) {
+                        _tile_loadd(5, x1 + k, 4 * K2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
                 }
-                float *o = out + m * N + 32 * j;
                 _tile_stored(0, o, 4 * N);
                 _tile_stored(1, o + 16, 4 * N);
-                _tile_stored(2, o + 16 * N, 4 * N);
-                _tile_stored(3, o + 16 * N + 16, 4 * N);
+                if (pairs) {
+                    _tile_stored(2, o + 16 * N, 4 * N);
+                    _tile_stored(3, o + 16 * N + 16, 4 * N);
+                }
             }
         }
         _tile_release();
@@ -394,33 +410,51 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
 }
 #else
 static int amx_ready(void) { return 0; }
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M32, int64_t N, int threads) {
-    (void)xb, (void)K2, (void)w, (void)out, (void)M32, (void)N, (void)threads;
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads) {
+    (void)xb, (void)K2, (void)w, (void)out, (void)M16, (void)N, (void)threads;
 }
 #endif
 
 /* Whether `head_bf16` may be asked for AMX tiles here: built for them, and Linux lent them. */
 int head_amx_available(void) { return amx_ready(); }
 
-/* x: [M][K] fp32, rows `x_stride` floats apart; `w` holds K2 pairs of k a column (K2 >= (K + 1) / 2,
- * zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart, with room for M rounded up
- * to 32 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x in bf16 could not be
- * allocated; 2 where AMX was asked for and is not available. */
-int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, int M, int64_t K, int64_t K2,
-              int64_t N, int amx, int threads) {
+/* x in bf16 pairs, zeros past K and past M: one buffer per calling thread, kept between calls. */
+static __thread uint32_t *scratch;
+static __thread size_t scratch_len;
+
+/* x: [M][K] fp32 (or bf16 where `x_bf16`), rows `x_stride` elements apart; `w` holds K2 pairs of k a
+ * column (K2 >= (K + 1) / 2, zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart,
+ * with room for M rounded up to 16 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x
+ * in bf16 could not be allocated; 2 where AMX was asked for and is not available. */
+int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, float *out, int M, int64_t K,
+              int64_t K2, int64_t N, int amx, int threads) {
     if (amx && (!amx_ready() || K2 % 16)) return 2;
-    const int rows = amx ? (M + 31) / 32 * 32 : M;
-    uint32_t *xb = calloc((size_t)(rows * K2 + 1), sizeof(uint32_t));
-    if (!xb) return 1;
-    for (int m = 0; m < M; m++)
-        for (int64_t k = 0; 2 * k < K; k++) {
-            const float *row = x + m * x_stride;
-            const uint32_t hi = 2 * k + 1 < K ? to_bf16(row[2 * k + 1]) : 0;
-            xb[m * K2 + k] = to_bf16(row[2 * k]) | hi << 16;
+    const int rows = amx ? (M + 15) / 16 * 16 : M;
+    const size_t need = (size_t)rows * K2 + 1;
+    if (need > scratch_len) {
+        free(scratch);
+        scratch = malloc(need * sizeof(uint32_t));
+        scratch_len = scratch ? need : 0;
+        if (!scratch) return 1;
+    }
+    uint32_t *xb = scratch;
+    for (int m = 0; m < M; m++) {
+        uint32_t *dst = xb + m * K2;
+        if (x_bf16) {
+            memcpy(dst, (const uint16_t *)x + m * x_stride, (size_t)K * 2);
+            if (K % 2) dst[K / 2] &= 0xffff;
+        } else {
+            const float *row = (const float *)x + m * x_stride;
+            for (int64_t k = 0; 2 * k < K; k++) {
+                const uint32_t hi = 2 * k + 1 < K ? to_bf16(row[2 * k + 1]) : 0;
+                dst[k] = to_bf16(row[2 * k]) | hi << 16;
+            }
         }
+        memset(dst + (K + 1) / 2, 0, (size_t)(K2 - (K + 1) / 2) * sizeof(uint32_t));
+    }
+    memset(xb + (int64_t)M * K2, 0, (size_t)(rows - M) * K2 * sizeof(uint32_t));
     if (amx) {
         head_amx(xb, K2, w, out, rows, N, threads);
-        free(xb);
         return 0;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -441,15 +475,15 @@ int head_bf16(const float *x, int64_t x_stride, const uint32_t *w, float *out, i
             }
         }
     }
-    free(xb);
     return 0;
 }
 #else
 int head_bf16_available(void) { return 0; }
 int head_amx_available(void) { return 0; }
-int head_bf16(const float *x, int64_t x_stride, const void *w, float *out, int M, int64_t K, int64_t K2, int64_t N,
-              int amx, int threads) {
-    (void)x, (void)x_stride, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)amx, (void)threads;
+int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float *out, int M, int64_t K, int64_t K2,
+              int64_t N, int amx, int threads) {
+    (void)x, (void)x_stride, (void)x_bf16, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)amx;
+    (void)threads;
     return 2;
 }
 #endif

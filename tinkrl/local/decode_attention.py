@@ -126,7 +126,7 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_bf16.restype = i32
     lib.head_amx_available.restype = i32
     lib.head_amx_available.argtypes = []
-    lib.head_bf16.argtypes = [ptr, i64, ptr, ptr, i32, i64, i64, i64, i32, i32]
+    lib.head_bf16.argtypes = [ptr, i64, i32, ptr, ptr, i32, i64, i64, i64, i32, i32]
     return lib, ""
 
 
@@ -346,6 +346,9 @@ def head_bf16_applies(x: torch.Tensor) -> bool:
 
 
 AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot products
+# Up to this many rows, a bf16 projection's product runs faster in AMX tiles than through oneDNN
+# (a decode step's rows; a prefill's hundreds of rows run faster through oneDNN).
+AMX_PRODUCT_ROWS = 32
 
 
 def head_amx_available() -> bool:
@@ -367,23 +370,25 @@ def pack_head(weight: torch.Tensor) -> torch.Tensor:
 
 
 def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | None = None) -> torch.Tensor:
-    """fp32 logits [..., vocab] of fp32 hidden states `x` [..., K] against a `pack_head` weight, the
-    products in bf16 (x and the weight rounded to nearest even) summed in fp32, as a bf16 matrix
+    """fp32 logits [..., vocab] of hidden states `x` [..., K] (fp32 or bf16) against a `pack_head` weight,
+    the products in bf16 (x and the weight rounded to nearest even) summed in fp32, as a bf16 matrix
     product with fp32 output computes them. Only where `head_bf16_applies`. `amx` picks AMX tiles or
     AVX512-BF16 dot products; by default AMX tiles where `head_amx_available` for `AMX_HEAD_ROWS` rows
     or more (fewer rows read the weight as fast through dot products, docs/performance.md)."""
     n_pad, k = packed.shape[0] * 16, x.shape[-1]
     if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 32) * 16, 16, 2) or not packed.is_contiguous():
         raise ValueError(f"head_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
+    if x.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"head_bf16: hidden states in fp32 or bf16, got {x.dtype}")
     rows = x.reshape(-1, k)
     amx = rows.shape[0] >= AMX_HEAD_ROWS and head_amx_available() if amx is None else amx
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
-    out = torch.empty((-(-m // 32) * 32 if amx else m, n_pad), dtype=torch.float32)
+    out = torch.empty((-(-m // 16) * 16 if amx else m, n_pad), dtype=torch.float32)
     rc = load_kernel()[0].head_bf16(
-        rows.data_ptr(), rows.stride(0), packed.data_ptr(), out.data_ptr(), m, k, packed.shape[1], n_pad,
-        int(amx), torch.get_num_threads(),
+        rows.data_ptr(), rows.stride(0), _is_bf16(rows), packed.data_ptr(), out.data_ptr(), m, k, packed.shape[1],
+        n_pad, int(amx), torch.get_num_threads(),
     )  # fmt: skip
     if rc == 2:
         raise RuntimeError("head_bf16: AMX tiles asked for where head_amx_available() is False")

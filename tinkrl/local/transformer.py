@@ -34,10 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinkrl.local.decode_attention import (
+    AMX_PRODUCT_ROWS,
     DecodeStep,
     decode_attention,
     decode_kernels_apply,
     decode_step,
+    head_amx_available,
     head_bf16,
     head_bf16_applies,
     kernels_read,
@@ -102,14 +104,20 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or
-    bf16 for the bf16 sampling trees' weights."""
+    bf16 for the bf16 sampling trees' weights. On a CPU with AMX, bf16 products of up to
+    `AMX_PRODUCT_ROWS` rows without autograd run in AMX tiles instead (`head_bf16`: fp32 sums, rounded
+    to bf16 as oneDNN's are): a decode step's few rows stream the weights from memory there ~1.5x
+    faster than through oneDNN (docs/performance.md)."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
     if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype):
         return F.linear(x, weight, bias)
-    if x.dtype == torch.bfloat16:  # bf16 sampling: bf16 products from oneDNN's blocked layout
+    if x.dtype == torch.bfloat16:  # bf16 sampling
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return F.linear(x, weight, bias)
-        return _pointwise(x, _packed(weight), bias)
+        if x.numel() <= AMX_PRODUCT_ROWS * x.shape[-1] and head_amx_available():  # AMX tiles
+            out = head_bf16(x, _packed_bf16(weight), weight.shape[0], amx=True)
+            return (out if bias is None else out.add_(bias.float())).bfloat16()
+        return _pointwise(x, _packed(weight), bias)  # bf16 products from oneDNN's blocked layout
     if x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -454,7 +462,7 @@ class CausalLM(nn.Module):
         (`head_bf16`) where the CPU has bf16 dot products."""
         head = getattr(self.lm_head, "base_layer", self.lm_head)  # peft wraps it when the unembedding trains
         if exact and self.head_dtype == torch.bfloat16 and head is self.lm_head and head_bf16_applies(hidden):
-            return head_bf16(hidden, _packed_head(head.weight), head.weight.shape[0])
+            return head_bf16(hidden, _packed_bf16(head.weight), head.weight.shape[0])
         head.fast = not exact
         try:
             return self.lm_head(hidden)
@@ -462,8 +470,8 @@ class CausalLM(nn.Module):
             head.fast = False
 
 
-def _packed_head(weight: torch.Tensor) -> torch.Tensor:
-    """`pack_head`'s bf16 copy of an unembedding weight (`_kept_on` it)."""
+def _packed_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """`pack_head`'s bf16 copy of a weight (`_kept_on` it): the unembedding's, or a projection's on AMX."""
     return _kept_on(weight, "_tinkrl_head_bf16", pack_head)
 
 
