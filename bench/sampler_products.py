@@ -9,9 +9,8 @@ in the cache and time something no step sees). For each row count, median millis
 over all layers after two warm-ups, all in one process:
 - oneDNN bf16: torch's bf16 product from oneDNN's blocked layout (the bf16 sampler's products on
   CPUs without AMX, and a prefill's on CPUs with AMX; bf16 outputs);
-- AMX tiles: `head_bf16` in AMX tiles, fp32 sums and outputs (the bf16 sampler's decode products
-  of up to `AMX_PRODUCT_ROWS` rows on CPUs with AMX, where `head_amx_available`; the sampler rounds
-  them to bf16 after);
+- AMX tiles: `linear_bf16`, fp32 sums rounded to bf16 outputs in the kernel (the bf16 sampler's
+  decode products of up to `AMX_PRODUCT_ROWS` rows on CPUs with AMX, where `head_amx_available`);
 - dot products: `head_bf16` in AVX512-BF16 dot products (not used for projections: shown for
   comparison, where the kernels have them).
 Beside each: the weights' bytes over its time (GB/s), to hold against what the machine reads.
@@ -68,18 +67,20 @@ def main() -> None:
                 for name, w in layer.items():
                     torch.ops.mkldnn._linear_pointwise(xs[name], w, None, "none", [], "")
 
-        def tiles_way(use_amx: bool) -> Callable[[], None]:
-            def run() -> None:
-                for layer in tiles:
-                    for name, w in layer.items():
-                        da.head_bf16(xs[name], w, SHAPES[name][0], amx=use_amx)
+        def pass_amx() -> None:
+            for layer in tiles:
+                for name, w in layer.items():
+                    da.linear_bf16(xs[name], w, SHAPES[name][0])
 
-            return run
+        def pass_dots() -> None:
+            for layer in tiles:
+                for name, w in layer.items():
+                    da.head_bf16(xs[name], w, SHAPES[name][0], amx=False)
 
         ways: dict[str, Callable[[], None] | None] = {
             "onednn": pass_onednn,
-            "amx": tiles_way(True) if amx else None,
-            "dots": tiles_way(False) if dots else None,
+            "amx": pass_amx if amx else None,
+            "dots": pass_dots if dots else None,
         }
         cells = []
         for fn in ways.values():

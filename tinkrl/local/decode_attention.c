@@ -77,6 +77,22 @@ static inline const vf *block(const void *p, int64_t i, int nv, const int bf16, 
     return buf;
 }
 
+/* On Intel Xeons with AMX, asks the memory for the block `AHEAD` blocks after position t0 (of T, D
+ * elements each), which reads a cache faster there; on an AMD EPYC prefetching measured slower on
+ * fp32 caches, so elsewhere it asks for nothing (docs/performance.md, "Decode attention"). */
+#define AHEAD 2
+static inline void ahead(const void *p, int t0, int T, int D, const int bf16) {
+#if defined(__AMX_TILE__)
+    const int t = t0 + AHEAD * W;
+    if (t >= T) return;
+    const int n = T - t < W ? T - t : W, es = bf16 ? 2 : 4;
+    const char *from = (const char *)p + (int64_t)t * D * es;
+    for (int l = 0; l < n * D * es; l += 64) __builtin_prefetch(from + l);
+#else
+    (void)p, (void)t0, (void)T, (void)D, (void)bf16;
+#endif
+}
+
 /* One (row, KV head) task: the scores of its G query heads (qb: G x D) over the unmasked positions
  * of keys kb / values vb (T positions, D apart), a softmax per head, the weighted values into
  * og (G x D); keys and values in fp32 or (kv_bf16) bf16. s: scratch of G * (T + W) + 2 * G floats;
@@ -100,6 +116,7 @@ static inline __attribute__((always_inline)) void attend_(const float *qb, const
         else
             for (int j = 0; j < n; j++) mv[j] = m[t0 + j];
         const vi masked = mv < -1.0e30f;
+        ahead(kb, t0, T, D, kv_bf16);
         const vf *kt = block(kb, (int64_t)t0 * D, n * C, kv_bf16, buf);
         for (int g = 0; g < G; g++) {
             const vf *qg = (const vf *)(qb + g * D);
@@ -131,6 +148,7 @@ static inline __attribute__((always_inline)) void attend_(const float *qb, const
         const int n = T - t0 < W ? T - t0 : W;
         int any_masked = 0;
         for (int j = 0; j < n; j++) any_masked |= MASKED(m[t0 + j]);
+        ahead(vb, t0, T, D, kv_bf16);
         const vf *vt = block(vb, (int64_t)t0 * D, n * C, kv_bf16, buf);
         for (int g = 0; g < G; g++) {
             vf r[C];
@@ -355,25 +373,50 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+/* A block's fp32 sums (`sums`: 32 rows of 32, `rows` of them real) plus the bias, rounded to bf16 as
+ * torch rounds (to nearest even; NaN to 0x7fc0), into `out` from column `c`: n columns a row, of
+ * which this block writes those below n. */
+static void store_bf16(const float *sums, int rows, const float *bias, uint16_t *out, int64_t c, int64_t n) {
+    for (int h = 0; h < 2; h++) {
+        const int64_t col = c + 16 * h;
+        if (col >= n) break;
+        const __mmask16 keep = n - col >= 16 ? 0xffff : (__mmask16)((1u << (n - col)) - 1);
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + col) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + 32 * r + 16 * h), b);
+            const __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+            __m512i even = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+            even = _mm512_srli_epi32(_mm512_add_epi32(even, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+            even = _mm512_mask_mov_epi32(even, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+            _mm256_mask_storeu_epi16(out + r * n + col, keep, _mm512_cvtepi32_epi16(even));
+        }
+    }
+}
+
 /* Tiles 0-3: sums for 32 rows x 32 columns (0-1 for a last block of 16 rows); 4-5: rows of x; 6-7:
  * columns of the weight. `xb` holds a multiple of 16 rows, `out` as many rows of N floats. The first
  * block of rows reads a strip of the weight from memory, prefetched `HEAD_PREFETCH` bytes ahead (the
- * tile loads alone leave the memory idle between them); the other blocks find it in the cache. */
+ * tile loads alone leave the memory idle between them); the other blocks find it in the cache.
+ * With `out16` set, the sums go through a small buffer to `store_bf16` instead: the M real rows, n
+ * columns, in bf16 with `bias` (or none) added. */
 #define HEAD_PREFETCH 2048
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads) {
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
+                     const float *bias, uint16_t *out16, int M, int64_t n) {
 #pragma omp parallel num_threads(threads)
     {
         tile_config cfg = {0};
         cfg.palette = 1;
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
+        float sums[32 * 32] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < N / 32; j++) {
             const uint32_t *w0 = w + 2 * j * 16 * K2, *w1 = w0 + 16 * K2;
             for (int m = 0; m < M16; m += 32) {
                 const uint32_t *x0 = xb + m * K2, *x1 = x0 + 16 * K2;
                 const int pairs = M16 - m >= 32;
-                float *o = out + m * N + 32 * j;
+                float *o = out16 ? sums : out + m * N + 32 * j;
+                const int64_t ldo = out16 ? 32 : N;
                 _tile_zero(0);
                 _tile_zero(1);
                 if (pairs) {
@@ -397,11 +440,15 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
                         _tile_dpbf16ps(3, 5, 7);
                     }
                 }
-                _tile_stored(0, o, 4 * N);
-                _tile_stored(1, o + 16, 4 * N);
+                _tile_stored(0, o, 4 * ldo);
+                _tile_stored(1, o + 16, 4 * ldo);
                 if (pairs) {
-                    _tile_stored(2, o + 16 * N, 4 * N);
-                    _tile_stored(3, o + 16 * N + 16, 4 * N);
+                    _tile_stored(2, o + 16 * ldo, 4 * ldo);
+                    _tile_stored(3, o + 16 * ldo + 16, 4 * ldo);
+                }
+                if (out16 && m < M) {
+                    const int rows = M - m < (pairs ? 32 : 16) ? M - m : (pairs ? 32 : 16);
+                    store_bf16(sums, rows, bias, out16 + m * n, 32 * j, n);
                 }
             }
         }
@@ -410,8 +457,9 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
 }
 #else
 static int amx_ready(void) { return 0; }
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads) {
-    (void)xb, (void)K2, (void)w, (void)out, (void)M16, (void)N, (void)threads;
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
+                     const float *bias, uint16_t *out16, int M, int64_t n) {
+    (void)xb, (void)K2, (void)w, (void)out, (void)M16, (void)N, (void)threads, (void)bias, (void)out16, (void)M, (void)n;
 }
 #endif
 
@@ -422,20 +470,16 @@ int head_amx_available(void) { return amx_ready(); }
 static __thread uint32_t *scratch;
 static __thread size_t scratch_len;
 
-/* x: [M][K] fp32 (or bf16 where `x_bf16`), rows `x_stride` elements apart; `w` holds K2 pairs of k a
- * column (K2 >= (K + 1) / 2, zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart,
- * with room for M rounded up to 16 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x
- * in bf16 could not be allocated; 2 where AMX was asked for and is not available. */
-int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, float *out, int M, int64_t K,
-              int64_t K2, int64_t N, int amx, int threads) {
-    if (amx && (!amx_ready() || K2 % 16)) return 2;
-    const int rows = amx ? (M + 15) / 16 * 16 : M;
+/* x ([M][K], fp32 or bf16 where `x_bf16`, rows `x_stride` elements apart) as bf16 pairs in the calling
+ * thread's scratch: K2 pairs a row, zeros past K, `rows` >= M rows, zeros past M. NULL where the
+ * scratch could not be allocated. */
+static uint32_t *bf16_rows(const void *x, int64_t x_stride, int x_bf16, int M, int rows, int64_t K, int64_t K2) {
     const size_t need = (size_t)rows * K2 + 1;
     if (need > scratch_len) {
         free(scratch);
         scratch = malloc(need * sizeof(uint32_t));
         scratch_len = scratch ? need : 0;
-        if (!scratch) return 1;
+        if (!scratch) return NULL;
     }
     uint32_t *xb = scratch;
     for (int m = 0; m < M; m++) {
@@ -453,8 +497,21 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
         memset(dst + (K + 1) / 2, 0, (size_t)(K2 - (K + 1) / 2) * sizeof(uint32_t));
     }
     memset(xb + (int64_t)M * K2, 0, (size_t)(rows - M) * K2 * sizeof(uint32_t));
+    return xb;
+}
+
+/* x: [M][K] fp32 (or bf16 where `x_bf16`), rows `x_stride` elements apart; `w` holds K2 pairs of k a
+ * column (K2 >= (K + 1) / 2, zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart,
+ * with room for M rounded up to 16 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x
+ * in bf16 could not be allocated; 2 where AMX was asked for and is not available. */
+int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, float *out, int M, int64_t K,
+              int64_t K2, int64_t N, int amx, int threads) {
+    if (amx && (!amx_ready() || K2 % 16)) return 2;
+    const int rows = amx ? (M + 15) / 16 * 16 : M;
+    uint32_t *xb = bf16_rows(x, x_stride, x_bf16, M, rows, K, K2);
+    if (!xb) return 1;
     if (amx) {
-        head_amx(xb, K2, w, out, rows, N, threads);
+        head_amx(xb, K2, w, out, rows, N, threads, NULL, NULL, M, N);
         return 0;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -477,12 +534,33 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
     }
     return 0;
 }
+
+/* A bf16 projection of a decode step's rows in AMX tiles: out[m][c] = bf16(sum_k x[m][k] w[c][k] +
+ * bias[c]), the products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32
+ * sums (oneDNN's). x: [M][K] bf16, rows `x_stride` apart; w: `pack_head`'s layout, N columns (a
+ * multiple of 32), K2 pairs (a multiple of 16); bias: n floats or NULL; out: [M][n] bf16. 0; 1 where
+ * the scratch could not be allocated; 2 where AMX is not available. */
+int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float *bias, uint16_t *out, int M,
+                int64_t K, int64_t K2, int64_t N, int64_t n, int threads) {
+    if (!amx_ready() || K2 % 16) return 2;
+    const int rows = (M + 15) / 16 * 16;
+    uint32_t *xb = bf16_rows(x, x_stride, 1, M, rows, K, K2);
+    if (!xb) return 1;
+    head_amx(xb, K2, w, NULL, rows, N, threads, bias, out, M, n);
+    return 0;
+}
 #else
 int head_bf16_available(void) { return 0; }
 int head_amx_available(void) { return 0; }
 int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float *out, int M, int64_t K, int64_t K2,
               int64_t N, int amx, int threads) {
     (void)x, (void)x_stride, (void)x_bf16, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)amx;
+    (void)threads;
+    return 2;
+}
+int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bias, void *out, int M, int64_t K,
+                int64_t K2, int64_t N, int64_t n, int threads) {
+    (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n;
     (void)threads;
     return 2;
 }

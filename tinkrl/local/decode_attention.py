@@ -127,6 +127,8 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_amx_available.restype = i32
     lib.head_amx_available.argtypes = []
     lib.head_bf16.argtypes = [ptr, i64, i32, ptr, ptr, i32, i64, i64, i64, i32, i32]
+    lib.linear_bf16.restype = i32
+    lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i32]
     return lib, ""
 
 
@@ -395,3 +397,30 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
     if rc != 0:
         raise MemoryError("head_bf16: scratch memory for the hidden states could not be allocated")
     return out[:m, :vocab].view(*x.shape[:-1], vocab)
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A bf16 projection `x @ w.T + bias` ([..., n] bf16) of bf16 rows `x` [..., K] in AMX tiles, against
+    `pack_head(w)`: bf16 products summed in fp32 with the bias, rounded to bf16 once, as oneDNN's bf16
+    product rounds its sums. Only without autograd where `head_amx_available`; the kernel writes the
+    bf16 result directly (no fp32 copy of it), so a decode step's small products cost little besides
+    the weights' reading."""
+    k = x.shape[-1]
+    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 32) * 16, 16, 2) or not packed.is_contiguous():
+        raise ValueError(f"linear_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"linear_bf16: bf16 rows, got {x.dtype}")
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    fp32_bias = None if bias is None else bias.float().contiguous()
+    out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
+    rc = load_kernel()[0].linear_bf16(
+        rows.data_ptr(), rows.stride(0), packed.data_ptr(), None if fp32_bias is None else fp32_bias.data_ptr(),
+        out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == 2:
+        raise RuntimeError("linear_bf16: AMX tiles asked for where head_amx_available() is False")
+    if rc != 0:
+        raise MemoryError("linear_bf16: scratch memory for the rows could not be allocated")
+    return out

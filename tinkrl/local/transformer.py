@@ -43,6 +43,7 @@ from tinkrl.local.decode_attention import (
     head_bf16,
     head_bf16_applies,
     kernels_read,
+    linear_bf16,
     pack_head,
     reads_cache,
     rms_norm,
@@ -105,7 +106,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or
     bf16 for the bf16 sampling trees' weights. On a CPU with AMX, bf16 products of up to
-    `AMX_PRODUCT_ROWS` rows without autograd run in AMX tiles instead (`head_bf16`: fp32 sums, rounded
+    `AMX_PRODUCT_ROWS` rows without autograd run in AMX tiles instead (`linear_bf16`: fp32 sums, rounded
     to bf16 as oneDNN's are): a decode step's few rows stream the weights from memory there ~1.5x
     faster than through oneDNN (docs/performance.md)."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
@@ -115,8 +116,7 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return F.linear(x, weight, bias)
         if x.numel() <= AMX_PRODUCT_ROWS * x.shape[-1] and head_amx_available():  # AMX tiles
-            out = head_bf16(x, _packed_bf16(weight), weight.shape[0], amx=True)
-            return (out if bias is None else out.add_(bias.float())).bfloat16()
+            return linear_bf16(x, _packed_bf16(weight), weight.shape[0], bias)
         return _pointwise(x, _packed(weight), bias)  # bf16 products from oneDNN's blocked layout
     if x.dtype != torch.float32:
         return F.linear(x, weight, bias)
