@@ -1,4 +1,5 @@
-"""One sampler decode step on CPU: its layers in the C kernels (`DecoderLayer.decode`) against op by op.
+"""One sampler decode step on CPU: its layers in the C kernels (`DecoderLayer.decode`) against op by op,
+and, for the bf16 tree on CPUs with AMX, each layer in one kernel call (`DecoderLayer.decode_bf16`).
 
     .venv/bin/python bench/decode_step.py [--rounds 9] [--threads 2]
 
@@ -9,9 +10,12 @@ projections' weights, fused, its KV cache in bf16, its head in bf16 products wit
 step is the forward of one new token per row over a KV cache of the given length, plus the head,
 as `sample_batch` runs it. Per
 (tree, rows x cached positions): the median milliseconds of a step with the layers in the kernels
-and op by op (torch's ops with the decode-attention kernel), the two alternating, the speed-up,
+and op by op (torch's ops with the decode-attention kernel), the ways alternating, the speed-up,
 and the largest difference of the two ways' logprobs for the same step (bf16 products round
-differently once an input differs in its last bit; fp32 agrees to rounding). Figures:
+differently once an input differs in its last bit; fp32 agrees to rounding). Where the bf16 tree's
+layers run in one call each (AMX, up to `AMX_LAYER_ROWS` rows), also the step with the kernels
+called one by one from Python, and whether the two give the same logits to the bit (they do up to
+`AMX_PRODUCT_ROWS` rows; above, the one-by-one layer's products are oneDNN's). Figures:
 docs/performance.md, "Decode step".
 """
 
@@ -30,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tinkrl.local.transformer import CausalLM, KVCache, Linear, build_causal_lm, fuse_projections  # noqa: E402
 
-SHAPES = ((64, 100), (16, 300), (16, 500))  # (rows, cached positions)
+SHAPES = ((64, 100), (32, 100), (16, 300), (16, 500))  # (rows, cached positions)
 
 
 def trees() -> dict[str, CausalLM]:
@@ -59,28 +63,37 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
     cache.k.normal_(), cache.v.normal_()
     attn = torch.ones(rows, positions + 8, dtype=torch.long)
     tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))
-    in_kernels = CausalLM._decodes_in_kernels
-    ways = {"kernels": in_kernels, "op by op": lambda *a: False}
+    in_kernels, one_call = CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call
+
+    def never(*_) -> bool:  # as a method: neither the kernels nor one call a layer
+        return False
+
+    ways = {"kernels": (in_kernels, one_call), "op by op": (never, never)}
+    with torch.no_grad():
+        if lm._layers_in_one_call(torch.zeros(rows, 1, lm.config.hidden_size)):
+            ways["kernels one by one"] = (in_kernels, never)
     times: dict[str, list[float]] = {w: [] for w in ways}
     logits = {}
     with torch.no_grad():
-        for way, decides in ways.items():  # the same step both ways: the same logits, to rounding
-            CausalLM._decodes_in_kernels = decides
+        for way, (decides, layers) in ways.items():  # the same step every way: the same logits, to rounding
+            CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = decides, layers
             mask = attn[:, None, None, : positions + 1].bool()
             hidden = lm(tokens, torch.full((rows, 1), positions), mask, cache, positions)
             logits[way] = lm.logits(hidden[:, -1]).log_softmax(-1)
         for r in range(rounds + 2):
-            for way, decides in ways.items():
-                CausalLM._decodes_in_kernels = decides
+            for way, (decides, layers) in ways.items():
+                CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = decides, layers
                 pos = positions + r % 4  # a few different lengths, all in the cache
                 t0 = time.perf_counter()
                 hidden = lm(tokens, torch.full((rows, 1), pos), attn[:, None, None, : pos + 1].bool(), cache, pos)
                 lm.logits(hidden[:, -1])
                 if r >= 2:  # two warm-up rounds
                     times[way].append((time.perf_counter() - t0) * 1000)
-    CausalLM._decodes_in_kernels = in_kernels
-    out = {w: statistics.median(t) for w, t in times.items()}
+    CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = in_kernels, one_call
+    out: dict[str, float | bool] = {w: statistics.median(t) for w, t in times.items()}
     out["max |dlogprob|"] = (logits["kernels"] - logits["op by op"]).abs().max().item()
+    if "kernels one by one" in logits:
+        out["same bits"] = torch.equal(logits["kernels"], logits["kernels one by one"])
     return out
 
 
@@ -91,14 +104,20 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads")
-    print("| tree | rows x cached positions | op by op | kernels | speed-up | max \\|dlogprob\\| |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| tree | rows x cached positions | op by op | kernels | speed-up | max \\|dlogprob\\| | kernels one by one |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, lm in trees().items():
         for rows, positions in SHAPES:
             got = step_ms(lm, rows, positions, args.rounds)
             ops, kernels = got["op by op"], got["kernels"]
             row = f"| {name} | {rows} x {positions} | {ops:.1f} ms | {kernels:.1f} ms | {ops / kernels:.2f}x |"
-            print(f"{row} {got['max |dlogprob|']:.1e} |", flush=True)
+            one_by_one = "-"
+            if "same bits" in got:
+                same = "same logits" if got["same bits"] else "logits differ"
+                one_by_one = f"{got['kernels one by one']:.1f} ms ({same})"
+            print(f"{row} {got['max |dlogprob|']:.1e} | {one_by_one} |", flush=True)
 
 
 if __name__ == "__main__":

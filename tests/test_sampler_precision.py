@@ -173,6 +173,39 @@ def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatc
     assert calls == [(5, 1, 200)]
 
 
+def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_service, prompts, monkeypatch):
+    """Where AMX is lent, each layer of a bf16 sampler's decode step runs in one kernel call: the
+    same kernels in the same order as the layer's op-by-op decode, so rows that finish at different
+    steps (left in place in the cache) get the same tokens and the same logprobs to the bit; a
+    merged LoRA tree's layers too."""
+    from tinkrl.local import transformer
+    from tinkrl.local.decode_attention import head_amx_available
+
+    if not head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
+    calls, real = [], transformer.decode_layer_bf16
+    monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
+    randomize_lora(tc)
+    clients = [bf16_service.create_sampling_client(base_model=TINY), tc.save_weights_and_get_sampling_client()]
+
+    def sample(sc):
+        futures = [
+            sc.sample(p, 2, types.SamplingParams(max_tokens=4 * (i + 1), temperature=1.0, seed=i, stop=[]))
+            for i, p in enumerate(prompts)
+        ]
+        return [(s.tokens, s.logprobs) for f in futures for s in f.result().sequences]
+
+    one_call = [sample(sc) for sc in clients]
+    assert calls and max(calls) > 1  # batched decode steps ran in one call a layer
+    calls.clear()
+    monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: False)
+    per_op = [sample(sc) for sc in clients]
+    assert calls == []
+    assert one_call == per_op
+    assert len({len(tokens) for tokens, _ in one_call[0]}) > 1  # rows finished at different steps
+
+
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
     assert set(CPU_SAMPLER_RULES) == set(get_args(CpuClass))
     # bf16 sampling learned as well as matched only where AMX multiplies it (make train, docs/engine.md)

@@ -549,6 +549,54 @@ int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float 
     head_amx(xb, K2, w, NULL, rows, N, threads, bias, out, M, n);
     return 0;
 }
+
+/* The layers' buffers of bf16 activations, one per calling thread, kept between calls. */
+static __thread uint16_t *layer_buf;
+static __thread size_t layer_len;
+
+/* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n. */
+static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float *bias, uint16_t *out, int M,
+                   int64_t n, int threads) {
+    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, threads);
+}
+
+/* One decoder layer of the bf16 sampler's decode step on AMX, in one call: what `DecoderLayer.decode`
+ * runs op by op from Python (the same kernels in the same order, so the same result to the bit), for B
+ * rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
+ * previous layer's MLP output, joining x in the first norm. The four projections are `pack_head`
+ * weights (q/k/v fused: (H + 2 Hkv) D columns; o: d; gate/up fused: 2 f; down: d), each with its fp32
+ * bias or NULL; norms: fp32 weights of d. RoPE, the cache, the mask and `rows` as in
+ * `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could not be
+ * allocated; 2 where AMX is not available. */
+int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, float eps1, const float *norm2,
+                      float eps2, const uint32_t *w_qkv, const float *b_qkv, const uint32_t *w_o, const float *b_o,
+                      const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
+                      const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
+                      int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
+                      uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
+    if (!amx_ready()) return 2;
+    const int64_t n_qkv = (int64_t)(H + 2 * Hkv) * D, n_att = (int64_t)H * D;
+    const size_t need = (size_t)B * (d + n_qkv + n_att + d + 2 * (int64_t)f + f);
+    if (need > layer_len) {
+        free(layer_buf);
+        layer_buf = malloc(need * sizeof(uint16_t));
+        layer_len = layer_buf ? need : 0;
+        if (!layer_buf) return 1;
+    }
+    uint16_t *h = layer_buf, *qkv = h + (size_t)B * d, *att = qkv + (size_t)B * n_qkv, *o = att + (size_t)B * n_att;
+    uint16_t *gu = o + (size_t)B * d, *act = gu + (size_t)B * 2 * f;
+    rms_norm(x, pending, 1, d, norm1, eps1, h, 1, B, d, threads);
+    if (project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, threads)) return 1;
+    if (rope_decode_attention(qkv, qkv + n_att, qkv + n_att + (int64_t)Hkv * D, 1, n_qkv, n_qkv, cos, sin, k_cache,
+                              v_cache, kv_bf16, kv_sb, kv_sh, rows, pos, mask, mask_sb, att, 1, B, H, Hkv, D, scale,
+                              threads))
+        return 1;
+    if (project(att, n_att, w_o, b_o, o, B, d, threads)) return 1;
+    rms_norm(x, o, 1, d, norm2, eps2, h, 1, B, d, threads);
+    if (project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, threads)) return 1;
+    silu_mul(gu, gu + f, 1, 2 * (int64_t)f, act, 1, B, f, threads);
+    return project(act, f, w_down, b_down, out, B, d, threads) ? 1 : 0;
+}
 #else
 int head_bf16_available(void) { return 0; }
 int head_amx_available(void) { return 0; }
@@ -564,4 +612,5 @@ int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bia
     (void)threads;
     return 2;
 }
+int decode_layer_bf16(void) { return 2; }
 #endif

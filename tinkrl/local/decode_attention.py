@@ -129,6 +129,9 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_bf16.argtypes = [ptr, i64, i32, ptr, ptr, i32, i64, i64, i64, i32, i32]
     lib.linear_bf16.restype = i32
     lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i32]
+    lib.decode_layer_bf16.restype = i32
+    lib.decode_layer_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, f32] + [ptr] * 12 + [i32, i64, i64, ptr, i32, ptr, i64]
+    lib.decode_layer_bf16.argtypes += [f32, ptr] + [i32] * 7
     return lib, ""
 
 
@@ -335,6 +338,65 @@ def rope_decode_attention(
     return out
 
 
+@dataclass(frozen=True)
+class LayerWeights:
+    """What `decode_layer_bf16` multiplies and normalises with in one decoder layer: the two norms'
+    fp32 weights and eps, and the four projections (q/k/v fused, o, gate/up fused, down) as
+    `pack_head` weights with their output widths and fp32 biases (or None)."""
+
+    norms: tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]]
+    projections: tuple[tuple[torch.Tensor, int, torch.Tensor | None], ...]
+
+
+def decode_layer_bf16(
+    x: torch.Tensor,
+    pending: torch.Tensor | None,
+    weights: LayerWeights,
+    step: DecodeStep,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: tuple[int, int],
+) -> torch.Tensor:
+    """One decoder layer of the bf16 sampler's decode step on AMX in one kernel call: the norms, the
+    four projections in AMX tiles (`linear_bf16`), RoPE, the cache write and attention
+    (`rope_decode_attention`) and SiLU, the same kernels in the same order as `DecoderLayer.decode`
+    calls them one by one, so the same result to the bit, without a decode step's ~8 calls a layer
+    from Python. `x` ([B, 1, d] fp32, contiguous) is the residual stream, updated in place; `pending`
+    (bf16 [B, 1, d] or None) the previous layer's MLP output; `heads` (H, H_kv). Returns this layer's
+    MLP output (bf16 [B, 1, d]). Only where `head_amx_available`, without autograd."""
+    B, d = x.shape[0], x.shape[-1]
+    H, Hkv = heads
+    D = step.cos.shape[-1]
+    (n1, eps1), (n2, eps2) = weights.norms
+    (qkv, n_qkv, b_qkv), (o, n_o, b_o), (gu, n_gu, b_gu), (down, n_down, b_down) = weights.projections
+    f = n_gu // 2
+    if not (x.is_contiguous() and x.dtype == torch.float32 and n_qkv == (H + 2 * Hkv) * D and n_o == n_down == d):
+        raise ValueError("decode_layer_bf16: a contiguous fp32 stream and projections of the layer's widths")
+    if pending is not None and (pending.dtype != torch.bfloat16 or not pending.is_contiguous()):
+        raise ValueError("decode_layer_bf16: the pending MLP output in contiguous bf16")
+    for packed, k, n in ((qkv, d, n_qkv), (o, H * D, d), (gu, d, n_gu), (down, f, d)):
+        if packed.dtype != torch.bfloat16 or packed.shape != (-(-n // 32) * 2, -(-k // 32) * 16, 16, 2):
+            raise ValueError(f"decode_layer_bf16: a pack_head weight of {n} x {k}, got {tuple(packed.shape)}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
+        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
+    if B != step.cos.shape[0] or k_cache.shape[0] != step.cache_rows or k_cache.shape[2] <= step.pos:
+        raise ValueError("decode kernels: the step was prepared for another batch or cache")
+    mask, out = step.mask, torch.empty((B, 1, d), dtype=torch.bfloat16)
+    ptr = [None if t is None else t.data_ptr() for t in (qkv, b_qkv, o, b_o, gu, b_gu, down, b_down)]
+    rc = load_kernel()[0].decode_layer_bf16(
+        x.data_ptr(), None if pending is None else pending.data_ptr(), n1.data_ptr(), eps1, n2.data_ptr(), eps2,
+        *ptr, step.cos.data_ptr(), step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
+        k_cache.stride(0), k_cache.stride(1), None if step.rows is None else step.rows.data_ptr(), step.pos,
+        mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0, D**-0.5, out.data_ptr(), B, d, H, Hkv, D, f,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == 2:
+        raise RuntimeError("decode_layer_bf16: AMX tiles asked for where head_amx_available() is False")
+    if rc != 0:
+        raise MemoryError("decode_layer_bf16: scratch memory could not be allocated")
+    return out
+
+
 # --- the bf16 sampler's unembedding --------------------------------------------------------------------
 
 
@@ -351,6 +413,10 @@ AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot p
 # Up to this many rows, a bf16 projection's product runs faster in AMX tiles than through oneDNN
 # (a decode step's rows; a prefill's hundreds of rows run faster through oneDNN).
 AMX_PRODUCT_ROWS = 32
+# Up to this many rows, a bf16 sampling tree's decode step runs each layer in one call
+# (`decode_layer_bf16`, its products in AMX tiles): faster than oneDNN's products called op by op,
+# which the tiles only tie with from 40 rows on, by what the calls from Python cost.
+AMX_LAYER_ROWS = 64
 
 
 def head_amx_available() -> bool:

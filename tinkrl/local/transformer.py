@@ -34,10 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinkrl.local.decode_attention import (
+    AMX_LAYER_ROWS,
     AMX_PRODUCT_ROWS,
     DecodeStep,
+    LayerWeights,
     decode_attention,
     decode_kernels_apply,
+    decode_layer_bf16,
     decode_step,
     head_amx_available,
     head_bf16,
@@ -353,6 +356,27 @@ class DecoderLayer(nn.Module):
             gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
         return _project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj)))
 
+    def decodes_bf16_in_one_call(self) -> bool:
+        """Whether `decode_bf16` can run this layer: its four projections frozen bf16 `Linear`s, q/k/v and
+        gate/up fused (the bf16 sampling tree's layers; LoRA modules and fp32 weights run `decode`)."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
+        return all(type(p) is Linear and p.weight.dtype == torch.bfloat16 for p in projections)
+
+    def decode_bf16(
+        self, x: torch.Tensor, pending: torch.Tensor | None, step: DecodeStep, cache: KVCache
+    ) -> torch.Tensor:
+        """`decode` in one kernel call (`decode_layer_bf16`), for layers that `decodes_bf16_in_one_call`
+        on a CPU with AMX: the same kernels in the same order, the same result to the bit."""
+        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        projections = tuple(
+            (_packed_bf16(p.weight), p.weight.shape[0], None if p.bias is None else p.bias.to(p.weight.dtype).float())
+            for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
+        )
+        weights = LayerWeights(((norm1.weight, norm1.eps), (norm2.weight, norm2.eps)), projections)
+        i = attn.layer_idx
+        return decode_layer_bf16(x, pending, weights, step, cache.k[i], cache.v[i], (attn.n_heads, attn.n_kv))
+
 
 class Backbone(nn.Module):
     """Embeddings, decoder layers and the final norm (transformers' `model.` subtree)."""
@@ -403,8 +427,11 @@ class CausalLM(nn.Module):
         if self._decodes_in_kernels(x, cache, cache_pos):
             x, pending = x.contiguous(), None
             step = decode_step(cos, sin, cache_pos, mask, cache.rows, cache.k.shape[1])
+            one_call = self._layers_in_one_call(x)
             for layer in self.model.layers:
-                pending = layer.decode(x, pending, step, cache)
+                pending = (
+                    layer.decode_bf16(x, pending, step, cache) if one_call else layer.decode(x, pending, step, cache)
+                )
             return self.model.norm(x if pending is None else x.add_(pending))
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
@@ -427,6 +454,13 @@ class CausalLM(nn.Module):
             and self.config.model_type != "qwen3"  # its q/k norms are not in the kernels
             and decode_kernels_apply(x, cache.k)
         )
+
+    def _layers_in_one_call(self, x: torch.Tensor) -> bool:
+        """Whether a decode step's layers each run in one kernel call (`DecoderLayer.decode_bf16`): the
+        bf16 sampling tree's layers, a decode step's rows (`AMX_LAYER_ROWS`), AMX at hand."""
+        if x.shape[0] > AMX_LAYER_ROWS or not head_amx_available():
+            return False
+        return all(layer.decodes_bf16_in_one_call() for layer in self.model.layers)
 
     def forward_shared_prefix(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
