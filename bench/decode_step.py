@@ -14,8 +14,7 @@ and op by op (torch's ops with the decode-attention kernel), the ways alternatin
 and the largest difference of the two ways' logprobs for the same step (bf16 products round
 differently once an input differs in its last bit; fp32 agrees to rounding). Where the bf16 tree's
 layers run in one call each (AMX, up to `AMX_LAYER_ROWS` rows), also the step with the kernels
-called one by one from Python, and whether the two give the same logits to the bit (they do up to
-`AMX_PRODUCT_ROWS` rows; above, the one-by-one layer's products are oneDNN's). Figures:
+called one by one from Python, and whether the two give the same logits to the bit. Figures:
 docs/performance.md, "Decode step".
 """
 

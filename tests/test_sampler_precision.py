@@ -177,10 +177,11 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
     """Where AMX is lent, each layer of a bf16 sampler's decode step runs in one kernel call: the
     same kernels in the same order as the layer's op-by-op decode, so rows that finish at different
     steps (left in place in the cache) get the same tokens and the same logprobs to the bit; a
-    merged LoRA tree's layers too. Batches of up to `AMX_LAYER_ROWS` rows run so, and still sample
-    their own policy (the tree's own prefill gives their tokens the same logprobs, to bf16 rounding)."""
+    merged LoRA tree's layers too. Batches of up to `AMX_LAYER_ROWS` rows run so (more run op by op),
+    and sample their own policy (the tree's own prefill gives their tokens the same logprobs, to bf16
+    rounding)."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import head_amx_available
+    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, head_amx_available
 
     if not head_amx_available():
         pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
@@ -205,12 +206,13 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
     assert calls == []
     assert one_call == per_op
     assert len({len(tokens) for tokens, _ in one_call[0]}) > 1  # rows finished at different steps
-    monkeypatch.undo()  # above AMX_PRODUCT_ROWS rows too, its products in the tiles where oneDNN's ran
+    monkeypatch.undo()  # a batch of AMX_LAYER_ROWS rows runs so, one more row op by op
     monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=1, stop=[])
-    for s in clients[1].sample(prompts[0], 40, params).result().sequences:
-        np.testing.assert_allclose(s.logprobs, rescored(clients[1], prompts[0], list(s.tokens)), atol=2e-2)
-    assert 40 in calls
+    for rows in (AMX_LAYER_ROWS, AMX_LAYER_ROWS + 1):
+        for s in clients[1].sample(prompts[0], rows, params).result().sequences:
+            np.testing.assert_allclose(s.logprobs, rescored(clients[1], prompts[0], list(s.tokens)), atol=2e-2)
+    assert AMX_LAYER_ROWS in calls and AMX_LAYER_ROWS + 1 not in calls
 
 
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
