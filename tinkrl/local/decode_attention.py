@@ -299,6 +299,17 @@ def decode_step(
     return DecodeStep(cos.reshape(B, D).contiguous(), sin.reshape(B, D).contiguous(), pos, mask, rows, cache_rows)
 
 
+def _check_cache(step: DecodeStep, k_cache: torch.Tensor, v_cache: torch.Tensor, B: int, D: int) -> None:
+    """Raises ValueError unless a layer's key and value caches suit the kernels and `step`: fp32 or bf16
+    alike, positions contiguous, the batch and cache the step was prepared for, room at `step.pos`."""
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
+        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"decode kernels: an fp32 or bf16 cache, keys and values alike, got {k_cache.dtype}")
+    if B != step.cos.shape[0] or k_cache.shape[0] != step.cache_rows or k_cache.shape[2] <= step.pos:
+        raise ValueError("decode kernels: the step was prepared for another batch or cache")
+
+
 def rope_decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -318,12 +329,7 @@ def rope_decode_attention(
     kv_stride = _rows_apart(k)
     if q.dtype != k.dtype or v.dtype != k.dtype or _rows_apart(v) != kv_stride:
         raise ValueError("decode kernels: q, k and v must share a dtype, and k and v a row stride")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
-        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in _CACHE_DTYPES:
-        raise ValueError(f"decode kernels: an fp32 or bf16 cache, keys and values alike, got {k_cache.dtype}")
-    if B != step.cos.shape[0] or k_cache.shape[0] != step.cache_rows or k_cache.shape[2] <= step.pos:
-        raise ValueError("decode kernels: the step was prepared for another batch or cache")
+    _check_cache(step, k_cache, v_cache, B, D)
     mask = step.mask
     out = torch.empty((B, 1, H * D), dtype=dtype)
     rc = load_kernel()[0].rope_decode_attention(
@@ -346,6 +352,25 @@ class LayerWeights:
 
     norms: tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]]
     projections: tuple[tuple[torch.Tensor, int, torch.Tensor | None], ...]
+
+
+def _check_packed(packed: torch.Tensor, k: int, n: int | None, who: str) -> None:
+    """Raises ValueError unless `packed` is a contiguous `pack_head` weight of width `k` (and, given
+    `n`, of `n` outputs)."""
+    width = (-(-k // 32) * 16, 16, 2)
+    shape_ok = packed.shape[1:] == width if n is None else packed.shape == (-(-n // 32) * 2, *width)
+    if packed.dtype != torch.bfloat16 or not shape_ok or not packed.is_contiguous():
+        size = f"width {k}" if n is None else f"{n} x {k}"
+        raise ValueError(f"{who}: a pack_head weight of {size}, got {tuple(packed.shape)}")
+
+
+def _raise_on(rc: int, who: str) -> None:
+    """Turns a bf16 product kernel's return code into its exception: 2, AMX tiles asked for where
+    `head_amx_available()` is False; any other non-zero, scratch memory not allocated."""
+    if rc == 2:
+        raise RuntimeError(f"{who}: AMX tiles asked for where head_amx_available() is False")
+    if rc != 0:
+        raise MemoryError(f"{who}: scratch memory could not be allocated")
 
 
 def decode_layer_bf16(
@@ -375,12 +400,8 @@ def decode_layer_bf16(
     if pending is not None and (pending.dtype != torch.bfloat16 or not pending.is_contiguous()):
         raise ValueError("decode_layer_bf16: the pending MLP output in contiguous bf16")
     for packed, k, n in ((qkv, d, n_qkv), (o, H * D, d), (gu, d, n_gu), (down, f, d)):
-        if packed.dtype != torch.bfloat16 or packed.shape != (-(-n // 32) * 2, -(-k // 32) * 16, 16, 2):
-            raise ValueError(f"decode_layer_bf16: a pack_head weight of {n} x {k}, got {tuple(packed.shape)}")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != D or k_cache.stride(3) != 1:
-        raise ValueError("decode kernels: the cache's positions must be contiguous, keys and values alike")
-    if B != step.cos.shape[0] or k_cache.shape[0] != step.cache_rows or k_cache.shape[2] <= step.pos:
-        raise ValueError("decode kernels: the step was prepared for another batch or cache")
+        _check_packed(packed, k, n, "decode_layer_bf16")
+    _check_cache(step, k_cache, v_cache, B, D)
     mask, out = step.mask, torch.empty((B, 1, d), dtype=torch.bfloat16)
     ptr = [None if t is None else t.data_ptr() for t in (qkv, b_qkv, o, b_o, gu, b_gu, down, b_down)]
     rc = load_kernel()[0].decode_layer_bf16(
@@ -390,10 +411,7 @@ def decode_layer_bf16(
         mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0, D**-0.5, out.data_ptr(), B, d, H, Hkv, D, f,
         torch.get_num_threads(),
     )  # fmt: skip
-    if rc == 2:
-        raise RuntimeError("decode_layer_bf16: AMX tiles asked for where head_amx_available() is False")
-    if rc != 0:
-        raise MemoryError("decode_layer_bf16: scratch memory could not be allocated")
+    _raise_on(rc, "decode_layer_bf16")
     return out
 
 
@@ -445,8 +463,7 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
     AVX512-BF16 dot products; by default AMX tiles where `head_amx_available` for `AMX_HEAD_ROWS` rows
     or more (fewer rows read the weight as fast through dot products, docs/performance.md)."""
     n_pad, k = packed.shape[0] * 16, x.shape[-1]
-    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 32) * 16, 16, 2) or not packed.is_contiguous():
-        raise ValueError(f"head_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
+    _check_packed(packed, k, None, "head_bf16")
     if x.dtype not in _CACHE_DTYPES:
         raise ValueError(f"head_bf16: hidden states in fp32 or bf16, got {x.dtype}")
     rows = x.reshape(-1, k)
@@ -459,10 +476,7 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
         rows.data_ptr(), rows.stride(0), _is_bf16(rows), packed.data_ptr(), out.data_ptr(), m, k, packed.shape[1],
         n_pad, int(amx), torch.get_num_threads(),
     )  # fmt: skip
-    if rc == 2:
-        raise RuntimeError("head_bf16: AMX tiles asked for where head_amx_available() is False")
-    if rc != 0:
-        raise MemoryError("head_bf16: scratch memory for the hidden states could not be allocated")
+    _raise_on(rc, "head_bf16")
     return out[:m, :vocab].view(*x.shape[:-1], vocab)
 
 
@@ -473,8 +487,7 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tenso
     bf16 result directly (no fp32 copy of it), so a decode step's small products cost little besides
     the weights' reading."""
     k = x.shape[-1]
-    if packed.dtype != torch.bfloat16 or packed.shape[1:] != (-(-k // 32) * 16, 16, 2) or not packed.is_contiguous():
-        raise ValueError(f"linear_bf16: a pack_head weight of width {k}, got {tuple(packed.shape)}")
+    _check_packed(packed, k, None, "linear_bf16")
     if x.dtype != torch.bfloat16:
         raise ValueError(f"linear_bf16: bf16 rows, got {x.dtype}")
     rows = x.reshape(-1, k)
@@ -486,8 +499,5 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tenso
         rows.data_ptr(), rows.stride(0), packed.data_ptr(), None if fp32_bias is None else fp32_bias.data_ptr(),
         out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, torch.get_num_threads(),
     )  # fmt: skip
-    if rc == 2:
-        raise RuntimeError("linear_bf16: AMX tiles asked for where head_amx_available() is False")
-    if rc != 0:
-        raise MemoryError("linear_bf16: scratch memory for the rows could not be allocated")
+    _raise_on(rc, "linear_bf16")
     return out
