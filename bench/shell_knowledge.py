@@ -17,8 +17,9 @@ import dataclasses
 
 import tinker
 
-from tinkrl.agents.shell_actions import SHELL_SYSTEM_PROMPT
-from tinkrl.envs.shell.tasks import WORKDIR, held_out, to_task
+from tinkrl.agents.session import TaskSession
+from tinkrl.envs.shell.config import ShellEnvConfig
+from tinkrl.envs.shell.tasks import held_out, to_task
 from tinkrl.envs.shell.templates import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES, Instance
 from tinkrl.local import ServiceClient
 from tinkrl.local.model_files import DEFAULT_MODEL
@@ -30,11 +31,9 @@ OPENING = "```bash\n"
 
 
 def first_command(sampler, renderer, tokenizer, inst: Instance, max_tokens: int) -> str:
-    """The model's first command for `inst`, its reply started as a bash block, greedy."""
-    messages = [
-        {"role": "system", "content": SHELL_SYSTEM_PROMPT.format(workdir=WORKDIR)},
-        {"role": "user", "content": inst.told},
-    ]
+    """The model's first command for `inst`, its reply started as a bash block, greedy, after the first
+    messages an episode of the shell environment opens with."""
+    messages = TaskSession(to_task(inst), ShellEnvConfig(), provider=None).first_messages()
     prompt = renderer.build_generation_prompt(messages).to_ints()
     prompt += tokenizer.encode(OPENING, add_special_tokens=False)
     params = tinker.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=["```"])
