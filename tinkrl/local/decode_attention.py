@@ -432,9 +432,10 @@ AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot p
 # (a decode step's rows; a prefill's hundreds of rows run faster through oneDNN).
 AMX_PRODUCT_ROWS = 32
 # Up to this many rows, a bf16 sampling tree's decode step runs each layer in one call
-# (`decode_layer_bf16`), computing what the layer computes op by op to the bit. Up to 64 rows it was
-# faster still, but there its products are the tiles' rather than oneDNN's, and make train runs with
-# that did not reach the default's accuracy (docs/performance.md), so it stays at what is bit-identical.
+# (`decode_layer_bf16`), computing what the layer computes op by op to the bit. Above it, the one call
+# would put the products in the tiles rather than oneDNN's: faster, and no further from the trainer,
+# but whether it changes what make train learns is not settled (docs/performance.md), so the limit
+# stays at what is bit-identical.
 AMX_LAYER_ROWS = AMX_PRODUCT_ROWS
 
 
