@@ -434,7 +434,7 @@ AMX_PRODUCT_ROWS = 32
 # Up to this many rows, a bf16 sampling tree's decode step runs each layer in one call
 # (`decode_layer_bf16`), computing what the layer computes op by op to the bit. Above it, the one call
 # would put the products in the tiles rather than oneDNN's: faster, and no further from the trainer,
-# but make train runs with it ended lower at both seeds tried (docs/performance.md), so the limit
+# but make train runs with it ended level or lower at the seeds tried (docs/performance.md), so the limit
 # stays at what is bit-identical.
 AMX_LAYER_ROWS = AMX_PRODUCT_ROWS
 
