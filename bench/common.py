@@ -178,6 +178,13 @@ def medians(repeats: Mapping[str, Sequence[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in repeats.items()}
 
 
+def result_path(bench: str, results_dir: Path, info: Mapping | None = None, device: str | None = None) -> Path:
+    """Where `write_result` records `bench`'s runs on this machine (`info`, default `machine()`):
+    `<results_dir>/<bench>/<machine class>.json`. `device` as in `write_result`."""
+    info = info or machine()
+    return Path(results_dir) / bench / f"{machine_class(info, device or ('cuda' if info['gpu'] else 'cpu'))}.json"
+
+
 def write_result(
     bench: str,
     workload: str,
@@ -195,9 +202,8 @@ def write_result(
         raise ValueError(f"{bench}: every metric needs at least one repeat")
     kept = {k: [float(f"{x:.6g}") for x in v] for k, v in repeats.items()}  # 6 significant digits
     info = machine()
-    cls = machine_class(info, device or ("cuda" if info["gpu"] else "cpu"))
-    path = Path(results_dir) / bench / f"{cls}.json"
-    doc = json.loads(path.read_text()) if path.is_file() else {"bench": bench, "machine_class": cls, "runs": {}}
+    path = result_path(bench, results_dir, info, device)
+    doc = json.loads(path.read_text()) if path.is_file() else {"bench": bench, "machine_class": path.stem, "runs": {}}
     doc["runs"][workload] = {
         "command": command or command_line(),
         "commit": COMMIT_AT_START,

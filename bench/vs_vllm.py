@@ -289,7 +289,7 @@ def refuse_partial_records(args: argparse.Namespace) -> None:
     each (side, precision) is one record of every workload it ran, so writing it would lose them."""
     import common
 
-    path = args.results / "vs_vllm" / f"{common.machine_class(common.machine(), 'cpu')}.json"
+    path = common.result_path("vs_vllm", args.results, device="cpu")
     if not path.is_file():
         return
     runs = json.loads(path.read_text()).get("runs", {})
