@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tinkrl.local.transformer import CausalLM, KVCache, Linear, build_causal_lm, fuse_projections  # noqa: E402
 
-SHAPES = ((64, 100), (32, 100), (16, 300), (16, 500))  # (rows, cached positions)
+SHAPES = ((128, 100), (64, 100), (32, 100), (16, 300), (16, 500))  # (rows, cached positions)
 
 
 def trees() -> dict[str, CausalLM]:
@@ -64,13 +64,16 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
     tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))
     in_kernels, one_call = CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call
 
-    def never(*_) -> bool:  # as a method: neither the kernels nor one call a layer
+    def never(*_) -> bool:  # as a method: not in the kernels
         return False
 
-    ways = {"kernels": (in_kernels, one_call), "op by op": (never, never)}
+    def per_kernel(*_) -> None:  # as a method: not one call a layer
+        return None
+
+    ways = {"kernels": (in_kernels, one_call), "op by op": (never, per_kernel)}
     with torch.no_grad():
         if lm._layers_in_one_call(torch.zeros(rows, 1, lm.config.hidden_size)):
-            ways["kernels one by one"] = (in_kernels, never)
+            ways["kernels one by one"] = (in_kernels, per_kernel)
     times: dict[str, list[float]] = {w: [] for w in ways}
     logits = {}
     with torch.no_grad():

@@ -226,6 +226,63 @@ def test_bf16_projection_in_amx_tiles_rounds_its_fp32_sums_once(M, K, N, bias):
     assert batched.shape == (M, 1, N) and torch.equal(batched[:, 0].view(torch.int16), got.view(torch.int16))
 
 
+def test_bf16_projection_in_chunks_sums_each_chunk_apart():
+    """A chunked tile product: each chunk of k summed from zero in fp32, the chunks' sums added in order,
+    the bias last, one rounding; a chunk that is not a multiple of 32 is refused."""
+    if not da.head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
+    g = torch.Generator().manual_seed(0)
+    M, K, N = 40, 576, 96
+    w, x = (torch.randn(N, K, generator=g) * 0.1).bfloat16(), torch.randn(M, K, generator=g).bfloat16()
+    b = torch.randn(N, generator=g).bfloat16()
+    for chunk in (96, 192, 288, 320):  # 320: a shorter last chunk
+        with torch.no_grad():
+            sums = [
+                da.head_bf16(x[:, i : i + chunk], da.pack_head(w[:, i : i + chunk]), N, amx=True)
+                for i in range(0, K, chunk)
+            ]
+            got = da.linear_bf16(x, da.pack_head(w), N, b.float(), chunk)
+        total = sums[0]
+        for part in sums[1:]:
+            total = total + part
+        assert torch.equal(got, (total + b.float()).bfloat16()), chunk
+    with pytest.raises(ValueError, match="multiple of 32"):
+        da.linear_bf16(x, da.pack_head(w), N, None, 100)
+
+
+@pytest.mark.parametrize("rows", [33, 35, 48, 64, 100, 128])
+def test_chunked_tiles_compute_onednns_bf16_product_to_the_bit(rows):
+    """Above 32 rows the bf16 sampler's op-by-op products are oneDNN's, which sums k in blocks that
+    depend on the shape (and the threads). For SmolLM2's four projection shapes (random weights, with
+    and without a bias), `onednn_chunk` finds the chunk with which the tiles compute oneDNN's product
+    to the bit on random rows, and its probe rules out every other candidate chunk."""
+    from tinkrl.local.transformer import _order_probe, _pointwise, frozen_linear, onednn_chunk
+
+    if not da.head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
+    g = torch.Generator().manual_seed(rows)
+    for n, k in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
+        for bias in (False, True):
+            chunk = onednn_chunk(rows, n, k, bias)
+            assert chunk is not None, (n, k, bias)
+            w = (torch.randn(n, k, generator=g) * 0.05).bfloat16().requires_grad_(False)
+            b = torch.randn(n, generator=g).bfloat16() if bias else None
+            x = torch.randn(rows, 1, k, generator=g).bfloat16()
+            with torch.no_grad():
+                want = frozen_linear(x, w, b)  # oneDNN's, above AMX_PRODUCT_ROWS rows
+                got = da.linear_bf16(x, da.pack_head(w), n, None if b is None else b.float(), chunk)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (n, k, bias)
+            cols, onednn_w, packed, pb = _order_probe(n, k, bias)
+            probe = torch.randn(rows, k, generator=g)
+            probe[:, cols] = 1.0
+            probe = probe.bfloat16()
+            with torch.no_grad():
+                onednn = _pointwise(probe, onednn_w, pb)
+                for other in (c for c in range(32, k + 1, 32) if c != chunk and k % c == 0):
+                    tiles = da.linear_bf16(probe, packed, n, None if pb is None else pb.float(), other)
+                    assert not torch.equal(tiles, onednn), (n, k, bias, other)
+
+
 def test_bf16_head_refuses_a_weight_of_another_width():
     _skip_without_bf16_dot_products()
     with torch.no_grad(), pytest.raises(ValueError, match="pack_head weight of width 64"):

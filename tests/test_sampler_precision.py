@@ -177,11 +177,12 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
     """Where AMX is lent, each layer of a bf16 sampler's decode step runs in one kernel call: the
     same kernels in the same order as the layer's op-by-op decode, so rows that finish at different
     steps (left in place in the cache) get the same tokens and the same logprobs to the bit; a
-    merged LoRA tree's layers too. Batches of up to `AMX_LAYER_ROWS` rows run so (more run op by op),
-    and sample their own policy (the tree's own prefill gives their tokens the same logprobs, to bf16
-    rounding)."""
+    merged LoRA tree's layers too; above `AMX_PRODUCT_ROWS` rows too, where the layer's products are
+    oneDNN's and the one call sums in oneDNN's order. Batches of up to `AMX_LAYER_ROWS` rows run so
+    (more run op by op), and sample their own policy (the tree's own prefill gives their tokens the
+    same logprobs, to bf16 rounding)."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, head_amx_available
+    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, AMX_PRODUCT_ROWS, head_amx_available
 
     if not head_amx_available():
         pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
@@ -195,13 +196,14 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
         futures = [
             sc.sample(p, 2, types.SamplingParams(max_tokens=4 * (i + 1), temperature=1.0, seed=i, stop=[]))
             for i, p in enumerate(prompts)
-        ]
+        ]  # and rows enough to pass AMX_PRODUCT_ROWS, in the same batch
+        futures.append(sc.sample(prompts[0], 40, types.SamplingParams(max_tokens=3, temperature=1.0, seed=9, stop=[])))
         return [(s.tokens, s.logprobs) for f in futures for s in f.result().sequences]
 
     one_call = [sample(sc) for sc in clients]
-    assert calls and max(calls) > 1  # batched decode steps ran in one call a layer
+    assert calls and max(calls) > AMX_PRODUCT_ROWS and min(calls) <= AMX_PRODUCT_ROWS  # one call a layer
     calls.clear()
-    monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: False)
+    monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: None)
     per_op = [sample(sc) for sc in clients]
     assert calls == []
     assert one_call == per_op
@@ -213,6 +215,47 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
         for s in clients[1].sample(prompts[0], rows, params).result().sequences:
             np.testing.assert_allclose(s.logprobs, rescored(clients[1], prompts[0], list(s.tokens)), atol=2e-2)
     assert AMX_LAYER_ROWS in calls and AMX_LAYER_ROWS + 1 not in calls
+
+
+def test_on_amx_a_smollm2_shaped_layer_decodes_in_one_call_to_the_bits_of_onednn(monkeypatch):
+    """SmolLM2-135M's layer shapes (two random-weight layers, a small vocabulary), as the bf16 sampling
+    tree holds them: a decode step of 33-128 rows gives the same logits to the bit in one call a layer
+    (its products in tiles, summed in oneDNN's chunks) as op by op (oneDNN's products), where chunks
+    other than the whole width are what agree."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tinkrl.local import transformer
+    from tinkrl.local.decode_attention import head_amx_available
+
+    if not head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
+    shape = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model("llama", num_hidden_layers=2, vocab_size=512, **shape)
+    ).eval()
+    lm = transformer.build_causal_lm(hf, torch.float32, "cpu")
+    with torch.no_grad():
+        for module in lm.modules():
+            if isinstance(module, Linear):
+                module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+    transformer.fuse_projections(lm)
+    lm.kv_cache_dtype = lm.head_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
+    for rows in (33, 48, 128):
+        cache = transformer.KVCache.allocate(lm.config, rows, 24, "cpu", lm.cache_dtype("cpu"))
+        cache.k.normal_(), cache.v.normal_()
+        tokens, mask = torch.randint(0, 512, (rows, 1)), torch.ones(rows, 1, 1, 21, dtype=torch.bool)
+        chunks = lm._layers_in_one_call(torch.zeros(rows, 1, 576))
+        assert chunks is not None and any(c not in (None, 576, 1536) for c in chunks), rows
+        logits = []
+        for one_call in (True, False):
+            if not one_call:
+                monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: None)
+            with torch.no_grad():
+                hidden = lm(tokens, torch.full((rows, 1), 20), mask, cache, 20)
+                logits.append(lm.logits(hidden[:, -1]))
+        monkeypatch.undo()
+        assert torch.equal(logits[0], logits[1]), rows
 
 
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):

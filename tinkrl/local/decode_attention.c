@@ -398,17 +398,19 @@ static void store_bf16(const float *sums, int rows, const float *bias, uint16_t 
  * block of rows reads a strip of the weight from memory, prefetched `HEAD_PREFETCH` bytes ahead (the
  * tile loads alone leave the memory idle between them); the other blocks find it in the cache.
  * With `out16` set, the sums go through a small buffer to `store_bf16` instead: the M real rows, n
- * columns, in bf16 with `bias` (or none) added. */
+ * columns, in bf16 with `bias` (or none) added. `kc` (a multiple of 16, or K2) pairs of k make a
+ * chunk: each chunk's sums start from zero in the tiles and are added to the earlier chunks' in fp32,
+ * as oneDNN's bf16 product sums its K blocks above 32 rows (`linear_bf16`). */
 #define HEAD_PREFETCH 2048
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
-                     const float *bias, uint16_t *out16, int M, int64_t n) {
+static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t *w, float *out, int M16, int64_t N,
+                     int threads, const float *bias, uint16_t *out16, int M, int64_t n) {
 #pragma omp parallel num_threads(threads)
     {
         tile_config cfg = {0};
         cfg.palette = 1;
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
-        float sums[32 * 32] __attribute__((aligned(64)));
+        float sums[32 * 32] __attribute__((aligned(64))), part[32 * 32] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < N / 32; j++) {
             const uint32_t *w0 = w + 2 * j * 16 * K2, *w1 = w0 + 16 * K2;
@@ -417,34 +419,45 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
                 const int pairs = M16 - m >= 32;
                 float *o = out16 ? sums : out + m * N + 32 * j;
                 const int64_t ldo = out16 ? 32 : N;
-                _tile_zero(0);
-                _tile_zero(1);
-                if (pairs) {
-                    _tile_zero(2);
-                    _tile_zero(3);
-                }
-                for (int64_t k = 0; k < K2; k += 16) {
-                    if (m == 0)
-                        for (int l = 0; l < 1024; l += 64) {
-                            _mm_prefetch((const char *)(w0 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
-                            _mm_prefetch((const char *)(w1 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
-                        }
-                    _tile_loadd(4, x0 + k, 4 * K2);
-                    _tile_loadd(6, w0 + 16 * k, 64);
-                    _tile_loadd(7, w1 + 16 * k, 64);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
+                for (int64_t k0 = 0; k0 < K2; k0 += kc) {
+                    const int64_t k1 = K2 - k0 < kc ? K2 : k0 + kc;
+                    _tile_zero(0);
+                    _tile_zero(1);
                     if (pairs) {
-                        _tile_loadd(5, x1 + k, 4 * K2);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
+                        _tile_zero(2);
+                        _tile_zero(3);
                     }
-                }
-                _tile_stored(0, o, 4 * ldo);
-                _tile_stored(1, o + 16, 4 * ldo);
-                if (pairs) {
-                    _tile_stored(2, o + 16 * ldo, 4 * ldo);
-                    _tile_stored(3, o + 16 * ldo + 16, 4 * ldo);
+                    for (int64_t k = k0; k < k1; k += 16) {
+                        if (m == 0)
+                            for (int l = 0; l < 1024; l += 64) {
+                                _mm_prefetch((const char *)(w0 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
+                                _mm_prefetch((const char *)(w1 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
+                            }
+                        _tile_loadd(4, x0 + k, 4 * K2);
+                        _tile_loadd(6, w0 + 16 * k, 64);
+                        _tile_loadd(7, w1 + 16 * k, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        if (pairs) {
+                            _tile_loadd(5, x1 + k, 4 * K2);
+                            _tile_dpbf16ps(2, 5, 6);
+                            _tile_dpbf16ps(3, 5, 7);
+                        }
+                    }
+                    float *to = k0 ? part : o; /* a later chunk: its sums join the earlier ones' below */
+                    const int64_t ldt = k0 ? 32 : ldo;
+                    _tile_stored(0, to, 4 * ldt);
+                    _tile_stored(1, to + 16, 4 * ldt);
+                    if (pairs) {
+                        _tile_stored(2, to + 16 * ldt, 4 * ldt);
+                        _tile_stored(3, to + 16 * ldt + 16, 4 * ldt);
+                    }
+                    if (k0)
+                        for (int r = 0; r < (pairs ? 32 : 16); r++)
+                            for (int h = 0; h < 32; h += 16) {
+                                float *dst = o + r * ldo + h;
+                                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_load_ps(part + 32 * r + h)));
+                            }
                 }
                 if (out16 && m < M) {
                     const int rows = M - m < (pairs ? 32 : 16) ? M - m : (pairs ? 32 : 16);
@@ -457,9 +470,10 @@ static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *o
 }
 #else
 static int amx_ready(void) { return 0; }
-static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
-                     const float *bias, uint16_t *out16, int M, int64_t n) {
-    (void)xb, (void)K2, (void)w, (void)out, (void)M16, (void)N, (void)threads, (void)bias, (void)out16, (void)M, (void)n;
+static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t *w, float *out, int M16, int64_t N,
+                     int threads, const float *bias, uint16_t *out16, int M, int64_t n) {
+    (void)xb, (void)K2, (void)kc, (void)w, (void)out, (void)M16, (void)N, (void)threads, (void)bias, (void)out16;
+    (void)M, (void)n;
 }
 #endif
 
@@ -511,7 +525,7 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
     uint32_t *xb = bf16_rows(x, x_stride, x_bf16, M, rows, K, K2);
     if (!xb) return 1;
     if (amx) {
-        head_amx(xb, K2, w, out, rows, N, threads, NULL, NULL, M, N);
+        head_amx(xb, K2, K2, w, out, rows, N, threads, NULL, NULL, M, N);
         return 0;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -538,15 +552,16 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
 /* A bf16 projection of a decode step's rows in AMX tiles: out[m][c] = bf16(sum_k x[m][k] w[c][k] +
  * bias[c]), the products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32
  * sums (oneDNN's). x: [M][K] bf16, rows `x_stride` apart; w: `pack_head`'s layout, N columns (a
- * multiple of 32), K2 pairs (a multiple of 16); bias: n floats or NULL; out: [M][n] bf16. 0; 1 where
- * the scratch could not be allocated; 2 where AMX is not available. */
+ * multiple of 32), K2 pairs (a multiple of 16); bias: n floats or NULL; out: [M][n] bf16; kc: the
+ * pairs of k a chunk sums alone (`head_amx`; 0: all K2). 0; 1 where the scratch could not be
+ * allocated; 2 where AMX is not available or kc is not a multiple of 16. */
 int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                int64_t K, int64_t K2, int64_t N, int64_t n, int threads) {
-    if (!amx_ready() || K2 % 16) return 2;
+                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int threads) {
+    if (!amx_ready() || K2 % 16 || kc % 16 || kc < 0) return 2;
     const int rows = (M + 15) / 16 * 16;
     uint32_t *xb = bf16_rows(x, x_stride, 1, M, rows, K, K2);
     if (!xb) return 1;
-    head_amx(xb, K2, w, NULL, rows, N, threads, bias, out, M, n);
+    head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
     return 0;
 }
 
@@ -554,10 +569,11 @@ int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float 
 static __thread uint16_t *layer_buf;
 static __thread size_t layer_len;
 
-/* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n. */
+/* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n, chunks of
+ * kc pairs. Its return code. */
 static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                   int64_t n, int threads) {
-    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, threads);
+                   int64_t n, int64_t kc, int threads) {
+    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, threads);
 }
 
 /* One decoder layer of the bf16 sampler's decode step on AMX, in one call: what `DecoderLayer.decode`
@@ -565,16 +581,18 @@ static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float 
  * rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
  * previous layer's MLP output, joining x in the first norm. The four projections are `pack_head`
  * weights (q/k/v fused: (H + 2 Hkv) D columns; o: d; gate/up fused: 2 f; down: d), each with its fp32
- * bias or NULL; norms: fp32 weights of d. RoPE, the cache, the mask and `rows` as in
- * `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could not be
- * allocated; 2 where AMX is not available. */
+ * bias or NULL and its chunk `kc` (`linear_bf16`); norms: fp32 weights of d. RoPE, the cache, the mask
+ * and `rows` as in `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could
+ * not be allocated; 2 where AMX is not available or a chunk is not a multiple of 16. */
 int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, float eps1, const float *norm2,
                       float eps2, const uint32_t *w_qkv, const float *b_qkv, const uint32_t *w_o, const float *b_o,
                       const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
-                      const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
-                      int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
-                      uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
+                      const int64_t *kc, const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16,
+                      int64_t kv_sb, int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb,
+                      float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
     if (!amx_ready()) return 2;
+    for (int i = 0; i < 4; i++)
+        if (kc[i] % 16 || kc[i] < 0) return 2;
     const int64_t n_qkv = (int64_t)(H + 2 * Hkv) * D, n_att = (int64_t)H * D;
     const size_t need = (size_t)B * (d + n_qkv + n_att + d + 2 * (int64_t)f + f);
     if (need > layer_len) {
@@ -585,17 +603,18 @@ int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, flo
     }
     uint16_t *h = layer_buf, *qkv = h + (size_t)B * d, *att = qkv + (size_t)B * n_qkv, *o = att + (size_t)B * n_att;
     uint16_t *gu = o + (size_t)B * d, *act = gu + (size_t)B * 2 * f;
+    int rc;
     rms_norm(x, pending, 1, d, norm1, eps1, h, 1, B, d, threads);
-    if (project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, threads)) return 1;
+    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], threads))) return rc;
     if (rope_decode_attention(qkv, qkv + n_att, qkv + n_att + (int64_t)Hkv * D, 1, n_qkv, n_qkv, cos, sin, k_cache,
                               v_cache, kv_bf16, kv_sb, kv_sh, rows, pos, mask, mask_sb, att, 1, B, H, Hkv, D, scale,
                               threads))
         return 1;
-    if (project(att, n_att, w_o, b_o, o, B, d, threads)) return 1;
+    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], threads))) return rc;
     rms_norm(x, o, 1, d, norm2, eps2, h, 1, B, d, threads);
-    if (project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, threads)) return 1;
+    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], threads))) return rc;
     silu_mul(gu, gu + f, 1, 2 * (int64_t)f, act, 1, B, f, threads);
-    return project(act, f, w_down, b_down, out, B, d, threads) ? 1 : 0;
+    return project(act, f, w_down, b_down, out, B, d, kc[3], threads);
 }
 #else
 int head_bf16_available(void) { return 0; }
@@ -607,19 +626,19 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float 
     return 2;
 }
 int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bias, void *out, int M, int64_t K,
-                int64_t K2, int64_t N, int64_t n, int threads) {
-    (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n;
+                int64_t K2, int64_t N, int64_t n, int64_t kc, int threads) {
+    (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n, (void)kc;
     (void)threads;
     return 2;
 }
 int decode_layer_bf16(float *x, const void *pending, const float *norm1, float eps1, const float *norm2, float eps2,
                       const void *w_qkv, const float *b_qkv, const void *w_o, const float *b_o, const void *w_gu,
-                      const float *b_gu, const void *w_down, const float *b_down, const float *cos, const float *sin,
-                      void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb, int64_t kv_sh, const int64_t *rows,
-                      int pos, const float *mask, int64_t mask_sb, float scale, void *out, int B, int d, int H,
-                      int Hkv, int D, int f, int threads) {
+                      const float *b_gu, const void *w_down, const float *b_down, const int64_t *kc,
+                      const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
+                      int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
+                      void *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
     (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
-    (void)b_o, (void)w_gu, (void)b_gu, (void)w_down, (void)b_down, (void)cos, (void)sin, (void)k_cache;
+    (void)b_o, (void)w_gu, (void)b_gu, (void)w_down, (void)b_down, (void)kc, (void)cos, (void)sin, (void)k_cache;
     (void)v_cache, (void)kv_bf16, (void)kv_sb, (void)kv_sh, (void)rows, (void)pos, (void)mask, (void)mask_sb;
     (void)scale, (void)out, (void)B, (void)d, (void)H, (void)Hkv, (void)D, (void)f, (void)threads;
     return 2;

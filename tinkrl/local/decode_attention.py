@@ -128,9 +128,9 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_amx_available.argtypes = []
     lib.head_bf16.argtypes = [ptr, i64, i32, ptr, ptr, i32, i64, i64, i64, i32, i32]
     lib.linear_bf16.restype = i32
-    lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i32]
+    lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i32]
     lib.decode_layer_bf16.restype = i32
-    lib.decode_layer_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, f32] + [ptr] * 12 + [i32, i64, i64, ptr, i32, ptr, i64]
+    lib.decode_layer_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, f32] + [ptr] * 13 + [i32, i64, i64, ptr, i32, ptr, i64]
     lib.decode_layer_bf16.argtypes += [f32, ptr] + [i32] * 7
     return lib, ""
 
@@ -347,11 +347,13 @@ def rope_decode_attention(
 @dataclass(frozen=True)
 class LayerWeights:
     """What `decode_layer_bf16` multiplies and normalises with in one decoder layer: the two norms'
-    fp32 weights and eps, and the four projections (q/k/v fused, o, gate/up fused, down) as
-    `pack_head` weights with their output widths and fp32 biases (or None)."""
+    fp32 weights and eps, the four projections (q/k/v fused, o, gate/up fused, down) as `pack_head`
+    weights with their output widths and fp32 biases (or None), and each projection's chunk
+    (`linear_bf16`'s `chunk`; None: the whole width)."""
 
     norms: tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]]
     projections: tuple[tuple[torch.Tensor, int, torch.Tensor | None], ...]
+    chunks: tuple[int | None, ...] = (None, None, None, None)
 
 
 def _check_packed(packed: torch.Tensor, k: int, n: int | None, who: str) -> None:
@@ -399,14 +401,16 @@ def decode_layer_bf16(
         raise ValueError("decode_layer_bf16: a contiguous fp32 stream and projections of the layer's widths")
     if pending is not None and (pending.dtype != torch.bfloat16 or not pending.is_contiguous()):
         raise ValueError("decode_layer_bf16: the pending MLP output in contiguous bf16")
-    for packed, k, n in ((qkv, d, n_qkv), (o, H * D, d), (gu, d, n_gu), (down, f, d)):
+    widths = (d, H * D, d, f)
+    for packed, k, n in zip((qkv, o, gu, down), widths, (n_qkv, d, n_gu, d)):
         _check_packed(packed, k, n, "decode_layer_bf16")
     _check_cache(step, k_cache, v_cache, B, D)
     mask, out = step.mask, torch.empty((B, 1, d), dtype=torch.bfloat16)
     ptr = [None if t is None else t.data_ptr() for t in (qkv, b_qkv, o, b_o, gu, b_gu, down, b_down)]
+    kc = (ctypes.c_int64 * 4)(*(_chunk_pairs(c, k, "decode_layer_bf16") for c, k in zip(weights.chunks, widths)))
     rc = load_kernel()[0].decode_layer_bf16(
         x.data_ptr(), None if pending is None else pending.data_ptr(), n1.data_ptr(), eps1, n2.data_ptr(), eps2,
-        *ptr, step.cos.data_ptr(), step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
+        *ptr, kc, step.cos.data_ptr(), step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
         k_cache.stride(0), k_cache.stride(1), None if step.rows is None else step.rows.data_ptr(), step.pos,
         mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0, D**-0.5, out.data_ptr(), B, d, H, Hkv, D, f,
         torch.get_num_threads(),
@@ -432,11 +436,11 @@ AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot p
 # (a decode step's rows; a prefill's hundreds of rows run faster through oneDNN).
 AMX_PRODUCT_ROWS = 32
 # Up to this many rows, a bf16 sampling tree's decode step runs each layer in one call
-# (`decode_layer_bf16`), computing what the layer computes op by op to the bit. Above it, the one call
-# would put the products in the tiles rather than oneDNN's: faster, and no further from the trainer,
-# but make train runs with it ended level or lower at the seeds tried (docs/performance.md), so the limit
-# stays at what is bit-identical.
-AMX_LAYER_ROWS = AMX_PRODUCT_ROWS
+# (`decode_layer_bf16`), computing what the layer computes op by op to the bit: up to
+# `AMX_PRODUCT_ROWS` rows the same tiles' products, above them oneDNN's, whose order of summing the
+# tiles follow (`transformer.onednn_chunk`). Past this limit the one call gains nothing
+# (docs/performance.md, "Decode step").
+AMX_LAYER_ROWS = 128
 
 
 def head_amx_available() -> bool:
@@ -481,12 +485,16 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
     return out[:m, :vocab].view(*x.shape[:-1], vocab)
 
 
-def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_bf16(
+    x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None, chunk: int | None = None
+) -> torch.Tensor:
     """A bf16 projection `x @ w.T + bias` ([..., n] bf16) of bf16 rows `x` [..., K] in AMX tiles, against
     `pack_head(w)`: bf16 products summed in fp32 with the bias, rounded to bf16 once, as oneDNN's bf16
     product rounds its sums. Only without autograd where `head_amx_available`; the kernel writes the
     bf16 result directly (no fp32 copy of it), so a decode step's small products cost little besides
-    the weights' reading."""
+    the weights' reading. `chunk` (a multiple of 32): the width of k whose products each sum alone from
+    zero before the chunks' sums are added in order, as oneDNN sums its K blocks above 32 rows
+    (`transformer.onednn_chunk` finds its width); None sums the whole width in one run."""
     k = x.shape[-1]
     _check_packed(packed, k, None, "linear_bf16")
     if x.dtype != torch.bfloat16:
@@ -498,7 +506,18 @@ def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tenso
     out = torch.empty(*x.shape[:-1], n, dtype=torch.bfloat16)
     rc = load_kernel()[0].linear_bf16(
         rows.data_ptr(), rows.stride(0), packed.data_ptr(), None if fp32_bias is None else fp32_bias.data_ptr(),
-        out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, torch.get_num_threads(),
+        out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, _chunk_pairs(chunk, k, "linear_bf16"),
+        torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "linear_bf16")
     return out
+
+
+def _chunk_pairs(chunk: int | None, k: int, who: str) -> int:
+    """The kernels' `kc` for a chunk of `chunk` columns of k (0: the whole width); ValueError unless a
+    positive multiple of 32."""
+    if chunk is None or chunk >= k:
+        return 0
+    if chunk <= 0 or chunk % 32:
+        raise ValueError(f"{who}: a chunk of k is a positive multiple of 32, got {chunk}")
+    return chunk // 2

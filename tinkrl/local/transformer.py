@@ -24,6 +24,7 @@ figures behind these choices are in docs/engine.md.
 
 from __future__ import annotations
 
+import functools
 import platform
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -103,7 +104,65 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked layout of a frozen weight (`_kept_on` it). Products without autograd
     (sampling, `forward`) run faster from it at decode shapes, for a second copy of the weights in
     memory."""
-    return _kept_on(weight, "_tinkrl_packed", lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 32))
+    return _kept_on(weight, "_tinkrl_packed", _onednn_layout)
+
+
+def _onednn_layout(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+
+
+def onednn_chunk(rows: int, n: int, k: int, bias: bool) -> int | None:
+    """The chunk of k (`linear_bf16`'s `chunk`; k itself: none) with which AMX tiles compute what
+    `frozen_linear`'s oneDNN bf16 product of `rows` rows against an [n, k] weight (with a bias or not)
+    computes, to the bit, at this process's thread count; None where no chunk does. Above 32 rows
+    oneDNN sums k in blocks whose widths depend on the shape and the threads, so each is found once
+    by a probe (`_onednn_chunk`) rather than assumed."""
+    return _onednn_chunk(rows, n, k, bias, torch.get_num_threads())
+
+
+@functools.cache
+def _onednn_chunk(rows: int, n: int, k: int, bias: bool, threads: int) -> int | None:
+    """`onednn_chunk` for a thread count: oneDNN's product of a probe (`_order_probe`) against the
+    tiles' for each chunk k / j (j = 1..16, multiples of 32; the width found last first), the first
+    that agrees everywhere."""
+    cols, onednn_w, packed, b = _order_probe(n, k, bias)
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=g)
+    x[:, cols] = 1.0
+    x = x.bfloat16()
+    with torch.no_grad():
+        want = _pointwise(x, onednn_w, b)
+        fp32_bias = None if b is None else b.float()
+        widths = [k // j for j in range(1, 17) if k % j == 0 and (k // j) % 32 == 0]
+        last = _found.get((n, k, bias, threads))
+        for width in sorted(widths, key=lambda c: c != last):
+            if torch.equal(linear_bf16(x, packed, n, fp32_bias, width), want):
+                _found[(n, k, bias, threads)] = width
+                return width
+    return None
+
+
+_found: dict[tuple[int, int, bool, int], int] = {}  # the chunk `_onednn_chunk` found last, per shape
+
+
+@functools.cache
+def _order_probe(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A bf16 weight (in oneDNN's layout and in `pack_head`'s) and a bias (bf16, or None) whose products'
+    fp32 sums round differently under any other order of summing k, with the 32 columns `cols` where
+    the probe's rows read 1: each output's weight holds +2^e and -2^e (e in 12..18) at two of them, so
+    the small products summed while the large one is in the sum lose bits that chunks summed apart
+    keep. From a fixed seed, leaving torch's global generator alone."""
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(n, k, generator=g)
+    cols = torch.randperm(k, generator=g)[: min(32, k)]
+    a, z = cols[torch.randint(0, len(cols), (2, n), generator=g)]
+    big = 2.0 ** torch.randint(12, 19, (n,), generator=g).float()
+    out = torch.arange(n)
+    w[out, a] = big
+    w[out, z] = torch.where(a == z, big, -big)
+    w = w.bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    return cols, _onednn_layout(w), pack_head(w), b
 
 
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -359,21 +418,40 @@ class DecoderLayer(nn.Module):
     def decodes_bf16_in_one_call(self) -> bool:
         """Whether `decode_bf16` can run this layer: its four projections frozen bf16 `Linear`s, q/k/v and
         gate/up fused (the bf16 sampling tree's layers; LoRA modules and fp32 weights run `decode`)."""
+        return all(type(p) is Linear and p.weight.dtype == torch.bfloat16 for p in self.projections())
+
+    def one_call_chunks(self, rows: int) -> tuple[int | None, ...] | None:
+        """The chunks (`linear_bf16`) with which `decode_bf16` computes what `decode` computes for
+        `rows` rows, to the bit: none up to `AMX_PRODUCT_ROWS` rows, where `decode`'s products run in
+        the same tiles; above, oneDNN's (`onednn_chunk`). None where a projection has none."""
+        projections = self.projections()
+        if rows <= AMX_PRODUCT_ROWS:
+            return tuple(None for _ in projections)
+        chunks = tuple(onednn_chunk(rows, *p.weight.shape, p.bias is not None) for p in projections)
+        return None if None in chunks else chunks
+
+    def projections(self) -> tuple[nn.Linear, ...]:
+        """The four projections `decode_bf16` runs: q/k/v fused, o, gate/up fused, down."""
         attn, mlp = self.self_attn, self.mlp
-        projections = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
-        return all(type(p) is Linear and p.weight.dtype == torch.bfloat16 for p in projections)
+        return (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
 
     def decode_bf16(
-        self, x: torch.Tensor, pending: torch.Tensor | None, step: DecodeStep, cache: KVCache
+        self,
+        x: torch.Tensor,
+        pending: torch.Tensor | None,
+        step: DecodeStep,
+        cache: KVCache,
+        chunks: tuple[int | None, ...] = (None, None, None, None),
     ) -> torch.Tensor:
         """`decode` in one kernel call (`decode_layer_bf16`), for layers that `decodes_bf16_in_one_call`
-        on a CPU with AMX: the same kernels in the same order, the same result to the bit."""
-        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        on a CPU with AMX: the same kernels in the same order, and with this row count's
+        `one_call_chunks`, the same result to the bit."""
+        attn, norm1, norm2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
         projections = tuple(
             (_packed_bf16(p.weight), p.weight.shape[0], None if p.bias is None else p.bias.to(p.weight.dtype).float())
-            for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
+            for p in self.projections()
         )
-        weights = LayerWeights(((norm1.weight, norm1.eps), (norm2.weight, norm2.eps)), projections)
+        weights = LayerWeights(((norm1.weight, norm1.eps), (norm2.weight, norm2.eps)), projections, chunks)
         i = attn.layer_idx
         return decode_layer_bf16(x, pending, weights, step, cache.k[i], cache.v[i], (attn.n_heads, attn.n_kv))
 
@@ -427,10 +505,12 @@ class CausalLM(nn.Module):
         if self._decodes_in_kernels(x, cache, cache_pos):
             x, pending = x.contiguous(), None
             step = decode_step(cos, sin, cache_pos, mask, cache.rows, cache.k.shape[1])
-            one_call = self._layers_in_one_call(x)
+            chunks = self._layers_in_one_call(x)
             for layer in self.model.layers:
                 pending = (
-                    layer.decode_bf16(x, pending, step, cache) if one_call else layer.decode(x, pending, step, cache)
+                    layer.decode(x, pending, step, cache)
+                    if chunks is None
+                    else layer.decode_bf16(x, pending, step, cache, chunks)
                 )
             return self.model.norm(x if pending is None else x.add_(pending))
         for layer in self.model.layers:
@@ -455,12 +535,17 @@ class CausalLM(nn.Module):
             and decode_kernels_apply(x, cache.k)
         )
 
-    def _layers_in_one_call(self, x: torch.Tensor) -> bool:
-        """Whether a decode step's layers each run in one kernel call (`DecoderLayer.decode_bf16`): the
-        bf16 sampling tree's layers, a decode step's rows (`AMX_LAYER_ROWS`), AMX at hand."""
+    def _layers_in_one_call(self, x: torch.Tensor) -> tuple[int | None, ...] | None:
+        """The chunks with which a decode step's layers each run in one kernel call
+        (`DecoderLayer.decode_bf16`), or None where they run op by op: the bf16 sampling tree's layers,
+        a decode step's rows (`AMX_LAYER_ROWS`) that the one call computes to the bit
+        (`one_call_chunks`), AMX at hand."""
+        layers = self.model.layers
         if x.shape[0] > AMX_LAYER_ROWS or not head_amx_available():
-            return False
-        return all(layer.decodes_bf16_in_one_call() for layer in self.model.layers)
+            return None
+        if not all(layer.decodes_bf16_in_one_call() for layer in layers):
+            return None
+        return layers[0].one_call_chunks(x.shape[0])
 
     def forward_shared_prefix(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
