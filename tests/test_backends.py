@@ -1,14 +1,27 @@
-"""`make_service_client`: backend=tinker fails at start, in one line, when it cannot work."""
+"""`make_service_client`: backend=tinker fails at start, in one line, when it cannot work, and leaving its
+`with` block finishes the session with the outcome, in bounded time even when the service is gone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from helpers.ors import free_port
+from helpers.tinker_sessions import finish_reasons, sdk_heartbeats, wait_until_no_heartbeat
 
+from tinkrl import backends
 from tinkrl.backends import BackendUnavailable, make_service_client
 from tinkrl.config import BackendConfig, load_config
 from tinkrl.errors import ConfigError
-from tinkrl.tinker_server.app import serve_in_thread
+from tinkrl.local import ServiceClient as LocalServiceClient
+from tinkrl.local.models import TINY_MODEL
+from tinkrl.tinker_server.app import TinkerServer, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def engine() -> LocalServiceClient:
+    """The embedded engine behind the test servers (sessions open when the SDK makes a sampling client)."""
+    return LocalServiceClient()
 
 
 def test_missing_or_malformed_key_is_a_config_error(monkeypatch):
@@ -39,7 +52,64 @@ def test_refused_key_and_env_resolution(monkeypatch):
         with pytest.raises(BackendUnavailable, match="refused the API key"):
             make_service_client(BackendConfig(backend="tinker"))
         monkeypatch.setenv("TINKER_API_KEY", "tml-right")
-        client = make_service_client(BackendConfig(backend="tinker"))
         import tinker
 
-        assert isinstance(client.sdk, tinker.ServiceClient)
+        with make_service_client(BackendConfig(backend="tinker")) as client:
+            assert isinstance(client.sdk, tinker.ServiceClient)
+
+
+def test_leaving_the_block_finishes_the_session_with_the_outcome(engine):
+    """As the SDK's own `with ServiceClient()`: success, errored for an Exception, interrupted for a
+    KeyboardInterrupt; the exception goes on unchanged, and the SDK stops the session's heartbeats."""
+    server = TinkerServer(engine)
+    with serve_in_thread(server=server) as url:
+        config = BackendConfig(backend="tinker", base_url=url)
+        with make_service_client(config, api_key="tml-local") as service:
+            service.create_sampling_client(base_model=TINY_MODEL)
+            assert finish_reasons(server) == [None]
+        for exc in (RuntimeError("the run failed"), KeyboardInterrupt()):
+            with pytest.raises(type(exc)) as info:
+                with make_service_client(config, api_key="tml-local") as service:
+                    service.create_sampling_client(base_model=TINY_MODEL)
+                    raise exc
+            assert info.value is exc
+        assert not sdk_heartbeats() & set(server.registry.sessions)
+    assert finish_reasons(server) == ["success", "errored", "interrupted"]
+
+
+def test_close_takes_the_sdks_arguments_on_both_backends(engine):
+    """`close(status, detail)` returns a future on either backend, so code written for the SDK runs on both."""
+    server = TinkerServer(engine)
+    with serve_in_thread(server=server) as url:
+        service = make_service_client(BackendConfig(backend="tinker", base_url=url), api_key="tml-local")
+        service.create_sampling_client(base_model=TINY_MODEL)
+        assert service.close("errored", detail="stopped by hand").result(timeout=30) is None
+        service.close("success").result(timeout=30)  # the first reason stays
+    assert finish_reasons(server) == ["errored"]
+    local = make_service_client(BackendConfig(backend="local"))
+    assert local.close("interrupted", detail="stopped by hand").result(timeout=0) is None
+    with local as same:
+        assert same is local
+
+
+def test_a_service_gone_before_the_end_costs_one_bounded_wait_and_one_line(engine, monkeypatch, capsys):
+    """The SDK retries an unreachable service for minutes; leaving the block waits FINISH_TIMEOUT_S, says
+    so in one line, stops the SDK's retries and heartbeats, and lets the run's own exception through."""
+    monkeypatch.setattr(backends, "FINISH_TIMEOUT_S", 1.0)
+    server = TinkerServer(engine)
+    with serve_in_thread(server=server) as url:
+        service = make_service_client(BackendConfig(backend="tinker", base_url=url), api_key="tml-local")
+        service.create_sampling_client(base_model=TINY_MODEL)
+    capsys.readouterr()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with service:
+            raise RuntimeError("the run failed")
+    waited = time.monotonic() - t0
+    assert 1.0 <= waited < 10.0
+    assert capsys.readouterr().err.splitlines() == [
+        "tinkrl: could not finish the Tinker session (errored): no answer within 1s; the service will expire it "
+        "once its heartbeats stop"
+    ]
+    assert finish_reasons(server) == [None]  # the server was gone: nothing recorded
+    assert wait_until_no_heartbeat(set(server.registry.sessions)) == set()

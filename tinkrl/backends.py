@@ -15,6 +15,12 @@ Two things differ between them, and are settled here once:
 - The SDK's `get_tokenizer` downloads the tokenizer from the Hugging Face hub by model name
   (retrying for a minute when offline); the clients handed out here read a local copy first.
 
+Both are context managers, and both have `close(status="success", detail=None)` returning a future.
+On the Tinker service, leaving the `with` block finishes the SDK session with the run's outcome
+(`exit_status`: success, errored, interrupted) so the service records how the run ended; the wait is
+bounded (`FINISH_TIMEOUT_S`), since the SDK retries an unreachable service for minutes: past it, one
+line on stderr says the service will expire the session, and the program goes on.
+
 The SDK connects lazily, so a missing key or a wrong URL would otherwise surface minutes
 into a run, at the first training call. `make_service_client` checks both before any work
 and fails with one line. Transient errors later on are the SDK's to retry (connection
@@ -28,13 +34,18 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+import sys
+from typing import Any, Literal
 
 from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
 
 DEFAULT_TINKER_URL = "https://tinker.thinkingmachines.dev/services/tinker-prod"
 PREFLIGHT_TIMEOUT_S = 15.0
+# How long leaving a Tinker service's `with` block waits for the service to record the session's end.
+FINISH_TIMEOUT_S = 30.0
+
+SessionStatus = Literal["success", "errored", "interrupted"]
 
 
 class BackendUnavailable(TinkrlError):
@@ -106,6 +117,43 @@ def service_failure(exc: BaseException) -> str | None:
     if isinstance(exc, tinker.APIConnectionError):
         return f"the Tinker service stopped answering: {_short(str(exc))}; once it is back, {how}"
     return None
+
+
+def exit_status(exc_type: type[BaseException] | None) -> SessionStatus:
+    """How a session ended, as the SDK's own `with ServiceClient()` says it: `success` without an
+    exception, `errored` for an Exception, `interrupted` for anything else (KeyboardInterrupt, a
+    cancelled task, SystemExit)."""
+    if exc_type is None:
+        return "success"
+    return "errored" if issubclass(exc_type, Exception) else "interrupted"
+
+
+def finish_session(sdk: Any, status: SessionStatus, detail: str | None = None) -> bool:
+    """Finish the SDK ServiceClient `sdk`'s session with `status`, waiting at most `FINISH_TIMEOUT_S`;
+    True once the service recorded it. Else (no answer in time, or an error) one line on stderr, the
+    SDK's retries stopped, and False: the service expires the session once its heartbeats stop. Never
+    raises, so it cannot hide the exception that ended a run."""
+    timeout_s = FINISH_TIMEOUT_S
+    try:
+        future = sdk.close(status, detail)
+    except Exception as e:
+        why = f"{type(e).__name__}: {_short(str(e))}"
+    else:
+        try:
+            future.result(timeout=timeout_s)
+            return True
+        except TimeoutError:
+            future.future().cancel()  # the SDK would retry for minutes; this also stops its heartbeats
+            why = f"no answer within {timeout_s:g}s"
+        except Exception as e:
+            why = f"{type(e).__name__}: {_short(str(e))}"
+    print(
+        f"tinkrl: could not finish the Tinker session ({status}): {why}; the service will expire it once "
+        "its heartbeats stop",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -184,10 +232,23 @@ def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:
 
 class TinkerService:
     """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
-    is read from a local copy when there is one. Everything else is the SDK's own."""
+    is read from a local copy when there is one, and finishing its session in bounded time on leaving
+    a `with` block. Everything else is the SDK's own."""
 
     def __init__(self, sdk: Any):
         self.sdk = sdk
+
+    def __enter__(self) -> TinkerService:
+        self.sdk.__enter__()  # the SDK refuses a closed client here
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        finish_session(self.sdk, exit_status(exc_type))
+
+    def close(self, status: SessionStatus = "success", detail: str | None = None) -> Any:
+        """Finish the session with `status` (the SDK's future: `.result()` waits, unbounded); a second
+        close does nothing, as the service keeps the first reason."""
+        return self.sdk.close(status, detail)
 
     def create_lora_training_client(self, *args: Any, **kwargs: Any) -> Any:
         return _ready(self.sdk.create_lora_training_client(*args, **kwargs))

@@ -115,14 +115,17 @@ class ServiceClient:
     async def create_sampling_client_async(self, *args, **kwargs) -> SamplingClient:
         return await asyncio.to_thread(self.create_sampling_client, *args, **kwargs)
 
-    def close(self) -> None:
-        """Nothing to release: engines live as long as the process."""
-        pass
+    def close(self, status: str = "success", detail: str | None = None) -> LocalFuture:
+        """The SDK's `close(status, detail)`, already done: there is no session to finish and nothing to
+        release (engines live as long as the process). `.result()` returns None at once."""
+        done = LocalFuture()
+        done.set_result(None)
+        return done
 
-    def __enter__(self):
+    def __enter__(self) -> ServiceClient:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
