@@ -3,20 +3,23 @@
 Same seeded run both ways: the only difference is that every call of the second one goes
 through the official SDK and HTTP. Rollouts run one at a time so the engine's sampler
 draws its random numbers in the same order in both runs; then every metric that does not
-measure time must agree, the losses to 1e-4.
+measure time must agree, the losses to 1e-4. A run's end, finished or failed, is the end
+of its session on the service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
 
 import pytest
+from helpers.tinker_sessions import finish_reasons
 
 from tinkrl.local import ServiceClient as LocalServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.tinker_server.app import serve_in_thread
+from tinkrl.tinker_server.app import TinkerServer, serve_in_thread
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -56,9 +59,11 @@ def test_backend_tinker_through_the_server_matches_backend_local(tmp_path, monke
     # inside one run only.
     engine.create_sampling_client(base_model=TINY_MODEL)
     local = _train(tmp_path, "local", backend="local")
-    with serve_in_thread(engine) as url:
+    server = TinkerServer(engine)
+    with serve_in_thread(server=server) as url:
         monkeypatch.setenv("TINKER_API_KEY", "tml-local")
         remote = _train(tmp_path, "tinker", backend="tinker", base_url=url)
+    assert finish_reasons(server) == ["success"]  # the run's one session, finished when the run was
 
     assert len(local) == len(remote) == 2
     assert remote[0]["optim/loss"] == pytest.approx(local[0]["optim/loss"], abs=1e-4)
@@ -69,3 +74,21 @@ def test_backend_tinker_through_the_server_matches_backend_local(tmp_path, monke
             if key.startswith("time/") or not isinstance(value, (int, float)):
                 continue
             assert step_remote[key] == pytest.approx(value, abs=1e-4), key
+
+
+def test_a_run_that_fails_ends_its_session_as_errored(tmp_path, monkeypatch):
+    """The error goes on to the caller; the service has recorded the run's session as errored."""
+    from tinkrl.commands.train import load
+    from tinkrl.rl.train import main
+
+    def no_environments(renderer, run_dir):
+        raise RuntimeError("no environments today")
+
+    server = TinkerServer(LocalServiceClient())
+    with serve_in_thread(server=server) as url:
+        monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+        overrides = [f"{k}={v}" for k, v in {**RUN, "backend": "tinker", "base_url": url}.items()]
+        config = load(None, [*overrides, f"log_path={tmp_path / 'failed'}"])
+        with pytest.raises(RuntimeError, match="no environments today"):
+            asyncio.run(main(config, no_environments))
+    assert finish_reasons(server) == ["errored"]

@@ -45,8 +45,9 @@ EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir
 
 
 async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[str, str] | None = None) -> Metrics:
-    """Set up a run (service, training client, environments, logging), train it, and close it.
-    `user_metadata` goes with the training run (and its checkpoints), as the Tinker API keeps it."""
+    """Set up a run (service, training client, environments, logging), train it, and close it: on the
+    Tinker service its session ends as the run did (success, errored, interrupted). `user_metadata` goes
+    with the training run (and its checkpoints), as the Tinker API keeps it."""
     import torch
 
     t0 = time.time()
@@ -65,33 +66,33 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
             f"to train it further, or start a new run with {new_run_hint(config)}"
         )
         return {}
-    service = make_service_client(config)
-    tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
-    try:
-        name = choose_renderer(config.model_name, config.renderer, config.thinking)
-        renderer = get_renderer(tc.get_tokenizer(), config.model_name, name=name)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    envs = make_envs(renderer, run_dir)
-    logger = RunLogger(
-        run_dir,
-        config.model_dump(mode="json", by_alias=True),
-        config.wandb,
-        run_name=config.run_name or run_dir.name,
-        run_id=record.run_id,
-        resume_step=start,
-    )
-    try:
-        if start == 0 and config.warm_start.steps:
-            sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
-            await warm_start(config, tc, renderer, envs, sc, logger, t0)
-            checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
-        return await train(config, service, tc, start, envs, logger, checkpointer, t0)
-    finally:
-        for env in envs.values():
-            if env.close is not None:
-                env.close()
-        logger.close()
+    with make_service_client(config) as service:  # leaving it, the service records how the run ended
+        tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
+        try:
+            name = choose_renderer(config.model_name, config.renderer, config.thinking)
+            renderer = get_renderer(tc.get_tokenizer(), config.model_name, name=name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        envs = make_envs(renderer, run_dir)
+        logger = RunLogger(
+            run_dir,
+            config.model_dump(mode="json", by_alias=True),
+            config.wandb,
+            run_name=config.run_name or run_dir.name,
+            run_id=record.run_id,
+            resume_step=start,
+        )
+        try:
+            if start == 0 and config.warm_start.steps:
+                sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
+                await warm_start(config, tc, renderer, envs, sc, logger, t0)
+                checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
+            return await train(config, service, tc, start, envs, logger, checkpointer, t0)
+        finally:
+            for env in envs.values():
+                if env.close is not None:
+                    env.close()
+            logger.close()
 
 
 async def train(
