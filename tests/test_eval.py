@@ -104,8 +104,10 @@ def test_eval_with_the_embedded_engine_writes_results_and_table(tmp_path, capsys
 @needs_bwrap
 def test_eval_through_the_tinker_backend_matches_the_local_engine(tmp_path, monkeypatch):
     """`--backend tinker`: the same episodes through the official SDK and `tinkrl serve tinker`."""
+    from helpers.tinker_sessions import finish_reasons
+
     from tinkrl.local import ServiceClient
-    from tinkrl.tinker_server.app import serve_in_thread
+    from tinkrl.tinker_server.app import TinkerServer, serve_in_thread
 
     def run(run_id: str, *backend: str) -> list[dict]:
         argv = ["--tasks", str(TASKS), "--task-id", "hello-file", "--model", "tinkrl/tiny-llama", "--n", "1"]
@@ -114,10 +116,12 @@ def test_eval_through_the_tinker_backend_matches_the_local_engine(tmp_path, monk
         return [json.loads(line) for line in (tmp_path / run_id / "results.jsonl").read_text().splitlines()]
 
     local = run("local")
-    with serve_in_thread(ServiceClient()) as url:
+    server = TinkerServer(ServiceClient())
+    with serve_in_thread(server=server) as url:
         monkeypatch.setenv("TINKER_BASE_URL", url)
         monkeypatch.setenv("TINKER_API_KEY", "tml-local")
         hosted = run("tinker", "--backend", "tinker")
+    assert finish_reasons(server) == ["success"]  # the evaluation's session, finished when it was
     assert len(local) == len(hosted) == 1 and hosted[0]["failure_mode"] is None
     assert hosted[0]["turns"] == 2 and hosted[0]["sampled_tokens"] == local[0]["sampled_tokens"]
     assert hosted[0]["transcript"] == local[0]["transcript"]  # greedy: the same tokens either way

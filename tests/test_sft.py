@@ -32,6 +32,25 @@ def test_sft_fits_its_conversations_and_saves_sampler_weights(tmp_path, isolated
     assert all(r["sft/tokens"] == rows[0]["sft/tokens"] for r in rows)  # only the assistant turns are weighted
 
 
+def test_sft_on_the_tinker_service_finishes_its_session(tmp_path, isolated_home, monkeypatch, capsys) -> None:
+    """`--backend tinker`: the same steps through the SDK; the service records the session as a success."""
+    from helpers.tinker_sessions import finish_reasons
+
+    from tinkrl.local import ServiceClient
+    from tinkrl.tinker_server.app import TinkerServer, serve_in_thread
+
+    data = tmp_path / "conv.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
+    server = TinkerServer(ServiceClient())
+    with serve_in_thread(server=server) as url:
+        monkeypatch.setenv("TINKER_BASE_URL", url)
+        monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+        argv = ["sft", "--data", str(data), "--model", "tinkrl/tiny-llama", "--steps", "1", "--batch-size", "3"]
+        assert tinkrl(argv + ["--lora-rank", "4", "--backend", "tinker", "--log-path", str(tmp_path / "sft")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("final sampler weights: tinker://")
+    assert finish_reasons(server) == ["success"]
+
+
 def test_a_bad_line_is_one_error_naming_it(tmp_path, capsys) -> None:
     data = tmp_path / "conv.jsonl"
     data.write_text(

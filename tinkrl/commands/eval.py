@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -254,10 +255,11 @@ async def _main(args: argparse.Namespace) -> int:
     )
     tasks = cfg.load_tasks()
     provider = get_provider(args.sandbox_config.provider, **args.sandbox_config.provider_options())
-    policy: Any = None
-    try:
+    # Closed last to first also when a step fails: the OpenAI client or the Tinker service, then the sandboxes.
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.callback(provider.close)
         if args.base_url:
-            policy = OpenAIPolicy(
+            policy: Any = OpenAIPolicy(
                 args.base_url,
                 args.api_key,
                 args.served_model,
@@ -266,6 +268,7 @@ async def _main(args: argparse.Namespace) -> int:
                 LazyProvider(provider),
                 args.temperature,
             )
+            cleanup.push_async_callback(policy.client.close)
             model_name = await policy.resolve_model()
             model_label = model_name
         else:
@@ -278,7 +281,8 @@ async def _main(args: argparse.Namespace) -> int:
             backend = BackendConfig(backend=chosen, device=args.device)
             if args.model or args.base_model:
                 backend.model_name = args.model or args.base_model
-            service = make_service_client(backend)
+            # Leaving the stack finishes the service's session with the evaluation's outcome.
+            service = cleanup.enter_context(make_service_client(backend))
             if args.checkpoint:
                 sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
                 model_label = args.checkpoint
@@ -304,10 +308,6 @@ async def _main(args: argparse.Namespace) -> int:
             tasks, policy, args.n, args.n_concurrent, partial_path=out_dir / "results.partial.jsonl"
         )
         seconds = time.monotonic() - t0
-    finally:
-        if isinstance(policy, OpenAIPolicy):
-            await policy.client.close()
-        provider.close()
     rows, overall = summarize(trials, args.n)
     table = format_table(rows, overall, args.n)
     meta = {

@@ -18,6 +18,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tinkrl.errors import TinkrlError
 
@@ -39,23 +40,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from tinker import types
-
     from tinkrl.backends import make_service_client
     from tinkrl.config import BackendConfig
-    from tinkrl.renderers import get_renderer
-    from tinkrl.rl.supervised import conversation_tokens, load_conversations, to_datum, train_supervised
-    from tinkrl.tracking import append_jsonl
+    from tinkrl.rl.supervised import load_conversations
 
     conversations = load_conversations(args.data)
     backend = BackendConfig(backend=args.backend)
     if args.model:
         backend.model_name = args.model
-    service = make_service_client(backend)
+    with make_service_client(backend) as service:  # leaving it, the service records how the run ended
+        return await _train(args, service, backend.model_name, conversations)
+
+
+async def _train(
+    args: argparse.Namespace, service: Any, model_name: str, conversations: list[list[dict[str, Any]]]
+) -> int:
+    """Fit `conversations` on a new LoRA of `model_name`, then save its state and sampler weights."""
+    from tinker import types
+
+    from tinkrl.renderers import get_renderer
+    from tinkrl.rl.supervised import conversation_tokens, to_datum, train_supervised
+    from tinkrl.tracking import append_jsonl
+
     tc = await asyncio.to_thread(
-        service.create_lora_training_client, base_model=backend.model_name, rank=args.lora_rank, seed=args.seed
+        service.create_lora_training_client, base_model=model_name, rank=args.lora_rank, seed=args.seed
     )
-    renderer = get_renderer(tc.get_tokenizer(), backend.model_name)
+    renderer = get_renderer(tc.get_tokenizer(), model_name)
     datums = []
     for conv in conversations:
         tokens, weights = conversation_tokens(renderer, conv)
@@ -64,7 +74,7 @@ async def _main(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = log_dir / "metrics.jsonl"
     t0 = time.time()
-    print(f"tinkrl sft: {len(datums)} conversations, {args.steps} steps of {args.batch_size} on {backend.model_name}")
+    print(f"tinkrl sft: {len(datums)} conversations, {args.steps} steps of {args.batch_size} on {model_name}")
 
     def on_step(step: int, m: dict[str, float]) -> None:
         append_jsonl(metrics_path, {"step": step, **m, "time/total": time.time() - t0})
