@@ -224,19 +224,37 @@ def test_tinker_backend_serves_the_same_api():
     from tinkrl.tinker_server.app import serve_in_thread as serve_tinker
 
     with serve_tinker(ServiceClient()) as tinker_url:
-        service = make_service_client(BackendConfig(backend="tinker", base_url=tinker_url), api_key="tml-local")
-        sampler = service.create_sampling_client(base_model=TINY_MODEL)
-        server = ProxyServer(sampler, model_name=TINY_MODEL, service_client=service)
-        with serve_in_thread(server) as url:
-            client = openai.OpenAI(base_url=url + "/rollouts/sdk/v1", api_key="EMPTY", max_retries=0, timeout=300)
-            r = client.chat.completions.create(
-                model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, seed=2
-            )
-            calls = server.capture.pop("sdk")
+        config = BackendConfig(backend="tinker", base_url=tinker_url)
+        with make_service_client(config, api_key="tml-local") as service:
+            sampler = service.create_sampling_client(base_model=TINY_MODEL)
+            server = ProxyServer(sampler, model_name=TINY_MODEL, service_client=service)
+            with serve_in_thread(server) as url:
+                client = openai.OpenAI(base_url=url + "/rollouts/sdk/v1", api_key="EMPTY", max_retries=0, timeout=300)
+                r = client.chat.completions.create(
+                    model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, seed=2
+                )
+                calls = server.capture.pop("sdk")
     assert len(calls) == 1 and len(calls[0].samples[0].tokens) == r.usage.completion_tokens
     assert [round(e.logprob, 4) for e in r.choices[0].logprobs.content] == [
         round(x, 4) for x in calls[0].samples[0].logprobs[: len(r.choices[0].logprobs.content)]
     ]
+
+
+def test_cli_ends_the_tinker_session_when_no_server_comes_of_it(monkeypatch, capsys):
+    """A checkpoint the Tinker service does not have: exit 2 with one line, the session already ended (errored)."""
+    from helpers.tinker_sessions import finish_reasons
+
+    from tinkrl.commands.serve_openai import cli_main
+    from tinkrl.tinker_server.app import TinkerServer
+    from tinkrl.tinker_server.app import serve_in_thread as serve_tinker
+
+    tinker_server = TinkerServer(ServiceClient())
+    with serve_tinker(server=tinker_server) as tinker_url:
+        monkeypatch.setenv("TINKER_API_KEY", "tml-local")
+        missing = "tinker://no-such-run/sampler_weights/final"
+        assert cli_main(["--backend", "tinker", "--base-url", tinker_url, "--checkpoint", missing]) == 2
+    assert capsys.readouterr().err.startswith("tinkrl serve openai: ")
+    assert finish_reasons(tinker_server) == ["errored"]
 
 
 def test_64_concurrent_requests_all_succeed_and_capture_apart(env):

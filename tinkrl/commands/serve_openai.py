@@ -11,6 +11,7 @@ with `GET /v1/rollouts/<id>`. `POST /v1/admin/weights {"model_path": ...}` swaps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -63,34 +64,40 @@ def _base_model_of_checkpoint(path: str) -> str | None:
 
 
 def build_server(args: argparse.Namespace):
-    """The `ProxyServer` the flags ask for: a base model or a checkpoint, on the local engine or the Tinker service."""
+    """The `ProxyServer` the flags ask for: a base model or a checkpoint, on the local engine or the Tinker service.
+    Its `service_client` is the caller's to end, as a context manager around the serving (`cli_main`); when
+    no server comes of it, its session has already ended (errored) here."""
     from tinkrl.backends import make_service_client
     from tinkrl.config import BackendConfig
     from tinkrl.local.models import DEFAULT_MODEL
     from tinkrl.proxy.server import ProxyServer
 
     service = make_service_client(BackendConfig(backend=args.backend, base_url=args.base_url))
-    if args.checkpoint:
-        client = service.create_sampling_client(model_path=args.checkpoint)
-        get_base = getattr(client, "get_base_model", None)
-        model_name = (get_base() if callable(get_base) else None) or _base_model_of_checkpoint(args.checkpoint)
-        if not model_name:
-            raise ValueError(f"cannot tell the base model of checkpoint {args.checkpoint!r}")
-        label = args.checkpoint
-    else:
-        model_name = args.model or DEFAULT_MODEL
-        client = service.create_sampling_client(base_model=model_name)
-        label = model_name
-    return ProxyServer(
-        client,
-        model_name=model_name,
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        max_context=args.max_context,
-        tool_format=args.tool_format,
-        service_client=service,
-        label=label,
-    )
+    with contextlib.ExitStack() as on_failure:
+        on_failure.enter_context(service)
+        if args.checkpoint:
+            client = service.create_sampling_client(model_path=args.checkpoint)
+            get_base = getattr(client, "get_base_model", None)
+            model_name = (get_base() if callable(get_base) else None) or _base_model_of_checkpoint(args.checkpoint)
+            if not model_name:
+                raise ValueError(f"cannot tell the base model of checkpoint {args.checkpoint!r}")
+            label = args.checkpoint
+        else:
+            model_name = args.model or DEFAULT_MODEL
+            client = service.create_sampling_client(base_model=model_name)
+            label = model_name
+        server = ProxyServer(
+            client,
+            model_name=model_name,
+            served_model_name=args.served_model_name,
+            api_key=args.api_key,
+            max_context=args.max_context,
+            tool_format=args.tool_format,
+            service_client=service,
+            label=label,
+        )
+        on_failure.pop_all()  # a server: the service stays open for it
+    return server
 
 
 def cli_main(argv: list[str]) -> int:
@@ -124,5 +131,7 @@ def cli_main(argv: list[str]) -> int:
         f"  per-rollout capture: {url}/rollouts/<rollout_id>/v1",
         flush=True,
     )
-    web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
+    # Stopping the server (Ctrl-C, SIGTERM) is its normal end: the service records the session as a success.
+    with server.service_client:
+        web.run_app(server.app, host=args.host, port=args.port, print=None, access_log=None)
     return 0
