@@ -113,3 +113,24 @@ def test_a_service_gone_before_the_end_costs_one_bounded_wait_and_one_line(engin
     ]
     assert finish_reasons(server) == [None]  # the server was gone: nothing recorded
     assert wait_until_no_heartbeat(set(server.registry.sessions)) == set()
+
+
+def test_a_restarted_service_that_lost_the_session_costs_no_wait_and_no_line(engine, capsys):
+    """A service restarted on the same address answers 404 for the session: nothing to record there, and
+    the run's own error already says the service lost its state, so no line of ours, and no wait."""
+    server = TinkerServer(engine)
+    port = free_port()
+    with serve_in_thread(server=server, port=port) as url:
+        service = make_service_client(BackendConfig(backend="tinker", base_url=url), api_key="tml-local")
+        service.create_sampling_client(base_model=TINY_MODEL)
+    restarted = TinkerServer(engine)
+    with serve_in_thread(server=restarted, port=port):
+        capsys.readouterr()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="the run failed"):
+            with service:
+                raise RuntimeError("the run failed")
+        assert time.monotonic() - t0 < 5.0
+    assert capsys.readouterr().err == ""
+    assert finish_reasons(server) == [None] and finish_reasons(restarted) == []
+    assert wait_until_no_heartbeat(set(server.registry.sessions)) == set()

@@ -131,22 +131,27 @@ def exit_status(exc_type: type[BaseException] | None) -> SessionStatus:
 def finish_session(sdk: Any, status: SessionStatus, detail: str | None = None) -> bool:
     """Finish the SDK ServiceClient `sdk`'s session with `status`, waiting at most `FINISH_TIMEOUT_S`;
     True once the service recorded it. Else (no answer in time, or an error) one line on stderr, the
-    SDK's retries stopped, and False: the service expires the session once its heartbeats stop. Never
-    raises, so it cannot hide the exception that ended a run."""
+    SDK's retries stopped, and False: the service expires the session once its heartbeats stop. A
+    service that no longer knows the session (404: it restarted, and the run's own error says so) has
+    nothing to record: False, without a line. Never raises, so it cannot hide the exception that ended
+    a run."""
+    import tinker
+
     timeout_s = FINISH_TIMEOUT_S
     try:
         future = sdk.close(status, detail)
-    except Exception as e:
-        why = f"{type(e).__name__}: {_short(str(e))}"
-    else:
         try:
             future.result(timeout=timeout_s)
-            return True
         except TimeoutError:
             future.future().cancel()  # the SDK would retry for minutes; this also stops its heartbeats
-            why = f"no answer within {timeout_s:g}s"
-        except Exception as e:
-            why = f"{type(e).__name__}: {_short(str(e))}"
+            raise
+        return True
+    except tinker.NotFoundError:
+        return False
+    except TimeoutError:
+        why = f"no answer within {timeout_s:g}s"
+    except Exception as e:
+        why = f"{type(e).__name__}: {_short(str(e))}"
     print(
         f"tinkrl: could not finish the Tinker session ({status}): {why}; the service will expire it once "
         "its heartbeats stop",
