@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -134,3 +135,27 @@ def test_a_restarted_service_that_lost_the_session_costs_no_wait_and_no_line(eng
     assert capsys.readouterr().err == ""
     assert finish_reasons(server) == [None] and finish_reasons(restarted) == []
     assert wait_until_no_heartbeat(set(server.registry.sessions)) == set()
+
+
+def test_a_checkpoint_policy_ends_its_session_with_the_episode(engine):
+    """The harness adapters' policy (the SDK directly): each `async with` episode is one session, ended
+    with the episode's outcome."""
+    from tinkrl.harness.policy import CheckpointPolicy
+
+    server = TinkerServer(engine)
+
+    async def episode(policy: CheckpointPolicy, fail: bool) -> None:
+        async with policy:
+            tokens, _, _ = await policy.sample([1, 2, 3], 2)
+            assert tokens
+            if fail:
+                raise RuntimeError("the agent failed")
+
+    with serve_in_thread(server=server) as url:
+        policy = CheckpointPolicy(TINY_MODEL, base_url=url, api_key="tml-local")
+        asyncio.run(episode(policy, fail=False))
+        with pytest.raises(RuntimeError, match="the agent failed"):
+            asyncio.run(episode(policy, fail=True))
+        with policy:  # no sample, no session
+            pass
+    assert finish_reasons(server) == ["success", "errored"]

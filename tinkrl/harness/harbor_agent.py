@@ -142,7 +142,8 @@ class TinkrlAgent(BaseAgent):
         sandbox = HarborSandbox(environment, asyncio.get_running_loop(), workdir)
         traj = new_trajectory(self.policy)
         try:
-            await run_episode(self.policy, sandbox, task, self.limits, traj)
+            async with self.policy:  # the episode's outcome ends the Tinker session (a timeout: interrupted)
+                await run_episode(self.policy, sandbox, task, self.limits, traj)
         finally:  # also when Harbor stops the agent at its time limit: the turns so far are kept
             self._record(traj, context)
 

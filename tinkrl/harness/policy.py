@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
+from tinkrl.backends import SessionStatus, exit_status, finish_session
 from tinkrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from tinkrl.taskdirs.model import Task
 
@@ -122,7 +123,11 @@ class Trajectory:
 
 
 class CheckpointPolicy:
-    """A Tinker sampling client for `checkpoint_path` (or the base `model_name`), with tinkrl's renderer."""
+    """A Tinker sampling client for `checkpoint_path` (or the base `model_name`), with tinkrl's renderer.
+
+    Its client opens a Tinker SDK session on first use; `close(status)`, or leaving a `with` / `async
+    with` block around an episode, finishes it with the episode's outcome (bounded wait,
+    `tinkrl.backends.finish_session`). A later sample opens a new session."""
 
     def __init__(
         self,
@@ -156,6 +161,7 @@ class CheckpointPolicy:
             self.renderer = get_renderer(load_tokenizer(model_name, tokenizer), model_name, tool_format, renderer)
         except ValueError as e:
             raise PolicyError(str(e)) from None
+        self._service: Any = None
         self._client: Any = None
 
     def client(self) -> Any:
@@ -163,12 +169,32 @@ class CheckpointPolicy:
         if self._client is None:
             import tinker
 
-            service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
+            if self._service is None:
+                self._service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
             if self.checkpoint_path:
-                self._client = service.create_sampling_client(model_path=self.checkpoint_path).result()
+                self._client = self._service.create_sampling_client(model_path=self.checkpoint_path).result()
             else:
-                self._client = service.create_sampling_client(base_model=self.model_name).result()
+                self._client = self._service.create_sampling_client(base_model=self.model_name).result()
         return self._client
+
+    def close(self, status: SessionStatus = "success", detail: str | None = None) -> None:
+        """Finish the Tinker session with `status` (success, errored, interrupted), waiting a bounded time
+        (one line on stderr if the service does not answer); nothing when no client was made."""
+        service, self._service, self._client = self._service, None, None
+        if service is not None:
+            finish_session(service, status, detail)
+
+    def __enter__(self) -> CheckpointPolicy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        self.close(exit_status(exc_type))
+
+    async def __aenter__(self) -> CheckpointPolicy:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        await asyncio.to_thread(self.close, exit_status(exc_type))  # off the loop: other episodes go on
 
     async def sample(self, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float], str]:
         """One reply to `prompt`: its tokens, their logprobs, and why it stopped (awaits the SDK's future,

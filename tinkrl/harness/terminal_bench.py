@@ -110,7 +110,8 @@ class TinkrlTbAgent(BaseAgent):
         sandbox.workdir = pwd.stdout.strip() or "/app"
         task = harness_task("terminal-bench", self._render_instruction(instruction), sandbox.workdir)
         try:
-            traj = asyncio.run(run_episode(self.policy, sandbox, task, self.limits))
+            with self.policy:  # the episode's outcome ends the Tinker session
+                traj = asyncio.run(run_episode(self.policy, sandbox, task, self.limits))
         except SandboxError:
             return AgentResult(failure_mode=FailureMode.UNKNOWN_AGENT_ERROR)
         if logging_dir is not None:
