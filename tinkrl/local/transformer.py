@@ -108,6 +108,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _onednn_layout(weight: torch.Tensor) -> torch.Tensor:
+    """A weight reordered into oneDNN's blocked layout (what `_packed` keeps)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, 32)
 
 
@@ -424,6 +425,8 @@ class DecoderLayer(nn.Module):
         """The chunks (`linear_bf16`) with which `decode_bf16` computes what `decode` computes for
         `rows` rows, to the bit: none up to `AMX_PRODUCT_ROWS` rows, where `decode`'s products run in
         the same tiles; above, oneDNN's (`onednn_chunk`). None where a projection has none."""
+        if not _ONEDNN:  # `decode` multiplies through `F.linear` then, neither the tiles nor oneDNN
+            return None
         projections = self.projections()
         if rows <= AMX_PRODUCT_ROWS:
             return tuple(None for _ in projections)
@@ -545,7 +548,7 @@ class CausalLM(nn.Module):
             return None
         if not all(layer.decodes_bf16_in_one_call() for layer in layers):
             return None
-        return layers[0].one_call_chunks(x.shape[0])
+        return layers[0].one_call_chunks(x.shape[0])  # every layer has the first one's shapes
 
     def forward_shared_prefix(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
