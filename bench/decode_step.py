@@ -31,7 +31,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tinkrl.local.transformer import CausalLM, KVCache, Linear, build_causal_lm, fuse_projections  # noqa: E402
+from tinkrl.local.transformer import (  # noqa: E402
+    CausalLM,
+    KVCache,
+    build_causal_lm,
+    fuse_projections,
+    to_bf16_sampling,
+)
 
 SHAPES = ((128, 100), (64, 100), (32, 100), (16, 300), (16, 500))  # (rows, cached positions)
 
@@ -46,13 +52,7 @@ def trees() -> dict[str, CausalLM]:
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec)).eval()
     matched = build_causal_lm(hf, torch.float32, "cpu")
     fuse_projections(matched)
-    bf16 = build_causal_lm(hf, torch.float32, "cpu")
-    with torch.no_grad():
-        for module in bf16.modules():
-            if isinstance(module, Linear):
-                module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
-    fuse_projections(bf16)
-    bf16.kv_cache_dtype = bf16.head_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
+    bf16 = to_bf16_sampling(build_causal_lm(hf, torch.float32, "cpu"))  # as the engine's bf16 sampling tree
     return {"matched (fp32)": matched, "bf16 sampler": bf16}
 
 

@@ -256,7 +256,7 @@ def test_chunked_tiles_compute_onednns_bf16_product_to_the_bit(rows):
     depend on the shape (and the threads). For SmolLM2's four projection shapes (random weights, with
     and without a bias), `onednn_chunk` finds the chunk with which the tiles compute oneDNN's product
     to the bit on random rows, and its probe rules out every other candidate chunk."""
-    from tinkrl.local.transformer import _order_probe, _pointwise, frozen_linear, onednn_chunk
+    from tinkrl.local.transformer import _order_probe, _order_probe_rows, _pointwise, frozen_linear, onednn_chunk
 
     if not da.head_amx_available():
         pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
@@ -273,9 +273,7 @@ def test_chunked_tiles_compute_onednns_bf16_product_to_the_bit(rows):
                 got = da.linear_bf16(x, da.pack_head(w), n, None if b is None else b.float(), chunk)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (n, k, bias)
             cols, onednn_w, packed, pb = _order_probe(n, k, bias)
-            probe = torch.randn(rows, k, generator=g)
-            probe[:, cols] = 1.0
-            probe = probe.bfloat16()
+            probe = _order_probe_rows(rows, k, cols)
             with torch.no_grad():
                 onednn = _pointwise(probe, onednn_w, pb)
                 for other in (c for c in range(32, k + 1, 32) if c != chunk and k % c == 0):

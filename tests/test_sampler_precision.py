@@ -234,13 +234,7 @@ def test_on_amx_a_smollm2_shaped_layer_decodes_in_one_call_to_the_bits_of_onednn
     hf = AutoModelForCausalLM.from_config(
         AutoConfig.for_model("llama", num_hidden_layers=2, vocab_size=512, **shape)
     ).eval()
-    lm = transformer.build_causal_lm(hf, torch.float32, "cpu")
-    with torch.no_grad():
-        for module in lm.modules():
-            if isinstance(module, Linear):
-                module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
-    transformer.fuse_projections(lm)
-    lm.kv_cache_dtype = lm.head_dtype = torch.bfloat16  # as the engine's bf16 sampling tree
+    lm = transformer.to_bf16_sampling(transformer.build_causal_lm(hf, torch.float32, "cpu"))
     for rows in (33, 48, 128):
         cache = transformer.KVCache.allocate(lm.config, rows, 24, "cpu", lm.cache_dtype("cpu"))
         cache.k.normal_(), cache.v.normal_()

@@ -28,7 +28,7 @@ from tinkrl.local.lora import LoraSpec, add_lora
 from tinkrl.local.models import default_dtype, default_sampler_precision, load_model, parse_dtype, pick_device
 from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, Linear, build_causal_lm, fuse_projections
+from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, to_bf16_sampling
 
 # Concurrent sample() calls are batched: gathered until none arrives for GAP, at most MAX after the first.
 SAMPLE_GATHER_GAP_S = 0.01
@@ -222,15 +222,7 @@ class Engine:
         if self.sampler != "bfloat16":
             return self.base
         if self._bf16_base is None:
-            tree = self.new_tree()
-            with torch.no_grad():
-                for module in tree.modules():
-                    if isinstance(module, Linear):
-                        module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
-            fuse_projections(tree)
-            tree.kv_cache_dtype = torch.bfloat16  # off-policy by its rounding already: a bf16 cache too
-            tree.head_dtype = torch.bfloat16  # and bf16 products in the head (fp32 sums and logits)
-            self._bf16_base = tree
+            self._bf16_base = to_bf16_sampling(self.new_tree())
         return self._bf16_base
 
     def _merged_tree_for(self, snap: Snapshot) -> CausalLM:

@@ -127,10 +127,7 @@ def _onednn_chunk(rows: int, n: int, k: int, bias: bool, threads: int) -> int | 
     tiles' for each chunk k / j (j = 1..16, multiples of 32; the width found last first), the first
     that agrees everywhere."""
     cols, onednn_w, packed, b = _order_probe(n, k, bias)
-    g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, k, generator=g)
-    x[:, cols] = 1.0
-    x = x.bfloat16()
+    x = _order_probe_rows(rows, k, cols)
     with torch.no_grad():
         want = _pointwise(x, onednn_w, b)
         fp32_bias = None if b is None else b.float()
@@ -144,6 +141,14 @@ def _onednn_chunk(rows: int, n: int, k: int, bias: bool, threads: int) -> int | 
 
 
 _found: dict[tuple[int, int, bool, int], int] = {}  # the chunk `_onednn_chunk` found last, per shape
+
+
+def _order_probe_rows(rows: int, k: int, cols: torch.Tensor) -> torch.Tensor:
+    """The probe's bf16 rows for `_order_probe`'s weight: random, 1 at its columns `cols`. From a fixed
+    seed per row count, leaving torch's global generator alone."""
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    x[:, cols] = 1.0
+    return x.bfloat16()
 
 
 @functools.cache
@@ -648,6 +653,19 @@ def fuse_projections(tree: CausalLM) -> list[str]:
         owned += [f"model.layers.{i}.self_attn.{p}_proj" for p in "qkv"]
         owned += [f"model.layers.{i}.mlp.{p}_proj" for p in ("gate", "up")]
     return owned
+
+
+def to_bf16_sampling(tree: CausalLM) -> CausalLM:
+    """Make `tree` (a sampling tree, in place) the bf16 sampler's: a frozen bf16 copy of every
+    projection's weight, fused (`fuse_projections`), its KV cache in bf16 (off-policy by its rounding
+    already) and its head in bf16 products with fp32 sums and logits. Returns it."""
+    with torch.no_grad():
+        for module in tree.modules():
+            if isinstance(module, Linear):
+                module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+    fuse_projections(tree)
+    tree.kv_cache_dtype = tree.head_dtype = torch.bfloat16
+    return tree
 
 
 def additive_mask(mask: torch.Tensor) -> torch.Tensor:
