@@ -253,9 +253,12 @@ def test_bf16_projection_in_chunks_sums_each_chunk_apart():
 @pytest.mark.parametrize("rows", [33, 35, 48, 64, 100, 128])
 def test_chunked_tiles_compute_onednns_bf16_product_to_the_bit(rows):
     """Above 32 rows the bf16 sampler's op-by-op products are oneDNN's, which sums k in blocks that
-    depend on the shape (and the threads). For SmolLM2's four projection shapes (random weights, with
-    and without a bias), `onednn_chunk` finds the chunk with which the tiles compute oneDNN's product
-    to the bit on random rows, and its probe rules out every other candidate chunk."""
+    depend on the shape and the threads (at 8-16 threads it sums some shapes' whole width). For
+    SmolLM2's four projection shapes (random weights, with and without a bias), `onednn_chunk` finds a
+    chunk with which the tiles compute oneDNN's product to the bit on random rows, and its probe
+    accepts no chunk that computes otherwise: every candidate the probe accepts computes oneDNN's
+    bits on random rows too (a chunk of 32, one tile step, is the tiles' whole-width sum), and the
+    probe refuses at least one candidate per shape."""
     from tinkrl.local.transformer import _order_probe, _order_probe_rows, _pointwise, frozen_linear, onednn_chunk
 
     if not da.head_amx_available():
@@ -268,17 +271,22 @@ def test_chunked_tiles_compute_onednns_bf16_product_to_the_bit(rows):
             w = (torch.randn(n, k, generator=g) * 0.05).bfloat16().requires_grad_(False)
             b = torch.randn(n, generator=g).bfloat16() if bias else None
             x = torch.randn(rows, 1, k, generator=g).bfloat16()
-            with torch.no_grad():
-                want = frozen_linear(x, w, b)  # oneDNN's, above AMX_PRODUCT_ROWS rows
-                got = da.linear_bf16(x, da.pack_head(w), n, None if b is None else b.float(), chunk)
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (n, k, bias)
+            fp32_b = None if b is None else b.float()
             cols, onednn_w, packed, pb = _order_probe(n, k, bias)
             probe = _order_probe_rows(rows, k, cols)
             with torch.no_grad():
+                want = frozen_linear(x, w, b)  # oneDNN's, above AMX_PRODUCT_ROWS rows
+                got = da.linear_bf16(x, da.pack_head(w), n, fp32_b, chunk)
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (n, k, bias)
                 onednn = _pointwise(probe, onednn_w, pb)
-                for other in (c for c in range(32, k + 1, 32) if c != chunk and k % c == 0):
-                    tiles = da.linear_bf16(probe, packed, n, None if pb is None else pb.float(), other)
-                    assert not torch.equal(tiles, onednn), (n, k, bias, other)
+                refused = 0
+                for other in (c for c in range(32, k + 1, 32) if k % c == 0):
+                    if not torch.equal(da.linear_bf16(probe, packed, n, None if pb is None else pb.float(), other), onednn):
+                        refused += 1
+                        continue
+                    tiles = da.linear_bf16(x, da.pack_head(w), n, fp32_b, other)
+                    assert torch.equal(tiles.view(torch.int16), want.view(torch.int16)), (n, k, bias, other)
+                assert refused > 0, (n, k, bias)
 
 
 def test_bf16_head_refuses_a_weight_of_another_width():
