@@ -146,20 +146,37 @@ def _close_in(dtype: torch.dtype, got: torch.Tensor, expect: torch.Tensor) -> No
     assert (off <= rounded.abs() * 2**-7 + 1e-30).all()
 
 
+@pytest.mark.parametrize("shape", [(5, 1), (3, 7)], ids=["decode-rows", "prefill-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_and_silu_kernels_compute_what_torch_computes(dtype):
+def test_norm_and_silu_kernels_compute_what_torch_computes(dtype, shape):
+    """On a decode step's [B, 1, n] rows and a prefill's [B, T, n] alike: RMSNorm after adding a block's
+    output into the stream in place, and SiLU(gate) * up of a fused gate/up product's halves."""
     g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(5, 1, 96, generator=g) * 3, torch.rand(96, generator=g) + 0.5
-    added = torch.randn(5, 1, 96, generator=g).to(dtype)
+    x, w = torch.randn(*shape, 96, generator=g) * 3, torch.rand(96, generator=g) + 0.5
+    added = torch.randn(*shape, 96, generator=g).to(dtype)
     expect_x = x + added.float()
     expect = w * (expect_x * torch.rsqrt(expect_x.pow(2).mean(-1, keepdim=True) + 1e-5))
     with torch.no_grad():
         got = da.rms_norm(x, w, 1e-5, dtype, add=added)
     assert (x - expect_x).abs().max().item() < 1e-6  # the stream took the addition in place
     _close_in(dtype, got, expect)
-    fused = (torch.randn(5, 1, 2 * 80, generator=g) * 4).to(dtype)  # gate and up side by side, as fused
+    fused = (torch.randn(*shape, 2 * 80, generator=g) * 4).to(dtype)  # gate and up side by side, as fused
     gate, up = fused.chunk(2, -1)
     _close_in(dtype, da.silu_mul(gate, up, dtype), F.silu(gate.float()) * up.float())
+
+
+def test_norm_and_silu_kernels_refuse_rows_they_cannot_walk():
+    """Rows not evenly spaced in memory, or an addition of another shape, are a clear error, not a
+    wrong result."""
+    x, w = torch.randn(3, 4, 32), torch.ones(32)
+    uneven = torch.randn(4, 3, 64).transpose(0, 1)[..., :32]  # [3, 4, 32], rows 64 and 192 apart
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="evenly spaced"):
+            da.silu_mul(uneven, uneven, torch.float32)
+        with pytest.raises(ValueError, match="evenly spaced"):
+            da.rms_norm(x, w, 1e-5, torch.float32, add=uneven)
+        with pytest.raises(ValueError, match="adds a"):
+            da.rms_norm(x, w, 1e-5, torch.float32, add=torch.zeros(3, 1, 32))
 
 
 def _skip_without_bf16_dot_products() -> None:

@@ -147,6 +147,41 @@ def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts
     assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows
 
 
+def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(bf16_service, prompts, monkeypatch):
+    """The bf16 sampler's prefill (base and merged trees) runs `DecoderLayer.prefill`: its norms and
+    SiLU in the decode kernels, their bf16 outputs straight into the products. Its prompt logprobs
+    stay within bf16 rounding of `forward`'s on the same tree. A matched sampler's prefill stays
+    `forward`, the trainer's own arithmetic."""
+    from tinkrl.local.decode_attention import load_kernel
+    from tinkrl.local.transformer import CausalLM, DecoderLayer
+
+    if load_kernel()[0] is None:
+        pytest.skip(f"the decode kernels are not built here ({load_kernel()[1]}): every prefill runs `forward`")
+    calls, real = [], DecoderLayer.prefill
+    monkeypatch.setattr(DecoderLayer, "prefill", lambda layer, x, *a: calls.append(x.shape) or real(layer, x, *a))
+    _sample_base_and_merged(ServiceClient(device="cpu", dtype="float32", sampler_precision="matched"), prompts[0])
+    assert calls == []
+    _sample_base_and_merged(bf16_service, prompts[0])
+    layers = bf16_service._engine(TINY).base.config.num_hidden_layers
+    assert len(calls) == 2 * layers and all(shape[1] == prompts[0].length for shape in calls)
+
+    sc = bf16_service.create_sampling_client(base_model=TINY)
+
+    def prompt_logprobs() -> list[np.ndarray]:  # all prompts in one batch: a shared opening, then the rest
+        futures = [sc.compute_logprobs(p) for p in prompts]
+        return [np.asarray(f.result()[1:], dtype=np.float64) for f in futures]
+
+    calls.clear()
+    kernels = prompt_logprobs()
+    assert calls
+    monkeypatch.setattr(CausalLM, "_prefills_in_kernels", lambda *a: False)
+    calls.clear()
+    op_by_op = prompt_logprobs()
+    assert calls == []
+    for a, b in zip(kernels, op_by_op, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-2)
+
+
 def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatch):
     """Where AMX is lent, a bf16 weight's product of a decode step's rows without autograd (the bf16
     sampler's) runs in AMX tiles: bf16 products, fp32 sums with the bias, rounded to bf16 as oneDNN's

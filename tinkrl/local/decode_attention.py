@@ -233,36 +233,48 @@ def _is_bf16(t: torch.Tensor) -> int:
 
 
 def _rows_apart(t: torch.Tensor) -> int:
-    """The stride between the rows of a [B, 1, n] tensor whose values are contiguous in each row."""
+    """The stride between the rows of a [..., n] tensor whose values are contiguous in each row and
+    whose rows are evenly spaced (a [B, 1, n] decode step, a [B, T, n] prefill, or a slice of one)."""
     if t.stride(-1) != 1 or t.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"decode kernels: a [rows, 1, n] fp32/bf16 tensor with contiguous rows, got {t.dtype}")
-    return t.stride(0)
+        raise ValueError(f"decode kernels: a [..., n] fp32/bf16 tensor with contiguous rows, got {t.dtype}")
+    try:
+        return t.view(-1, t.shape[-1]).stride(0)
+    except RuntimeError:
+        raise ValueError("decode kernels: the rows of a [..., n] tensor must be evenly spaced") from None
+
+
+def _rows(t: torch.Tensor) -> int:
+    """The rows of a [..., n] tensor: every position of every batch row."""
+    return t.numel() // t.shape[-1]
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype, add: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """RMSNorm of the residual stream `x` ([B, 1, d] fp32, contiguous), in `dtype` (fp32 or bf16); with
-    `add`, `x += add` first, in place (the block's output joining the stream)."""
+    """RMSNorm of the residual stream `x` ([..., d] fp32, contiguous: [B, 1, d] for a decode step, [B, T, d]
+    for a prefill), in `dtype` (fp32 or bf16); with `add` (as many rows), `x += add` first, in place (the
+    block's output joining the stream)."""
     if not (x.is_contiguous() and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()):
         raise ValueError("decode kernels: rms_norm takes a contiguous fp32 stream and fp32 weight")
+    if add is not None and add.shape != x.shape:
+        raise ValueError(f"decode kernels: rms_norm adds a {tuple(x.shape)} tensor, got {tuple(add.shape)}")
     out = torch.empty(x.shape, dtype=dtype)
     load_kernel()[0].rms_norm(
         x.data_ptr(), None if add is None else add.data_ptr(), 0 if add is None else _is_bf16(add),
         0 if add is None else _rows_apart(add), weight.data_ptr(), eps, out.data_ptr(), _is_bf16(out),
-        x.shape[0], x.shape[-1], torch.get_num_threads(),
+        _rows(x), x.shape[-1], torch.get_num_threads(),
     )  # fmt: skip
     return out
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """SwiGLU's `silu(gate) * up` ([B, 1, f] each, fp32 or bf16, the same row stride) in `dtype`."""
+    """SwiGLU's `silu(gate) * up` ([..., f] each, fp32 or bf16, the same row stride) in `dtype`."""
     stride = _rows_apart(gate)
     if gate.dtype != up.dtype or _rows_apart(up) != stride or gate.shape != up.shape:
         raise ValueError("decode kernels: silu_mul's gate and up must share dtype, shape and row stride")
     out = torch.empty(gate.shape, dtype=dtype)
     load_kernel()[0].silu_mul(
-        gate.data_ptr(), up.data_ptr(), _is_bf16(gate), stride, out.data_ptr(), _is_bf16(out), gate.shape[0],
+        gate.data_ptr(), up.data_ptr(), _is_bf16(gate), stride, out.data_ptr(), _is_bf16(out), _rows(gate),
         gate.shape[-1], torch.get_num_threads(),
     )  # fmt: skip
     return out

@@ -18,7 +18,8 @@ would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run thr
 sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
 and round their inputs to bf16. On CPU a decode step (one new token per row) runs its attention and
 the elementwise work between the products in `decode_attention`'s kernels (`DecoderLayer.decode`),
-which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`). The
+which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`); the bf16
+sampler's prefill runs its norms and SiLU in the same kernels (`DecoderLayer.prefill`). The
 figures behind these choices are in docs/engine.md.
 """
 
@@ -310,11 +311,19 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_pos: int, prefix_kv=None, return_kv=False):
         """`prefix_kv`: keys/values [1, H_kv, P, d] of a prefix every row continues (training);
         `return_kv`: also return this call's keys/values (to be that prefix)."""
-        B, T, _ = x.shape
         if self.qkv is not None:
             q, k, v = self.qkv(x).split([self.n_heads * self.head_dim, *[self.n_kv * self.head_dim] * 2], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        out, own_kv = self.attend(q, k, v, cos, sin, mask, cache, cache_pos, prefix_kv)
+        out = self.o_proj(out)
+        return (out, own_kv) if return_kv else out
+
+    def attend(self, q, k, v, cos, sin, mask, cache: KVCache | None, cache_pos: int, prefix_kv=None):
+        """Attention of the projections' q, k, v ([B, T, heads * head_dim] fp32): (Qwen3's q/k norms,)
+        RoPE, the cache write, attention. Returns its output [B, T, heads * head_dim], the o
+        projection's input, and this call's keys/values after RoPE."""
+        B, T, _ = q.shape
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv, self.head_dim)
         v = v.view(B, T, self.n_kv, self.head_dim)
@@ -343,8 +352,7 @@ class Attention(nn.Module):
             k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (no copy for an fp32 one)
             with ieee_attention(q.device):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
-        out = self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-        return (out, own_kv) if return_kv else out
+        return out.transpose(1, 2).reshape(B, T, -1), own_kv
 
 
 class MLP(nn.Module):
@@ -412,6 +420,30 @@ class DecoderLayer(nn.Module):
             q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         i, to = attn.layer_idx, _multiplies_in(attn.o_proj)
         out = rope_decode_attention(q, k, v, step, cache.k[i], cache.v[i], to)
+        h = rms_norm(
+            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
+        )
+        if mlp.gate_up is not None:
+            gate, up = _project(mlp.gate_up, h).chunk(2, -1)
+        else:
+            gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
+        return _project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj)))
+
+    def prefill(
+        self, x: torch.Tensor, pending: torch.Tensor | None, cos, sin, mask, cache: KVCache, cache_pos: int
+    ) -> torch.Tensor:
+        """`forward` for a sampler's prefill (many tokens a row into `cache` at `cache_pos`), without
+        autograd, on CPU: the matrix products, RoPE, the cache write and attention as in `forward`, the
+        norms and SiLU in the decode kernels, whose bf16 outputs feed a bf16 tree's products with no
+        fp32 copy between them. `x` ([B, T, d] fp32, contiguous) is the residual stream, updated in
+        place, and `pending` and the return value are MLP outputs, as in `decode`."""
+        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj), add=pending)
+        if attn.qkv is not None:
+            q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
+        else:
+            q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        out, _ = attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos)
         h = rms_norm(
             x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
         )
@@ -521,6 +553,11 @@ class CausalLM(nn.Module):
                     else layer.decode_bf16(x, pending, step, cache, chunks)
                 )
             return self.model.norm(x if pending is None else x.add_(pending))
+        if self._prefills_in_kernels(x, cache, cache_pos):
+            x, pending = x.contiguous(), None
+            for layer in self.model.layers:
+                pending = layer.prefill(x, pending, cos, sin, mask, cache, cache_pos)
+            return self.model.norm(x.add_(pending))
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
@@ -541,6 +578,18 @@ class CausalLM(nn.Module):
             and isinstance(cache_pos, int)
             and self.config.model_type != "qwen3"  # its q/k norms are not in the kernels
             and decode_kernels_apply(x, cache.k)
+        )
+
+    def _prefills_in_kernels(self, x: torch.Tensor, cache: KVCache | None, cache_pos: int | torch.Tensor) -> bool:
+        """Whether this forward is a bf16 sampler's prefill, which `DecoderLayer.prefill` runs: tokens into
+        a cache at an int position, on CPU without autograd, with the kernels at hand, by a tree whose
+        layers multiply in bf16 (`decodes_bf16_in_one_call`). An fp32 tree keeps `forward`, the
+        trainer's own arithmetic: the kernels gain its prefill nothing (docs/performance.md)."""
+        return (
+            cache is not None
+            and isinstance(cache_pos, int)
+            and decode_kernels_apply(x, cache.k)
+            and all(layer.decodes_bf16_in_one_call() for layer in self.model.layers)
         )
 
     def _layers_in_one_call(self, x: torch.Tensor) -> tuple[int | None, ...] | None:
