@@ -182,6 +182,41 @@ def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(bf16_service, prompt
         np.testing.assert_allclose(a, b, atol=2e-2)
 
 
+def test_a_long_prefill_attends_in_query_blocks_as_in_one_call(monkeypatch):
+    """A prefill of more than `QUERY_BLOCK` queries attends in blocks, each over the keys up to its last
+    query: after a cached shared opening and with left padding, what one call computes, to fp32
+    rounding. A mask that is not one row per query runs in one call."""
+    from types import SimpleNamespace
+
+    from tinkrl.local import transformer
+    from tinkrl.local.transformer import Attention, additive_mask, causal_mask
+
+    monkeypatch.setattr(transformer, "QUERY_BLOCK", 8)
+    cfg = SimpleNamespace(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, model_type="llama")
+    attention = Attention(cfg, 0, has_qkv_bias=False)
+    B, shared, T, D = 3, 5, 37, 16
+    attn = torch.ones(B, shared + T, dtype=torch.long)
+    attn[1, shared : shared + 3] = 0  # left padding after the shared opening, as sample_batch lays rows out
+    attn[2, shared : shared + 11] = 0
+    mask = additive_mask(causal_mask(attn, T, shared))
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, 4, T, D, generator=g)
+    k, v = torch.randn(B, 2, shared + T, D, generator=g), torch.randn(B, 2, shared + T, D, generator=g)
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda q, *a, **kw: calls.append(q.shape[2]) or real(q, *a, **kw),
+    )
+    with torch.no_grad():
+        whole = attention._sdpa(q, k, v, mask, blocks=False)
+        blocked = attention._sdpa(q, k, v, mask, blocks=True)
+        broadcast = attention._sdpa(q, k, v, mask[:, :, -1:], blocks=True)
+    assert calls == [T, 8, 8, 8, 8, 5, T]
+    assert (blocked - whole).abs().max().item() < 1e-5
+    assert torch.equal(broadcast, real(q, k, v, attn_mask=mask[:, :, -1:], enable_gqa=True))
+
+
 def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatch):
     """Where AMX is lent, a bf16 weight's product of a decode step's rows without autograd (the bf16
     sampler's) runs in AMX tiles: bf16 products, fp32 sums with the bias, rounded to bf16 as oneDNN's

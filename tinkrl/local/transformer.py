@@ -223,6 +223,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+# A long prefill's attention runs in blocks of this many queries, each over the keys up to its last one.
+QUERY_BLOCK = 256
+
+
 @dataclass
 class KVCache:
     """Preallocated keys/values for every layer: [layers, cache rows, kv_heads, max_len, head_dim], fp32
@@ -319,10 +323,12 @@ class Attention(nn.Module):
         out = self.o_proj(out)
         return (out, own_kv) if return_kv else out
 
-    def attend(self, q, k, v, cos, sin, mask, cache: KVCache | None, cache_pos: int, prefix_kv=None):
+    def attend(self, q, k, v, cos, sin, mask, cache: KVCache | None, cache_pos: int, prefix_kv=None, blocks=False):
         """Attention of the projections' q, k, v ([B, T, heads * head_dim] fp32): (Qwen3's q/k norms,)
         RoPE, the cache write, attention. Returns its output [B, T, heads * head_dim], the o
-        projection's input, and this call's keys/values after RoPE."""
+        projection's input, and this call's keys/values after RoPE. `blocks`: attend in blocks of
+        `QUERY_BLOCK` queries over the keys up to each block's last position (a long prefill's
+        causal half skipped: the same attention, its sums in another order)."""
         B, T, _ = q.shape
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.n_kv, self.head_dim)
@@ -351,8 +357,24 @@ class Attention(nn.Module):
                 k, v = k.index_select(0, rows), v.index_select(0, rows)
             k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (no copy for an fp32 one)
             with ieee_attention(q.device):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+                out = self._sdpa(q, k, v, mask, blocks)
         return out.transpose(1, 2).reshape(B, T, -1), own_kv
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, blocks: bool) -> torch.Tensor:
+        """torch's attention of q [B, H, T, D] over k, v's S positions, the last T of them q's own; with
+        `blocks` and a causal `mask` [B or 1, 1, T, S], in blocks of `QUERY_BLOCK` queries, each over
+        the keys up to its last query (the mask hides the later ones from it anyway)."""
+        gqa = self.n_kv != self.n_heads
+        T, S = q.shape[2], k.shape[2]
+        if not blocks or T <= QUERY_BLOCK or mask is None or mask.shape[2:] != (T, S):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        out = []
+        for t0 in range(0, T, QUERY_BLOCK):
+            t1 = min(T, t0 + QUERY_BLOCK)
+            end = S - T + t1  # one past the key of this block's last query
+            block = (q[:, :, t0:t1], k[:, :, :end], v[:, :, :end])
+            out.append(F.scaled_dot_product_attention(*block, attn_mask=mask[:, :, t0:t1, :end], enable_gqa=gqa))
+        return torch.cat(out, dim=2)
 
 
 class MLP(nn.Module):
@@ -443,7 +465,7 @@ class DecoderLayer(nn.Module):
             q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
         else:
             q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        out, _ = attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos)
+        out, _ = attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos, blocks=True)
         h = rms_norm(
             x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
         )
