@@ -434,22 +434,10 @@ class DecoderLayer(nn.Module):
         fp32, contiguous) is the residual stream, updated in place; `pending`, the previous layer's
         MLP output, joins it in this layer's first norm. Returns this layer's MLP output, which the
         next layer (or the caller) adds to `x`."""
-        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj), add=pending)
-        if attn.qkv is not None:
-            q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
-        else:
-            q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        i, to = attn.layer_idx, _multiplies_in(attn.o_proj)
-        out = rope_decode_attention(q, k, v, step, cache.k[i], cache.v[i], to)
-        h = rms_norm(
-            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
-        )
-        if mlp.gate_up is not None:
-            gate, up = _project(mlp.gate_up, h).chunk(2, -1)
-        else:
-            gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
-        return _project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj)))
+        attn = self.self_attn
+        q, k, v = self._qkv(x, pending)
+        i = attn.layer_idx
+        return self._mlp(x, rope_decode_attention(q, k, v, step, cache.k[i], cache.v[i], _multiplies_in(attn.o_proj)))
 
     def prefill(
         self, x: torch.Tensor, pending: torch.Tensor | None, cos, sin, mask, cache: KVCache, cache_pos: int
@@ -459,16 +447,27 @@ class DecoderLayer(nn.Module):
         norms and SiLU in the decode kernels, whose bf16 outputs feed a bf16 tree's products with no
         fp32 copy between them. `x` ([B, T, d] fp32, contiguous) is the residual stream, updated in
         place, and `pending` and the return value are MLP outputs, as in `decode`."""
-        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        q, k, v = self._qkv(x, pending)
+        out, _ = self.self_attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos, blocks=True)
+        return self._mlp(x, out)
+
+    def _qkv(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """`decode`'s and `prefill`'s first half: `pending` joins the stream `x` (in place), then the first
+        norm (a decode kernel) and the q, k, v projections, in the projections' dtype."""
+        attn, norm1 = self.self_attn, self.input_layernorm
         h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj), add=pending)
         if attn.qkv is not None:
-            q, k, v = _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
-        else:
-            q, k, v = (_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        out, _ = attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos, blocks=True)
+            return _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
+        return tuple(_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+
+    def _mlp(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """`decode`'s and `prefill`'s second half: the o projection of attention's output joins the stream
+        `x` (in place), then the second norm and the MLP, SiLU in a decode kernel. The MLP's output."""
+        mlp, norm2 = self.mlp, self.post_attention_layernorm
         h = rms_norm(
-            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj), add=_project(attn.o_proj, out)
-        )
+            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj),
+            add=_project(self.self_attn.o_proj, attended),
+        )  # fmt: skip
         if mlp.gate_up is not None:
             gate, up = _project(mlp.gate_up, h).chunk(2, -1)
         else:
