@@ -21,7 +21,6 @@ docs/performance.md, "Decode step".
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import medians  # noqa: E402
 
 from tinkrl.local.transformer import (  # noqa: E402
     CausalLM,
@@ -92,7 +93,7 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
                 if r >= 2:  # two warm-up rounds
                     times[way].append((time.perf_counter() - t0) * 1000)
     CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = in_kernels, one_call
-    out: dict[str, float | bool] = {w: statistics.median(t) for w, t in times.items()}
+    out: dict[str, float | bool] = dict(medians(times))
     out["max |dlogprob|"] = (logits["kernels"] - logits["op by op"]).abs().max().item()
     if "kernels one by one" in logits:
         out["same bits"] = torch.equal(logits["kernels"], logits["kernels one by one"])

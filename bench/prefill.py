@@ -16,7 +16,6 @@ Figures: docs/performance.md, "Prefill".
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import medians  # noqa: E402
 from decode_step import trees  # noqa: E402
 
 from tinkrl.local.transformer import CausalLM, KVCache, causal_mask  # noqa: E402
@@ -61,7 +61,7 @@ def prefill_ms(lm: CausalLM, rows: int, tokens: int, rounds: int) -> dict[str, f
                     times[way].append((time.perf_counter() - t0) * 1000)
                 logprobs[way] = logits.log_softmax(-1)
     CausalLM._prefills_in_kernels = in_kernels
-    out = {w: statistics.median(t) for w, t in times.items()}
+    out = medians(times)
     out["max |dlogprob|"] = (logprobs["kernels"] - logprobs["forward"]).abs().max().item()
     return out
 
