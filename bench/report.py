@@ -357,6 +357,8 @@ def vs_vllm_rows(records: list[Record]) -> list[list[str]]:
 
     def label(w: str, spec: dict) -> str:
         p, n, t = spec.get("prompts"), spec.get("samples"), spec.get("tokens")
+        if spec.get("turns"):
+            return f"{w}: {p} episodes x {spec['turns']} turns x {t} tok"
         return f"{w}: {p} x {t} tok" if n == 1 else f"{w}: {p} prompts x {n} samples x {t} tok"
 
     def row(name: str, metric: str, fmt: Callable[[float], str], higher_better: bool) -> list[str]:

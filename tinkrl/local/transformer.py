@@ -343,8 +343,8 @@ class Attention(nn.Module):
         if cache is not None and isinstance(cache_pos, torch.Tensor):
             # static decoding: write at a tensor index, attend over the whole cache (the mask hides
             # what is not written yet), so every step runs the same kernels on the same buffers
-            k = cache.k[self.layer_idx].index_copy_(2, cache_pos, k)
-            v = cache.v[self.layer_idx].index_copy_(2, cache_pos, v)
+            k = cache.k[self.layer_idx].index_copy_(2, cache_pos, k.to(cache.k.dtype))
+            v = cache.v[self.layer_idx].index_copy_(2, cache_pos, v.to(cache.v.dtype))
         elif cache is not None:
             k, v = cache.write(self.layer_idx, cache_pos, k, v)
         elif prefix_kv is not None:
