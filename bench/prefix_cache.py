@@ -4,7 +4,7 @@
 
 SmolLM2-135M-Instruct (the default model), the CPU's default precisions. An episode is what an agent
 sends: a chat-template prompt, then every turn the whole conversation so far (the previous prompt,
-the reply just sampled, and an observation of about 100 tokens) for `--tokens` new tokens at T=1,
+the reply just sampled, and an observation of 114 tokens) for `--tokens` new tokens at T=1,
 no stop tokens. All episodes' requests of a turn are submitted at once, so the engine batches them.
 With the cache on (`TINKRL_PREFIX_CACHE_MB`'s default) a turn prefills only what follows the
 previous turn's reply; off (`budget_bytes` = 0) it prefills the whole conversation. Per way: the
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import medians  # noqa: E402
+from vs_vllm import OBSERVATION  # noqa: E402  (vs_vllm's workload f sends the same tool output)
 
 from tinkrl.local import ServiceClient  # noqa: E402
 from tinkrl.local.models import DEFAULT_MODEL  # noqa: E402
@@ -37,12 +38,6 @@ QUESTIONS = [
     "Write a shell command that counts the lines of every Python file.",
     "What does the function parse_config return when the file is empty?",
 ]
-OBSERVATION = (
-    "<|im_start|>user\nThe command ran. Output:\n"
-    "total 48\n-rw-r--r-- 1 user user 1204 config.yaml\n-rw-r--r-- 1 user user 8812 main.py\n"
-    "-rw-r--r-- 1 user user 2211 README.md\ndrwxr-xr-x 2 user user 4096 tests\n"
-    "Exit code 0. Continue with the next step.<|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 def episodes(sc, tokenizer, n: int, turns: int, tokens: int) -> float:

@@ -19,13 +19,14 @@ Workloads (generated tokens/s = generated tokens / wall seconds of one generatio
   e: 4 requests x 2048 tokens (an agent turn's length; not in the default set, whose run it
      would double: `--workloads e`)
   f: 8 episodes x 6 turns x 64 tokens (an agent's conversation: every turn sends the previous
-     turn's prompt, its reply and a tool's output of ~90 tokens; on request, `--workloads f`)
+     turn's prompt, its reply and a tool's output of 114 tokens; on request, `--workloads f`)
 tinkrl gets every request of a workload at once through `SamplingClient.sample`'s futures
 (`num_samples=8` for b), so the engine batches them; vLLM gets one `LLM.generate` of token-id
-prompts (`n=8` for b), its prefix cache reset before each call so no call reuses an earlier
-call's prompts; within f's episodes both sides keep their prefix caches (vLLM's is on by default,
-tinkrl's is the engine's, docs/engine.md "Prefix cache"). Start-up: seconds from creating the client (ServiceClient + SamplingClient; vLLM
-`LLM(...)`) to the first completed 1-token sample, imports excluded (`import_s` has those).
+prompts (`n=8` for b), both sides' prefix caches reset before each call so no call reuses an
+earlier call's prompts; within f's episodes each side keeps its own (vLLM's is on by default,
+tinkrl's is the engine's, docs/engine.md "The sampler"). Start-up: seconds from creating the
+client (ServiceClient + SamplingClient; vLLM `LLM(...)`) to the first completed 1-token sample,
+imports excluded (`import_s` has those).
 Greedy check: a few prompts decoded greedily (fp32 on both sides should give the same tokens).
 
 Each (side, precision) runs in its own process, one after another (with `--rounds N`, N times,

@@ -10,7 +10,7 @@ from helpers.engine import TEST_DTYPE, TEXTS, TINY, randomize_lora
 from tinker import types
 
 from tinkrl.local import ServiceClient
-from tinkrl.local.prefix_cache import MAX_VERSIONS, PrefixCache, Prefixes, Stored, budget_from_env
+from tinkrl.local.prefix_cache import MAX_ENTRIES, MAX_VERSIONS, PrefixCache, Prefixes, Stored, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
 
 
@@ -139,6 +139,12 @@ def test_the_budget_evicts_least_recently_used_batches_and_old_versions():
     assert kept == list(range(2, MAX_VERSIONS + 2))
     many.clear()
     assert many.nbytes == 0 and many.longest(f"w{MAX_VERSIONS + 1}", [1, 1], 2) == (None, 0)
+
+    rows = PrefixCache(1 << 30)
+    per_batch = MAX_ENTRIES // 4
+    for i in range(5):
+        rows.add("v", *_kv(1024), [([i, j], 0, torch.arange(2)) for j in range(per_batch)])
+    assert [rows.longest("v", [i, 0], 2)[1] for i in range(5)] == [0, 2, 2, 2, 2]  # the oldest batch went
 
 
 def test_the_budget_comes_from_the_environment(monkeypatch):

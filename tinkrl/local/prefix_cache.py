@@ -10,8 +10,8 @@ the next call prefills only what follows the longest recorded prefix of each pro
 Entries belong to one weight version (the engine's snapshot key): keys and values computed
 by other weights are never reused. The cache holds batch caches whole and evicts them least
 recently used first, within a byte budget (`TINKRL_PREFIX_CACHE_MB`, default 1024; 0 turns it
-off) and for at most `MAX_VERSIONS` weight versions, since training moves on to new weights
-every step.
+off), `MAX_ENTRIES` rows and `MAX_VERSIONS` weight versions, since training moves on to new
+weights every step.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 MAX_VERSIONS = 4  # weight versions with entries: the current one and a few an off-policy sampler still uses
+MAX_ENTRIES = 1024  # recorded rows in all: a lookup compares a prompt with every row of its version
 DEFAULT_BUDGET_MB = 1024
 
 
@@ -137,20 +138,26 @@ class PrefixCache:
         return list(unique.values())
 
     def _evict(self) -> None:
-        """Drop the least recently used batches beyond the byte budget or `MAX_VERSIONS` versions."""
+        """Drop the least recently used batches beyond the byte budget, `MAX_ENTRIES` rows or
+        `MAX_VERSIONS` versions."""
         batches = sorted(self._batches(), key=lambda b: b.last_used)
         recent_versions: list[str] = []
         for b in reversed(batches):
             if b.version not in recent_versions:
                 recent_versions.append(b.version)
         dropped = {id(b) for b in batches if b.version not in recent_versions[:MAX_VERSIONS]}
+        rows: dict[int, int] = {}
+        for entries in self._entries.values():
+            for e in entries:
+                rows[id(e.batch)] = rows.get(id(e.batch), 0) + 1
         total = sum(b.nbytes for b in batches if id(b) not in dropped)
+        count = sum(rows[id(b)] for b in batches if id(b) not in dropped)
         for b in batches:
-            if total <= self.budget_bytes:
+            if total <= self.budget_bytes and count <= MAX_ENTRIES:
                 break
             if id(b) not in dropped:
                 dropped.add(id(b))
-                total -= b.nbytes
+                total, count = total - b.nbytes, count - rows[id(b)]
         if not dropped:
             return
         for version in list(self._entries):
