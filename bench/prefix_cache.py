@@ -30,7 +30,7 @@ from vs_vllm import OBSERVATION  # noqa: E402  (vs_vllm's workload f sends the s
 
 from tinkrl.local import ServiceClient  # noqa: E402
 from tinkrl.local.models import DEFAULT_MODEL  # noqa: E402
-from tinkrl.local.prefix_cache import budget_from_env  # noqa: E402
+from tinkrl.local.prefix_cache import DEFAULT_BUDGET_MB, budget_from_env  # noqa: E402
 
 QUESTIONS = [
     "List the files in the current directory and say which is largest.",
@@ -74,7 +74,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sc = ServiceClient(device="cpu").create_sampling_client(base_model=DEFAULT_MODEL)
     tokenizer, cache = sc.get_tokenizer(), sc.engine.prefix_cache
-    budget = budget_from_env() or (1024 << 20)
+    budget = budget_from_env() or DEFAULT_BUDGET_MB << 20  # on even where the environment turns it off
     ways = {"cache": budget, "no cache": 0}
     times: dict[str, list[float]] = {w: [] for w in ways}
     for r in range(args.rounds + 1):
