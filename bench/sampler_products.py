@@ -11,8 +11,8 @@ over all layers after two warm-ups, all in one process:
   CPUs without AMX, and a prefill's on CPUs with AMX; bf16 outputs);
 - AMX tiles: `linear_bf16`, fp32 sums rounded to bf16 outputs in the kernel (the bf16 sampler's
   decode products of up to `AMX_PRODUCT_ROWS` rows on CPUs with AMX, where `head_amx_available`);
-- dot products: `head_bf16` in AVX512-BF16 dot products (not used for projections: shown for
-  comparison, where the kernels have them).
+- dot products: `linear_bf16` in AVX512-BF16 dot products (`amx=False`; the bf16 sampler's decode
+  products of up to `DOT_PRODUCT_ROWS` rows on CPUs with AVX512-BF16 and no AMX).
 Beside each: the weights' bytes over its time (GB/s), to hold against what the machine reads.
 Figures: docs/performance.md, "The bf16 sampler's products".
 """
@@ -75,7 +75,7 @@ def main() -> None:
         def pass_dots() -> None:
             for layer in tiles:
                 for name, w in layer.items():
-                    da.head_bf16(xs[name], w, SHAPES[name][0], amx=False)
+                    da.linear_bf16(xs[name], w, SHAPES[name][0], amx=False)
 
         ways: dict[str, Callable[[], None] | None] = {
             "onednn": pass_onednn,

@@ -212,15 +212,17 @@ def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, amx, x_dtype):
     assert batched.shape == (1, M, N) and torch.equal(batched[0], got)
 
 
+@pytest.mark.parametrize("amx", [False, True], ids=["dot-products", "amx-tiles"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 70), (16, 576, 960), (17, 96, 33), (32, 200, 3072)])
-def test_bf16_projection_in_amx_tiles_rounds_its_fp32_sums_once(M, K, N, bias):
-    """The bf16 sampler's decode-step projections on AMX: bf16 rows times a bf16 weight, the products
-    and the bias summed in fp32 and rounded to bf16 once (as torch rounds: to nearest even), written as
-    bf16 for any row count, an odd width, a width that is not a multiple of 32, strided rows; a row
-    that holds a NaN gives NaNs."""
-    if not da.head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
+def test_bf16_projection_rounds_its_fp32_sums_once(M, K, N, bias, amx):
+    """The bf16 sampler's decode-step projections, in AVX512-BF16 dot products and in AMX tiles: bf16
+    rows times a bf16 weight, the products and the bias summed in fp32 and rounded to bf16 once (as
+    torch rounds: to nearest even), written as bf16 for any row count, an odd width, a width that is
+    not a multiple of 32, strided rows; a row that holds a NaN gives NaNs."""
+    _skip_without_bf16_dot_products()
+    if amx and not da.head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products in dot products")
     g = torch.Generator().manual_seed(M)
     w = (torch.randn(N, K, generator=g) * 0.1).bfloat16()
     b = torch.randn(N, generator=g).bfloat16() if bias else None
@@ -229,8 +231,8 @@ def test_bf16_projection_in_amx_tiles_rounds_its_fp32_sums_once(M, K, N, bias):
     if clean < M:
         x[-1, 0] = float("nan")
     with torch.no_grad():
-        got = da.linear_bf16(x, da.pack_head(w), N, b)
-        sums = da.head_bf16(x, da.pack_head(w), N, amx=True)  # the same tiles' fp32 sums
+        got = da.linear_bf16(x, da.pack_head(w), N, b, amx=amx)
+        sums = da.head_bf16(x, da.pack_head(w), N, amx=amx)  # the same kernel's fp32 sums
     if b is not None:
         sums += b.float()
     assert got.shape == (M, N) and got.dtype == torch.bfloat16
@@ -239,8 +241,11 @@ def test_bf16_projection_in_amx_tiles_rounds_its_fp32_sums_once(M, K, N, bias):
     exact = x[:clean].double() @ w.double().t() + (0 if b is None else b.double())
     assert (got[:clean].double() - exact).abs().max().item() <= 2**-8 * exact.abs().max().item()
     with torch.no_grad():  # leading dimensions kept, as for [rows, positions, hidden]
-        batched = da.linear_bf16(x.reshape(M, 1, K), da.pack_head(w), N, b)
+        batched = da.linear_bf16(x.reshape(M, 1, K), da.pack_head(w), N, b, amx=amx)
     assert batched.shape == (M, 1, N) and torch.equal(batched[:, 0].view(torch.int16), got.view(torch.int16))
+    if not amx:  # chunks of k follow oneDNN's order in AMX tiles only
+        with pytest.raises(RuntimeError, match="chunks of k"):
+            da.linear_bf16(x, da.pack_head(w), N, b, 32, amx=False)
 
 
 def test_bf16_projection_in_chunks_sums_each_chunk_apart():

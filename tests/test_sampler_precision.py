@@ -220,16 +220,19 @@ def test_a_long_prefill_attends_in_query_blocks_as_in_one_call(monkeypatch):
     assert torch.equal(broadcast, real(q, k, v, attn_mask=mask[:, :, -1:], enable_gqa=True))
 
 
-def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatch):
-    """Where AMX is lent, a bf16 weight's product of a decode step's rows without autograd (the bf16
-    sampler's) runs in AMX tiles: bf16 products, fp32 sums with the bias, rounded to bf16 as oneDNN's
-    product rounds them; with autograd, or for a prefill's many rows, it stays torch's product."""
+def test_the_bf16_projections_of_a_decode_steps_rows_multiply_in_the_kernels_with_fp32_sums(monkeypatch):
+    """A bf16 weight's product of a decode step's rows without autograd (the bf16 sampler's) runs in the
+    kernels, AMX tiles where lent, else AVX512-BF16 dot products: bf16 products, fp32 sums with the
+    bias, rounded to bf16 as oneDNN's product rounds them; with autograd, or for a prefill's many rows,
+    it stays torch's product."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, head_amx_available
+    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel
     from tinkrl.local.transformer import frozen_linear
 
-    if not head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products stay oneDNN's")
+    kernel = bf16_product_kernel(1)
+    if kernel is None:
+        pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: bf16 products stay oneDNN's")
+    limit = AMX_PRODUCT_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS
     g = torch.Generator().manual_seed(0)
     w, bias = (torch.randn(96, 200, generator=g) * 0.1).bfloat16(), torch.randn(96, generator=g).bfloat16()
     x = (torch.randn(5, 1, 200, generator=g) * 2).bfloat16()
@@ -242,23 +245,26 @@ def test_on_amx_the_bf16_projections_multiply_in_tiles_with_fp32_sums(monkeypatc
     assert torch.equal(got, expect.bfloat16())  # fp32 sums, one rounding
     frozen_linear(x, w, bias)  # autograd on: torch's own product
     with torch.no_grad():  # a prefill's many rows: oneDNN's product, faster there
-        frozen_linear(torch.zeros(AMX_PRODUCT_ROWS + 1, 200).bfloat16(), w)
-    assert calls == [(5, 1, 200)]
+        frozen_linear(torch.zeros(limit, 200).bfloat16(), w)
+        frozen_linear(torch.zeros(limit + 1, 200).bfloat16(), w)
+    assert calls == [(5, 1, 200), (limit, 200)]
 
 
-def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_service, prompts, monkeypatch):
-    """Where AMX is lent, each layer of a bf16 sampler's decode step runs in one kernel call: the
-    same kernels in the same order as the layer's op-by-op decode, so rows that finish at different
-    steps (left in place in the cache) get the same tokens and the same logprobs to the bit; a
-    merged LoRA tree's layers too; above `AMX_PRODUCT_ROWS` rows too, where the layer's products are
-    oneDNN's and the one call sums in oneDNN's order. Batches of up to `AMX_LAYER_ROWS` rows run so
-    (more run op by op), and sample their own policy (the tree's own prefill gives their tokens the
-    same logprobs, to bf16 rounding)."""
+def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_service, prompts, monkeypatch):
+    """On CPUs with AVX512-BF16, each layer of a bf16 sampler's decode step runs in one kernel call:
+    the same kernels in the same order as the layer's op-by-op decode, so rows that finish at
+    different steps (left in place in the cache) get the same tokens and the same logprobs to the bit;
+    a merged LoRA tree's layers too; on AMX above `AMX_PRODUCT_ROWS` rows too, where the layer's
+    products are oneDNN's and the one call sums in oneDNN's order. Batches of up to `AMX_LAYER_ROWS`
+    rows (without AMX, `DOT_PRODUCT_ROWS`) run so (more run op by op), and sample their own policy
+    (the tree's own prefill gives their tokens the same logprobs, to bf16 rounding)."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, AMX_PRODUCT_ROWS, head_amx_available
+    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel
 
-    if not head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
+    kernel = bf16_product_kernel(1)
+    if kernel is None:
+        pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: layers decode op by op")
+    layer_rows = AMX_LAYER_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS
     calls, real = [], transformer.decode_layer_bf16
     monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
@@ -274,20 +280,21 @@ def test_on_amx_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf1
         return [(s.tokens, s.logprobs) for f in futures for s in f.result().sequences]
 
     one_call = [sample(sc) for sc in clients]
-    assert calls and max(calls) > AMX_PRODUCT_ROWS and min(calls) <= AMX_PRODUCT_ROWS  # one call a layer
+    assert calls and min(calls) <= AMX_PRODUCT_ROWS  # one call a layer
+    assert kernel != "amx" or max(calls) > AMX_PRODUCT_ROWS  # on AMX, in oneDNN's order too
     calls.clear()
     monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: None)
     per_op = [sample(sc) for sc in clients]
     assert calls == []
     assert one_call == per_op
     assert len({len(tokens) for tokens, _ in one_call[0]}) > 1  # rows finished at different steps
-    monkeypatch.undo()  # a batch of AMX_LAYER_ROWS rows runs so, one more row op by op
+    monkeypatch.undo()  # a batch of layer_rows rows runs so, one more row op by op
     monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=1, stop=[])
-    for rows in (AMX_LAYER_ROWS, AMX_LAYER_ROWS + 1):
+    for rows in (layer_rows, layer_rows + 1):
         for s in clients[1].sample(prompts[0], rows, params).result().sequences:
             np.testing.assert_allclose(s.logprobs, rescored(clients[1], prompts[0], list(s.tokens)), atol=2e-2)
-    assert AMX_LAYER_ROWS in calls and AMX_LAYER_ROWS + 1 not in calls
+    assert layer_rows in calls and layer_rows + 1 not in calls
 
 
 def test_on_amx_a_smollm2_shaped_layer_decodes_in_one_call_to_the_bits_of_onednn(monkeypatch):

@@ -353,26 +353,6 @@ static inline uint32_t to_bf16(float f) {
     return (v.u + 0x7fff + ((v.u >> 16) & 1)) >> 16;
 }
 
-/* AMX tiles (Intel Xeon from Sapphire Rapids on): a 16 x 32 bf16 tile of x times a 32 x 16 tile of
- * the weight, summed in fp32, in one instruction. The packed weight's 16-column blocks are already
- * the layout a weight tile loads (pairs of consecutive k side by side, 64 bytes a row). Linux lends a
- * process the tiles' registers only on request (`amx_ready`). */
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-
-static int amx_ready(void) {
-    static int ready = -1;
-    if (ready < 0) ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    return ready;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 /* A block's fp32 sums (`sums`: 32 rows of 32, `rows` of them real) plus the bias, rounded to bf16 as
  * torch rounds (to nearest even; NaN to 0x7fc0), into `out` from column `c`: n columns a row, of
  * which this block writes those below n. */
@@ -392,6 +372,26 @@ static void store_bf16(const float *sums, int rows, const float *bias, uint16_t 
         }
     }
 }
+
+/* AMX tiles (Intel Xeon from Sapphire Rapids on): a 16 x 32 bf16 tile of x times a 32 x 16 tile of
+ * the weight, summed in fp32, in one instruction. The packed weight's 16-column blocks are already
+ * the layout a weight tile loads (pairs of consecutive k side by side, 64 bytes a row). Linux lends a
+ * process the tiles' registers only on request (`amx_ready`). */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int amx_ready(void) {
+    static int ready = -1;
+    if (ready < 0) ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return ready;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
 
 /* Tiles 0-3: sums for 32 rows x 32 columns (0-1 for a last block of 16 rows); 4-5: rows of x; 6-7:
  * columns of the weight. `xb` holds a multiple of 16 rows, `out` as many rows of N floats. The first
@@ -549,19 +549,57 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
     return 0;
 }
 
-/* A bf16 projection of a decode step's rows in AMX tiles: out[m][c] = bf16(sum_k x[m][k] w[c][k] +
- * bias[c]), the products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32
- * sums (oneDNN's). x: [M][K] bf16, rows `x_stride` apart; w: `pack_head`'s layout, N columns (a
- * multiple of 32), K2 pairs (a multiple of 16); bias: n floats or NULL; out: [M][n] bf16; kc: the
- * pairs of k a chunk sums alone (`head_amx`; 0: all K2). 0; 1 where the scratch could not be
- * allocated; 2 where AMX is not available or kc is not a multiple of 16. */
+/* `head_tile`'s sums of up to 8 rows (`R`) against the weight's 32-column strip `wj`, plus the bias,
+ * rounded to bf16 into out's columns from c (`store_bf16`). */
+static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, int64_t K2, const uint32_t *wj,
+                                                            const float *bias, uint16_t *out, int64_t c, int64_t n,
+                                                            const int R) {
+    float sums[8 * 32] __attribute__((aligned(64)));
+    head_tile(xm, K2, wj, sums, 32, R);
+    store_bf16(sums, R, bias, out, c, n);
+}
+
+/* `linear_bf16` in AVX512-BF16 dot products (CPUs without AMX): each thread takes whole 32-column
+ * strips of the weight, read from memory once, and their sums for every block of up to 8 rows. */
+static void linear_dots(const uint32_t *xb, int64_t K2, const uint32_t *w, const float *bias, uint16_t *out, int M,
+                        int64_t N, int64_t n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t j = 0; j < N / 32; j++) {
+        const uint32_t *wj = w + 2 * j * 16 * K2;
+        for (int m = 0; m < M; m += 8) {
+            const uint32_t *xm = xb + m * K2;
+            uint16_t *o = out + m * n;
+            switch (M - m < 8 ? M - m : 8) {
+            case 1: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 1); break;
+            case 2: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 2); break;
+            case 3: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 3); break;
+            case 4: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 4); break;
+            case 5: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 5); break;
+            case 6: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 6); break;
+            case 7: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 7); break;
+            default: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 8); break;
+            }
+        }
+    }
+}
+
+/* A bf16 projection of a decode step's rows: out[m][c] = bf16(sum_k x[m][k] w[c][k] + bias[c]), the
+ * products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32 sums (oneDNN's):
+ * in AMX tiles where `amx` is set, else in AVX512-BF16 dot products (`linear_dots`). x: [M][K] bf16,
+ * rows `x_stride` apart; w: `pack_head`'s layout, N columns (a multiple of 32), K2 pairs (a multiple
+ * of 16 for AMX); bias: n floats or NULL; out: [M][n] bf16; kc: the pairs of k a chunk sums alone
+ * (`head_amx`; 0: all K2; AMX only). 0; 1 where the scratch could not be allocated; 2 where AMX was
+ * asked for and is not available, or kc is not a multiple of 16 (or not 0 without AMX). */
 int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int threads) {
-    if (!amx_ready() || K2 % 16 || kc % 16 || kc < 0) return 2;
-    const int rows = (M + 15) / 16 * 16;
+                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int amx, int threads) {
+    if (kc % 16 || kc < 0 || (amx && (!amx_ready() || K2 % 16)) || (!amx && kc)) return 2;
+    const int rows = amx ? (M + 15) / 16 * 16 : M;
     uint32_t *xb = bf16_rows(x, x_stride, 1, M, rows, K, K2);
     if (!xb) return 1;
-    head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
+    if (amx)
+        head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
+    else
+        linear_dots(xb, K2, w, bias, out, M, N, n, threads);
     return 0;
 }
 
@@ -572,8 +610,8 @@ static __thread size_t layer_len;
 /* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n, chunks of
  * kc pairs. Its return code. */
 static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                   int64_t n, int64_t kc, int threads) {
-    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, threads);
+                   int64_t n, int64_t kc, int amx, int threads) {
+    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, amx, threads);
 }
 
 /* One decoder layer of the bf16 sampler's decode step on AMX, in one call: what `DecoderLayer.decode`
@@ -589,10 +627,10 @@ int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, flo
                       const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
                       const int64_t *kc, const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16,
                       int64_t kv_sb, int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb,
-                      float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
-    if (!amx_ready()) return 2;
+                      float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int amx, int threads) {
+    if (amx && !amx_ready()) return 2;
     for (int i = 0; i < 4; i++)
-        if (kc[i] % 16 || kc[i] < 0) return 2;
+        if (kc[i] % 16 || kc[i] < 0 || (!amx && kc[i])) return 2;
     const int64_t n_qkv = (int64_t)(H + 2 * Hkv) * D, n_att = (int64_t)H * D;
     const size_t need = (size_t)B * (d + n_qkv + n_att + d + 2 * (int64_t)f + f);
     if (need > layer_len) {
@@ -605,16 +643,16 @@ int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, flo
     uint16_t *gu = o + (size_t)B * d, *act = gu + (size_t)B * 2 * f;
     int rc;
     rms_norm(x, pending, 1, d, norm1, eps1, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], threads))) return rc;
+    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], amx, threads))) return rc;
     if (rope_decode_attention(qkv, qkv + n_att, qkv + n_att + (int64_t)Hkv * D, 1, n_qkv, n_qkv, cos, sin, k_cache,
                               v_cache, kv_bf16, kv_sb, kv_sh, rows, pos, mask, mask_sb, att, 1, B, H, Hkv, D, scale,
                               threads))
         return 1;
-    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], threads))) return rc;
+    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], amx, threads))) return rc;
     rms_norm(x, o, 1, d, norm2, eps2, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], threads))) return rc;
+    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], amx, threads))) return rc;
     silu_mul(gu, gu + f, 1, 2 * (int64_t)f, act, 1, B, f, threads);
-    return project(act, f, w_down, b_down, out, B, d, kc[3], threads);
+    return project(act, f, w_down, b_down, out, B, d, kc[3], amx, threads);
 }
 #else
 int head_bf16_available(void) { return 0; }
@@ -626,9 +664,9 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float 
     return 2;
 }
 int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bias, void *out, int M, int64_t K,
-                int64_t K2, int64_t N, int64_t n, int64_t kc, int threads) {
+                int64_t K2, int64_t N, int64_t n, int64_t kc, int amx, int threads) {
     (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n, (void)kc;
-    (void)threads;
+    (void)amx, (void)threads;
     return 2;
 }
 int decode_layer_bf16(float *x, const void *pending, const float *norm1, float eps1, const float *norm2, float eps2,
@@ -636,8 +674,8 @@ int decode_layer_bf16(float *x, const void *pending, const float *norm1, float e
                       const float *b_gu, const void *w_down, const float *b_down, const int64_t *kc,
                       const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
                       int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
-                      void *out, int B, int d, int H, int Hkv, int D, int f, int threads) {
-    (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
+                      void *out, int B, int d, int H, int Hkv, int D, int f, int amx, int threads) {
+    (void)amx, (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
     (void)b_o, (void)w_gu, (void)b_gu, (void)w_down, (void)b_down, (void)kc, (void)cos, (void)sin, (void)k_cache;
     (void)v_cache, (void)kv_bf16, (void)kv_sb, (void)kv_sh, (void)rows, (void)pos, (void)mask, (void)mask_sb;
     (void)scale, (void)out, (void)B, (void)d, (void)H, (void)Hkv, (void)D, (void)f, (void)threads;

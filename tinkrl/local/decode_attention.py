@@ -128,10 +128,10 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.head_amx_available.argtypes = []
     lib.head_bf16.argtypes = [ptr, i64, i32, ptr, ptr, i32, i64, i64, i64, i32, i32]
     lib.linear_bf16.restype = i32
-    lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i32]
+    lib.linear_bf16.argtypes = [ptr, i64, ptr, ptr, ptr, i32, i64, i64, i64, i64, i64, i32, i32]
     lib.decode_layer_bf16.restype = i32
     lib.decode_layer_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, f32] + [ptr] * 13 + [i32, i64, i64, ptr, i32, ptr, i64]
-    lib.decode_layer_bf16.argtypes += [f32, ptr] + [i32] * 7
+    lib.decode_layer_bf16.argtypes += [f32, ptr] + [i32] * 8
     return lib, ""
 
 
@@ -380,9 +380,10 @@ def _check_packed(packed: torch.Tensor, k: int, n: int | None, who: str) -> None
 
 def _raise_on(rc: int, who: str) -> None:
     """Turns a bf16 product kernel's return code into its exception: 2, AMX tiles asked for where
-    `head_amx_available()` is False; any other non-zero, scratch memory not allocated."""
+    `head_amx_available()` is False, or chunks of k without them; any other non-zero, scratch memory
+    not allocated."""
     if rc == 2:
-        raise RuntimeError(f"{who}: AMX tiles asked for where head_amx_available() is False")
+        raise RuntimeError(f"{who}: AMX tiles (or chunks of k, which need them) where head_amx_available() is False")
     if rc != 0:
         raise MemoryError(f"{who}: scratch memory could not be allocated")
 
@@ -395,14 +396,17 @@ def decode_layer_bf16(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     heads: tuple[int, int],
+    amx: bool | None = None,
 ) -> torch.Tensor:
-    """One decoder layer of the bf16 sampler's decode step on AMX in one kernel call: the norms, the
-    four projections in AMX tiles (`linear_bf16`), RoPE, the cache write and attention
-    (`rope_decode_attention`) and SiLU, the same kernels in the same order as `DecoderLayer.decode`
-    calls them one by one, so the same result to the bit, without a decode step's ~8 calls a layer
-    from Python. `x` ([B, 1, d] fp32, contiguous) is the residual stream, updated in place; `pending`
-    (bf16 [B, 1, d] or None) the previous layer's MLP output; `heads` (H, H_kv). Returns this layer's
-    MLP output (bf16 [B, 1, d]). Only where `head_amx_available`, without autograd."""
+    """One decoder layer of the bf16 sampler's decode step in one kernel call: the norms, the four
+    projections (`linear_bf16`, in AMX tiles or with `amx` False in dot products), RoPE, the cache
+    write and attention (`rope_decode_attention`) and SiLU, the same kernels in the same order as
+    `DecoderLayer.decode` calls them one by one, so the same result to the bit, without a decode
+    step's ~8 calls a layer from Python. `x` ([B, 1, d] fp32, contiguous) is the residual stream,
+    updated in place; `pending` (bf16 [B, 1, d] or None) the previous layer's MLP output; `heads` (H,
+    H_kv). Returns this layer's MLP output (bf16 [B, 1, d]). Only where `head_bf16_applies` (and for
+    AMX tiles, the default where lent, `head_amx_available`), without autograd."""
+    amx = head_amx_available() if amx is None else amx
     B, d = x.shape[0], x.shape[-1]
     H, Hkv = heads
     D = step.cos.shape[-1]
@@ -425,7 +429,7 @@ def decode_layer_bf16(
         *ptr, kc, step.cos.data_ptr(), step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
         k_cache.stride(0), k_cache.stride(1), None if step.rows is None else step.rows.data_ptr(), step.pos,
         mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0, D**-0.5, out.data_ptr(), B, d, H, Hkv, D, f,
-        torch.get_num_threads(),
+        int(amx), torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "decode_layer_bf16")
     return out
@@ -453,6 +457,22 @@ AMX_PRODUCT_ROWS = 32
 # tiles follow (`transformer.onednn_chunk`). Past this limit the one call gains nothing
 # (docs/performance.md, "Decode step").
 AMX_LAYER_ROWS = 128
+
+
+# Up to this many rows, on a CPU with AVX512-BF16 and no AMX, a bf16 projection's product runs faster
+# in dot products (`linear_bf16` without AMX) than through oneDNN (docs/performance.md).
+DOT_PRODUCT_ROWS = 64
+
+
+def bf16_product_kernel(rows: int) -> str | None:
+    """The kernel that multiplies a bf16 projection of `rows` rows without autograd (`frozen_linear`, a
+    decode step's layers): "amx" (AMX tiles, up to `AMX_PRODUCT_ROWS` rows where `head_amx_available`),
+    "dots" (AVX512-BF16 dot products, up to `DOT_PRODUCT_ROWS` rows on a CPU without AMX), or None
+    (oneDNN's product)."""
+    if head_amx_available():
+        return "amx" if rows <= AMX_PRODUCT_ROWS else None
+    lib = load_kernel()[0]
+    return "dots" if rows <= DOT_PRODUCT_ROWS and lib is not None and lib.head_bf16_available() else None
 
 
 def head_amx_available() -> bool:
@@ -498,15 +518,22 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
 
 
 def linear_bf16(
-    x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None, chunk: int | None = None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    n: int,
+    bias: torch.Tensor | None = None,
+    chunk: int | None = None,
+    amx: bool | None = None,
 ) -> torch.Tensor:
-    """A bf16 projection `x @ w.T + bias` ([..., n] bf16) of bf16 rows `x` [..., K] in AMX tiles, against
-    `pack_head(w)`: bf16 products summed in fp32 with the bias, rounded to bf16 once, as oneDNN's bf16
-    product rounds its sums. Only without autograd where `head_amx_available`; the kernel writes the
-    bf16 result directly (no fp32 copy of it), so a decode step's small products cost little besides
-    the weights' reading. `chunk` (a multiple of 32): the width of k whose products each sum alone from
-    zero before the chunks' sums are added in order, as oneDNN sums its K blocks above 32 rows
+    """A bf16 projection `x @ w.T + bias` ([..., n] bf16) of bf16 rows `x` [..., K] against `pack_head(w)`:
+    bf16 products summed in fp32 with the bias, rounded to bf16 once, as oneDNN's bf16 product rounds
+    its sums; in AMX tiles (`amx`, by default where `head_amx_available`) or in AVX512-BF16 dot
+    products (`head_bf16_applies`' CPUs). Only without autograd; the kernel writes the bf16 result
+    directly (no fp32 copy of it), so a decode step's small products cost little besides the weights'
+    reading. `chunk` (a multiple of 32; AMX tiles only): the width of k whose products each sum alone
+    from zero before the chunks' sums are added in order, as oneDNN sums its K blocks above 32 rows
     (`transformer.onednn_chunk` finds its width); None sums the whole width in one run."""
+    amx = head_amx_available() if amx is None else amx
     k = x.shape[-1]
     _check_packed(packed, k, None, "linear_bf16")
     if x.dtype != torch.bfloat16:
@@ -519,7 +546,7 @@ def linear_bf16(
     rc = load_kernel()[0].linear_bf16(
         rows.data_ptr(), rows.stride(0), packed.data_ptr(), None if fp32_bias is None else fp32_bias.data_ptr(),
         out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, _chunk_pairs(chunk, k, "linear_bf16"),
-        torch.get_num_threads(),
+        int(amx), torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "linear_bf16")
     return out

@@ -37,9 +37,9 @@ from torch import nn
 
 from tinkrl.local.decode_attention import (
     AMX_LAYER_ROWS,
-    AMX_PRODUCT_ROWS,
     DecodeStep,
     LayerWeights,
+    bf16_product_kernel,
     decode_attention,
     decode_kernels_apply,
     decode_layer_bf16,
@@ -174,18 +174,19 @@ def _order_probe(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor
 
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or
-    bf16 for the bf16 sampling trees' weights. On a CPU with AMX, bf16 products of up to
-    `AMX_PRODUCT_ROWS` rows without autograd run in AMX tiles instead (`linear_bf16`: fp32 sums, rounded
-    to bf16 as oneDNN's are): a decode step's few rows stream the weights from memory there ~1.5x
-    faster than through oneDNN (docs/performance.md)."""
+    bf16 for the bf16 sampling trees' weights. A decode step's few bf16 rows without autograd run in
+    the kernels instead (`bf16_product_kernel`: AMX tiles, or dot products on CPUs with AVX512-BF16
+    and no AMX; `linear_bf16`: fp32 sums, rounded to bf16 as oneDNN's are), which stream the weights
+    from memory faster than oneDNN there (docs/performance.md)."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
     if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype):
         return F.linear(x, weight, bias)
     if x.dtype == torch.bfloat16:  # bf16 sampling
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return F.linear(x, weight, bias)
-        if x.numel() <= AMX_PRODUCT_ROWS * x.shape[-1] and head_amx_available():  # AMX tiles
-            return linear_bf16(x, _packed_bf16(weight), weight.shape[0], bias)
+        kernel = bf16_product_kernel(x.numel() // x.shape[-1])
+        if kernel is not None:  # AMX tiles or dot products
+            return linear_bf16(x, _packed_bf16(weight), weight.shape[0], bias, amx=kernel == "amx")
         return _pointwise(x, _packed(weight), bias)  # bf16 products from oneDNN's blocked layout
     if x.dtype != torch.float32:
         return F.linear(x, weight, bias)
@@ -481,13 +482,16 @@ class DecoderLayer(nn.Module):
 
     def one_call_chunks(self, rows: int) -> tuple[int | None, ...] | None:
         """The chunks (`linear_bf16`) with which `decode_bf16` computes what `decode` computes for
-        `rows` rows, to the bit: none up to `AMX_PRODUCT_ROWS` rows, where `decode`'s products run in
-        the same tiles; above, oneDNN's (`onednn_chunk`). None where a projection has none."""
+        `rows` rows, to the bit: none where `decode`'s products run in the same kernel
+        (`bf16_product_kernel`); above, on AMX up to `AMX_LAYER_ROWS` rows, oneDNN's (`onednn_chunk`).
+        None where a projection has none, or the one call could not follow oneDNN's order."""
         if not _ONEDNN:  # `decode` multiplies through `F.linear` then, neither the tiles nor oneDNN
             return None
         projections = self.projections()
-        if rows <= AMX_PRODUCT_ROWS:
+        if bf16_product_kernel(rows) is not None:
             return tuple(None for _ in projections)
+        if rows > AMX_LAYER_ROWS or not head_amx_available():
+            return None
         chunks = tuple(onednn_chunk(rows, *p.weight.shape, p.bias is not None) for p in projections)
         return None if None in chunks else chunks
 
@@ -505,7 +509,7 @@ class DecoderLayer(nn.Module):
         chunks: tuple[int | None, ...] = (None, None, None, None),
     ) -> torch.Tensor:
         """`decode` in one kernel call (`decode_layer_bf16`), for layers that `decodes_bf16_in_one_call`
-        on a CPU with AMX: the same kernels in the same order, and with this row count's
+        on a CPU with AVX512-BF16: the same kernels in the same order, and with this row count's
         `one_call_chunks`, the same result to the bit."""
         attn, norm1, norm2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
         projections = tuple(
@@ -616,11 +620,8 @@ class CausalLM(nn.Module):
     def _layers_in_one_call(self, x: torch.Tensor) -> tuple[int | None, ...] | None:
         """The chunks with which a decode step's layers each run in one kernel call
         (`DecoderLayer.decode_bf16`), or None where they run op by op: the bf16 sampling tree's layers,
-        a decode step's rows (`AMX_LAYER_ROWS`) that the one call computes to the bit
-        (`one_call_chunks`), AMX at hand."""
+        a decode step's rows that the one call computes to the bit (`one_call_chunks`)."""
         layers = self.model.layers
-        if x.shape[0] > AMX_LAYER_ROWS or not head_amx_available():
-            return None
         if not all(layer.decodes_bf16_in_one_call() for layer in layers):
             return None
         return layers[0].one_call_chunks(x.shape[0])  # every layer has the first one's shapes
@@ -668,7 +669,7 @@ class CausalLM(nn.Module):
 
 
 def _packed_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """`pack_head`'s bf16 copy of a weight (`_kept_on` it): the unembedding's, or a projection's on AMX."""
+    """`pack_head`'s bf16 copy of a weight (`_kept_on` it): the unembedding's, or a projection's in the kernels."""
     return _kept_on(weight, "_tinkrl_head_bf16", pack_head)
 
 
