@@ -1,5 +1,5 @@
 """One sampler decode step on CPU: its layers in the C kernels (`DecoderLayer.decode`) against op by op,
-and, for the bf16 tree on CPUs with AMX, each layer in one kernel call (`DecoderLayer.decode_bf16`).
+and, for the bf16 tree on CPUs with AVX512-BF16, each layer in one kernel call (`DecoderLayer.decode_bf16`).
 
     .venv/bin/python bench/decode_step.py [--rounds 9] [--threads 2]
 
@@ -13,9 +13,11 @@ as `sample_batch` runs it. Per
 and op by op (torch's ops with the decode-attention kernel), the ways alternating, the speed-up,
 and the largest difference of the two ways' logprobs for the same step (bf16 products round
 differently once an input differs in its last bit; fp32 agrees to rounding). Where the bf16 tree's
-layers run in one call each (AMX, up to `AMX_LAYER_ROWS` rows), also the step with the kernels
-called one by one from Python, and whether the two give the same logits to the bit. Figures:
-docs/performance.md, "Decode step".
+layers run in one call each (AMX tiles up to `AMX_LAYER_ROWS` rows, dot products up to
+`DOT_PRODUCT_ROWS` without AMX), also the step with the kernels called one by one from Python, and
+whether the two give the same logits to the bit; where its products run in the kernels
+(`bf16_product_kernel`), also the step with them through oneDNN, the kernels called one by one (what
+the kernels' products and the one call gain together). Figures: docs/performance.md, "Decode step".
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import medians  # noqa: E402
 
+from tinkrl.local import transformer  # noqa: E402
 from tinkrl.local.transformer import (  # noqa: E402
     CausalLM,
     KVCache,
@@ -63,7 +66,11 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
     cache.k.normal_(), cache.v.normal_()
     attn = torch.ones(rows, positions + 8, dtype=torch.long)
     tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))
-    in_kernels, one_call = CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call
+    in_kernels, one_call, products = (
+        CausalLM._decodes_in_kernels,
+        CausalLM._layers_in_one_call,
+        transformer.bf16_product_kernel,
+    )
 
     def never(*_) -> bool:  # as a method: not in the kernels
         return False
@@ -71,28 +78,38 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
     def per_kernel(*_) -> None:  # as a method: not one call a layer
         return None
 
-    ways = {"kernels": (in_kernels, one_call), "op by op": (never, per_kernel)}
+    ways = {"kernels": (in_kernels, one_call, products), "op by op": (never, per_kernel, products)}
     with torch.no_grad():
         if lm._layers_in_one_call(torch.zeros(rows, 1, lm.config.hidden_size)):
-            ways["kernels one by one"] = (in_kernels, per_kernel)
+            ways["kernels one by one"] = (in_kernels, per_kernel, products)
+            if products(rows) is not None:
+                ways["oneDNN products"] = (in_kernels, per_kernel, per_kernel)
+
+    def use(way: str) -> None:
+        CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel = ways[way]
+
     times: dict[str, list[float]] = {w: [] for w in ways}
     logits = {}
     with torch.no_grad():
-        for way, (decides, layers) in ways.items():  # the same step every way: the same logits, to rounding
-            CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = decides, layers
+        for way in ways:  # the same step every way: the same logits, to rounding
+            use(way)
             mask = attn[:, None, None, : positions + 1].bool()
             hidden = lm(tokens, torch.full((rows, 1), positions), mask, cache, positions)
             logits[way] = lm.logits(hidden[:, -1]).log_softmax(-1)
         for r in range(rounds + 2):
-            for way, (decides, layers) in ways.items():
-                CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = decides, layers
+            for way in ways:
+                use(way)
                 pos = positions + r % 4  # a few different lengths, all in the cache
                 t0 = time.perf_counter()
                 hidden = lm(tokens, torch.full((rows, 1), pos), attn[:, None, None, : pos + 1].bool(), cache, pos)
                 lm.logits(hidden[:, -1])
                 if r >= 2:  # two warm-up rounds
                     times[way].append((time.perf_counter() - t0) * 1000)
-    CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call = in_kernels, one_call
+    CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel = (
+        in_kernels,
+        one_call,
+        products,
+    )
     out: dict[str, float | bool] = dict(medians(times))
     out["max |dlogprob|"] = (logits["kernels"] - logits["op by op"]).abs().max().item()
     if "kernels one by one" in logits:
@@ -108,9 +125,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads")
     print(
-        "| tree | rows x cached positions | op by op | kernels | speed-up | max \\|dlogprob\\| | kernels one by one |"
+        "| tree | rows x cached positions | op by op | kernels | speed-up | max \\|dlogprob\\| | kernels one by one"
+        " | oneDNN products one by one |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, lm in trees().items():
         for rows, positions in SHAPES:
             got = step_ms(lm, rows, positions, args.rounds)
@@ -120,7 +138,8 @@ def main() -> None:
             if "same bits" in got:
                 same = "same logits" if got["same bits"] else "logits differ"
                 one_by_one = f"{got['kernels one by one']:.1f} ms ({same})"
-            print(f"{row} {got['max |dlogprob|']:.1e} | {one_by_one} |", flush=True)
+            onednn = f"{got['oneDNN products']:.1f} ms" if "oneDNN products" in got else "-"
+            print(f"{row} {got['max |dlogprob|']:.1e} | {one_by_one} | {onednn} |", flush=True)
 
 
 if __name__ == "__main__":
