@@ -373,6 +373,44 @@ static void store_bf16(const float *sums, int rows, const float *bias, uint16_t 
     }
 }
 
+/* `head_tile`'s sums of up to 8 rows (`R`) against the weight's 32-column strip `wj`: into `out`
+ * (rows `ldo` apart), or with `out16` set, plus `bias` (or none) rounded to bf16 into `out16`'s
+ * columns from c (`store_bf16`). */
+static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, int64_t K2, const uint32_t *wj,
+                                                            float *out, int64_t ldo, const float *bias,
+                                                            uint16_t *out16, int64_t c, int64_t n, const int R) {
+    float sums[8 * 32] __attribute__((aligned(64)));
+    head_tile(xm, K2, wj, out16 ? sums : out, out16 ? 32 : ldo, R);
+    if (out16) store_bf16(sums, R, bias, out16, c, n);
+}
+
+/* x's M rows (bf16 pairs, K2 a row) against a packed weight of N columns in AVX512-BF16 dot
+ * products: each thread takes whole 32-column strips of the weight, read from memory once, and their
+ * sums for every block of up to 8 rows; fp32 into `out` (M rows of N), or with `out16` set, plus
+ * `bias`, in bf16 into `out16` (M rows of n columns). */
+static void dots(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M, int64_t N, int threads,
+                 const float *bias, uint16_t *out16, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t j = 0; j < N / 32; j++) {
+        const uint32_t *wj = w + 2 * j * 16 * K2;
+        for (int m = 0; m < M; m += 8) {
+            const uint32_t *xm = xb + m * K2;
+            float *o = out16 ? NULL : out + m * N + 32 * j;
+            uint16_t *o16 = out16 ? out16 + m * n : NULL;
+            switch (M - m < 8 ? M - m : 8) {
+            case 1: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 1); break;
+            case 2: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 2); break;
+            case 3: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 3); break;
+            case 4: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 4); break;
+            case 5: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 5); break;
+            case 6: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 6); break;
+            case 7: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 7); break;
+            default: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 8); break;
+            }
+        }
+    }
+}
+
 /* AMX tiles (Intel Xeon from Sapphire Rapids on): a 16 x 32 bf16 tile of x times a 32 x 16 tile of
  * the weight, summed in fp32, in one instruction. The packed weight's 16-column blocks are already
  * the layout a weight tile loads (pairs of consecutive k side by side, 64 bytes a row). Linux lends a
@@ -528,64 +566,13 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
         head_amx(xb, K2, K2, w, out, rows, N, threads, NULL, NULL, M, N);
         return 0;
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t j = 0; j < N / 32; j++) {
-        const uint32_t *wj = w + 2 * j * 16 * K2;
-        for (int m = 0; m < M; m += 8) {
-            const uint32_t *xm = xb + m * K2;
-            float *o = out + m * N + 32 * j;
-            switch (M - m < 8 ? M - m : 8) {
-            case 1: head_tile(xm, K2, wj, o, N, 1); break;
-            case 2: head_tile(xm, K2, wj, o, N, 2); break;
-            case 3: head_tile(xm, K2, wj, o, N, 3); break;
-            case 4: head_tile(xm, K2, wj, o, N, 4); break;
-            case 5: head_tile(xm, K2, wj, o, N, 5); break;
-            case 6: head_tile(xm, K2, wj, o, N, 6); break;
-            case 7: head_tile(xm, K2, wj, o, N, 7); break;
-            default: head_tile(xm, K2, wj, o, N, 8); break;
-            }
-        }
-    }
+    dots(xb, K2, w, out, M, N, threads, NULL, NULL, 0);
     return 0;
-}
-
-/* `head_tile`'s sums of up to 8 rows (`R`) against the weight's 32-column strip `wj`, plus the bias,
- * rounded to bf16 into out's columns from c (`store_bf16`). */
-static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, int64_t K2, const uint32_t *wj,
-                                                            const float *bias, uint16_t *out, int64_t c, int64_t n,
-                                                            const int R) {
-    float sums[8 * 32] __attribute__((aligned(64)));
-    head_tile(xm, K2, wj, sums, 32, R);
-    store_bf16(sums, R, bias, out, c, n);
-}
-
-/* `linear_bf16` in AVX512-BF16 dot products (CPUs without AMX): each thread takes whole 32-column
- * strips of the weight, read from memory once, and their sums for every block of up to 8 rows. */
-static void linear_dots(const uint32_t *xb, int64_t K2, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                        int64_t N, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t j = 0; j < N / 32; j++) {
-        const uint32_t *wj = w + 2 * j * 16 * K2;
-        for (int m = 0; m < M; m += 8) {
-            const uint32_t *xm = xb + m * K2;
-            uint16_t *o = out + m * n;
-            switch (M - m < 8 ? M - m : 8) {
-            case 1: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 1); break;
-            case 2: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 2); break;
-            case 3: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 3); break;
-            case 4: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 4); break;
-            case 5: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 5); break;
-            case 6: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 6); break;
-            case 7: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 7); break;
-            default: dots_tile(xm, K2, wj, bias, o, 32 * j, n, 8); break;
-            }
-        }
-    }
 }
 
 /* A bf16 projection of a decode step's rows: out[m][c] = bf16(sum_k x[m][k] w[c][k] + bias[c]), the
  * products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32 sums (oneDNN's):
- * in AMX tiles where `amx` is set, else in AVX512-BF16 dot products (`linear_dots`). x: [M][K] bf16,
+ * in AMX tiles where `amx` is set, else in AVX512-BF16 dot products (`dots`). x: [M][K] bf16,
  * rows `x_stride` apart; w: `pack_head`'s layout, N columns (a multiple of 32), K2 pairs (a multiple
  * of 16 for AMX); bias: n floats or NULL; out: [M][n] bf16; kc: the pairs of k a chunk sums alone
  * (`head_amx`; 0: all K2; AMX only). 0; 1 where the scratch could not be allocated; 2 where AMX was
@@ -599,7 +586,7 @@ int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float 
     if (amx)
         head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
     else
-        linear_dots(xb, K2, w, bias, out, M, N, n, threads);
+        dots(xb, K2, w, NULL, M, N, threads, bias, out, n);
     return 0;
 }
 
@@ -614,14 +601,16 @@ static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float 
     return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, amx, threads);
 }
 
-/* One decoder layer of the bf16 sampler's decode step on AMX, in one call: what `DecoderLayer.decode`
+/* One decoder layer of the bf16 sampler's decode step in one call, its products in AMX tiles (`amx`)
+ * or in dot products: what `DecoderLayer.decode`
  * runs op by op from Python (the same kernels in the same order, so the same result to the bit), for B
  * rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
  * previous layer's MLP output, joining x in the first norm. The four projections are `pack_head`
  * weights (q/k/v fused: (H + 2 Hkv) D columns; o: d; gate/up fused: 2 f; down: d), each with its fp32
  * bias or NULL and its chunk `kc` (`linear_bf16`); norms: fp32 weights of d. RoPE, the cache, the mask
  * and `rows` as in `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could
- * not be allocated; 2 where AMX is not available or a chunk is not a multiple of 16. */
+ * not be allocated; 2 where AMX was asked for and is not available, or a chunk is not a multiple of 16
+ * (or not 0 without AMX). */
 int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, float eps1, const float *norm2,
                       float eps2, const uint32_t *w_qkv, const float *b_qkv, const uint32_t *w_o, const float *b_o,
                       const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
