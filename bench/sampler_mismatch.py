@@ -11,7 +11,8 @@ tokens, in passes each in its own process: the bf16 sampler as it runs (on CPU w
 decode kernels: a bf16 KV cache, and bf16 products in the head where the CPU has bf16 dot
 products), with the head in fp32, with the head and the cache in fp32, and (on AMX) with each
 decode layer in one call up to 64 rows, its products in AMX tiles rather than oneDNN's from 33
-rows on. The passes sample different tokens where their logprobs differ, so their maxima are
+rows on, and with every product through oneDNN (`oneDNN products`: neither AMX tiles nor, on CPUs
+without AMX, dot products, with the layers op by op). The passes sample different tokens where their logprobs differ, so their maxima are
 single tokens apart; compare the means, over several `--seeds` (each seed a pass per variant).
 Figures: docs/engine.md, "Sampler precision".
 """
@@ -28,19 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-VARIANTS = {  # name -> (fp32 KV cache, fp32 head, rows of a decode step whose layers run in one call)
-    "as it runs": (False, False, None),
-    "fp32 head": (False, True, None),
-    "fp32 head and KV cache": (True, True, None),
-    "one call a layer to 64 rows": (False, False, 64),
+VARIANTS = {  # name -> (fp32 KV cache, fp32 head, rows of a decode step whose layers run in one call, oneDNN)
+    "as it runs": (False, False, None, False),
+    "fp32 head": (False, True, None, False),
+    "fp32 head and KV cache": (True, True, None, False),
+    "one call a layer to 64 rows": (False, False, 64, False),
+    "oneDNN products": (False, False, None, True),
 }
 
 
 def measure(
-    requests: int, tokens: int, seed: int, fp32_cache: bool, fp32_head: bool, layer_rows: int | None
+    requests: int, tokens: int, seed: int, fp32_cache: bool, fp32_head: bool, layer_rows: int | None, onednn: bool
 ) -> dict[str, float]:
     """Mean, p99 and max |dlogprob| of one sampling pass: the sampler as it runs, or with its KV cache
-    and/or its head in fp32, or its decode layers in one call up to `layer_rows` rows."""
+    and/or its head in fp32, or its decode layers in one call up to `layer_rows` rows, or every
+    projection's product through oneDNN (`onednn`), not the kernels' tiles or dot products."""
     import numpy as np
     import torch
     from engine import prompts  # bench/engine.py
@@ -54,6 +57,8 @@ def measure(
         transformer.head_bf16_applies = lambda x: False
     if layer_rows is not None:
         transformer.AMX_LAYER_ROWS = layer_rows
+    if onednn:
+        transformer.bf16_product_kernel = lambda rows: None
     service = ServiceClient(device="cpu", dtype="float32", sampler_precision="bfloat16")
     trainer = service.create_lora_training_client(MODEL, rank=16, seed=0)
     sampler = trainer.save_weights_and_get_sampling_client()
