@@ -46,12 +46,14 @@ def budget_from_env() -> int:
 
 @dataclass
 class _Batch:
-    """One sampling batch's KV-cache tensors ([layers, rows, kv_heads, positions, head_dim]), kept whole."""
+    """One sampling batch's KV-cache tensors ([layers, rows, kv_heads, positions, head_dim]), kept whole,
+    and how many of its rows are recorded (its entries, all dropped with it)."""
 
     version: str
     k: torch.Tensor
     v: torch.Tensor
     last_used: int
+    recorded: int
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +127,7 @@ class PrefixCache:
         if not self.enabled or not rows:
             return
         self._clock += 1
-        batch = _Batch(version, k, v, self._clock)
+        batch = _Batch(version, k, v, self._clock, len(rows))
         if batch.nbytes > self.budget_bytes:
             return
         entries = self._entries.setdefault(version, [])
@@ -146,18 +148,14 @@ class PrefixCache:
             if b.version not in recent_versions:
                 recent_versions.append(b.version)
         dropped = {id(b) for b in batches if b.version not in recent_versions[:MAX_VERSIONS]}
-        rows: dict[int, int] = {}
-        for entries in self._entries.values():
-            for e in entries:
-                rows[id(e.batch)] = rows.get(id(e.batch), 0) + 1
         total = sum(b.nbytes for b in batches if id(b) not in dropped)
-        count = sum(rows[id(b)] for b in batches if id(b) not in dropped)
+        count = sum(b.recorded for b in batches if id(b) not in dropped)
         for b in batches:
             if total <= self.budget_bytes and count <= MAX_ENTRIES:
                 break
             if id(b) not in dropped:
                 dropped.add(id(b))
-                total, count = total - b.nbytes, count - rows[id(b)]
+                total, count = total - b.nbytes, count - b.recorded
         if not dropped:
             return
         for version in list(self._entries):
