@@ -443,8 +443,7 @@ def head_bf16_applies(x: torch.Tensor) -> bool:
     with the kernels built for a CPU with bf16 dot products (AVX512-BF16)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return False
-    lib = load_kernel()[0]
-    return lib is not None and bool(lib.head_bf16_available())
+    return dot_products_available()
 
 
 AMX_HEAD_ROWS = 8  # from this many rows on, the head's AMX tiles beat its dot products
@@ -471,8 +470,14 @@ def bf16_product_kernel(rows: int) -> str | None:
     (oneDNN's product)."""
     if head_amx_available():
         return "amx" if rows <= AMX_PRODUCT_ROWS else None
+    return "dots" if rows <= DOT_PRODUCT_ROWS and dot_products_available() else None
+
+
+def dot_products_available() -> bool:
+    """Whether the kernels were built for a CPU with bf16 dot products (AVX512-BF16): `head_bf16` and
+    `linear_bf16` without AMX."""
     lib = load_kernel()[0]
-    return "dots" if rows <= DOT_PRODUCT_ROWS and lib is not None and lib.head_bf16_available() else None
+    return lib is not None and bool(lib.head_bf16_available())
 
 
 def head_amx_available() -> bool:
