@@ -66,11 +66,8 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
     cache.k.normal_(), cache.v.normal_()
     attn = torch.ones(rows, positions + 8, dtype=torch.long)
     tokens = torch.randint(0, lm.config.vocab_size, (rows, 1))
-    in_kernels, one_call, products = (
-        CausalLM._decodes_in_kernels,
-        CausalLM._layers_in_one_call,
-        transformer.bf16_product_kernel,
-    )
+    original = (CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel)
+    in_kernels, one_call, products = original
 
     def never(*_) -> bool:  # as a method: not in the kernels
         return False
@@ -85,31 +82,27 @@ def step_ms(lm: CausalLM, rows: int, positions: int, rounds: int) -> dict[str, f
             if products(rows) is not None:
                 ways["oneDNN products"] = (in_kernels, per_kernel, per_kernel)
 
-    def use(way: str) -> None:
-        CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel = ways[way]
+    def use(way: tuple) -> None:  # (decides, layers, products) as the three hooks
+        CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel = way
 
     times: dict[str, list[float]] = {w: [] for w in ways}
     logits = {}
     with torch.no_grad():
         for way in ways:  # the same step every way: the same logits, to rounding
-            use(way)
+            use(ways[way])
             mask = attn[:, None, None, : positions + 1].bool()
             hidden = lm(tokens, torch.full((rows, 1), positions), mask, cache, positions)
             logits[way] = lm.logits(hidden[:, -1]).log_softmax(-1)
         for r in range(rounds + 2):
             for way in ways:
-                use(way)
+                use(ways[way])
                 pos = positions + r % 4  # a few different lengths, all in the cache
                 t0 = time.perf_counter()
                 hidden = lm(tokens, torch.full((rows, 1), pos), attn[:, None, None, : pos + 1].bool(), cache, pos)
                 lm.logits(hidden[:, -1])
                 if r >= 2:  # two warm-up rounds
                     times[way].append((time.perf_counter() - t0) * 1000)
-    CausalLM._decodes_in_kernels, CausalLM._layers_in_one_call, transformer.bf16_product_kernel = (
-        in_kernels,
-        one_call,
-        products,
-    )
+    use(original)
     out: dict[str, float | bool] = dict(medians(times))
     out["max |dlogprob|"] = (logits["kernels"] - logits["op by op"]).abs().max().item()
     if "kernels one by one" in logits:

@@ -12,8 +12,9 @@ decode kernels: a bf16 KV cache, and bf16 products in the head where the CPU has
 products), with the head in fp32, with the head and the cache in fp32, and (on AMX) with each
 decode layer in one call up to 64 rows, its products in AMX tiles rather than oneDNN's from 33
 rows on, and with every product through oneDNN (`oneDNN products`: neither AMX tiles nor, on CPUs
-without AMX, dot products, with the layers op by op). The passes sample different tokens where their logprobs differ, so their maxima are
-single tokens apart; compare the means, over several `--seeds` (each seed a pass per variant).
+without AMX, dot products, with the layers op by op). The passes sample different tokens where
+their logprobs differ, so their maxima are single tokens apart; compare the means, over several
+`--seeds` (each seed a pass per variant).
 Figures: docs/engine.md, "Sampler precision".
 """
 
