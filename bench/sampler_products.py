@@ -11,8 +11,10 @@ over all layers after two warm-ups, all in one process:
   CPUs without AMX, and a prefill's on CPUs with AMX; bf16 outputs);
 - AMX tiles: `linear_bf16`, fp32 sums rounded to bf16 outputs in the kernel (the bf16 sampler's
   decode products of up to `AMX_PRODUCT_ROWS` rows on CPUs with AMX, where `head_amx_available`);
-- dot products: `linear_bf16` in AVX512-BF16 dot products (`amx=False`; the bf16 sampler's decode
-  products of up to `DOT_PRODUCT_ROWS` rows on CPUs with AVX512-BF16 and no AMX).
+- dot products: `linear_bf16` without AMX (`amx=False`; the bf16 sampler's decode products of up to
+  `DOT_PRODUCT_ROWS` rows on CPUs with AVX512-BF16 and no AMX), once in the CPU's bf16 dot-product
+  instruction ("dpbf16") and once in fp32 FMAs ("fma"): the two ways `dots_kernel` measures and picks
+  from (the one it picked here is marked).
 Beside each: the weights' bytes over its time (GB/s), to hold against what the machine reads.
 Figures: docs/performance.md, "The bf16 sampler's products".
 """
@@ -57,8 +59,12 @@ def main() -> None:
     dots = da.head_bf16_applies(torch.zeros(1, 64))
     amx = dots and da.head_amx_available()
     print(f"{args.layers} layers, {nbytes / 1e6:.0f} MB of bf16 weights; AMX tiles: {'yes' if amx else 'no'}")
-    print("| rows | oneDNN bf16 | AMX tiles | dot products |")
-    print("|---|---|---|---|")
+    picked = da.dots_kernel() if dots else None
+    print(
+        f"| rows | oneDNN bf16 | AMX tiles | dot products (dpbf16{' *' * (picked == 'dpbf16')}) "
+        f"| dot products (fma{' *' * (picked == 'fma')}) |"
+    )
+    print("|---|---|---|---|---|")
     for rows in args.rows:
         xs = {name: torch.randn(rows, k, generator=g).bfloat16() for name, (_, k) in SHAPES.items()}
 
@@ -72,15 +78,20 @@ def main() -> None:
                 for name, w in layer.items():
                     da.linear_bf16(xs[name], w, SHAPES[name][0])
 
-        def pass_dots() -> None:
-            for layer in tiles:
-                for name, w in layer.items():
-                    da.linear_bf16(xs[name], w, SHAPES[name][0], amx=False)
+        def pass_dots(kernel: str) -> Callable[[], None]:
+            def run() -> None:
+                with da.dots_kernel_as(kernel):
+                    for layer in tiles:
+                        for name, w in layer.items():
+                            da.linear_bf16(xs[name], w, SHAPES[name][0], amx=False)
+
+            return run
 
         ways: dict[str, Callable[[], None] | None] = {
             "onednn": pass_onednn,
             "amx": pass_amx if amx else None,
-            "dots": pass_dots if dots else None,
+            "dpbf16": pass_dots("dpbf16") if dots else None,
+            "fma": pass_dots("fma") if dots else None,
         }
         cells = []
         for fn in ways.values():

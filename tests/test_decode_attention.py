@@ -11,6 +11,7 @@ Fast: random tensors and the tiny random-weight model.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import pytest
@@ -185,44 +186,105 @@ def _skip_without_bf16_dot_products() -> None:
             pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: the head stays fp32")
 
 
+# The ways the bf16 products multiply: dot products in the bf16 instruction or in fp32 FMAs, AMX tiles.
+WAYS = ["dpbf16", "fma", "amx"]
+
+
+def _multiplying(way: str) -> contextlib.AbstractContextManager:
+    """Dot products the `way` way within the block (AMX tiles are asked for with `amx=True`)."""
+    if way == "amx" and not da.head_amx_available():
+        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products in dot products")
+    return contextlib.nullcontext() if way == "amx" else da.dots_kernel_as(way)
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["fp32-x", "bf16-x"])
-@pytest.mark.parametrize("amx", [False, True], ids=["dot-products", "amx-tiles"])
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize(
     "M, K, N", [(1, 64, 96), (5, 577, 1000), (13, 128, 4096), (16, 64, 96), (40, 96, 160), (64, 96, 160)]
 )
-def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, amx, x_dtype):
-    """The bf16 sampler's unembedding (and, on AMX, its projections), in AVX512-BF16 dot products and
-    in AMX tiles: x and w rounded to bf16, their products summed in fp32, fp32 logits; any row count
-    (AMX: blocks of 32 and 16 rows), an odd width, a vocabulary that is not a multiple of 32, strided
-    rows, x in fp32 or already in bf16."""
+def test_bf16_head_sums_bf16_products_in_fp32(M, K, N, way, x_dtype):
+    """The bf16 sampler's unembedding (and, on AMX, its projections), in dot products (the bf16
+    instruction's or fp32 FMAs') and in AMX tiles: x and w rounded to bf16, their products summed in
+    fp32, fp32 logits; any row count (AMX: blocks of 32 and 16 rows), an odd width, a vocabulary that
+    is not a multiple of 32, strided rows, x in fp32 or already in bf16."""
     _skip_without_bf16_dot_products()
-    if amx and not da.head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): the head uses dot products")
+    amx = way == "amx"
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, K, generator=g) * 0.1
     x = (torch.randn(M, K + 7, generator=g) * 2).to(x_dtype)[:, :K]  # rows K + 7 apart
-    with torch.no_grad():
+    with torch.no_grad(), _multiplying(way):
         got = da.head_bf16(x, da.pack_head(w), N, amx=amx)
     expect = x.bfloat16().double() @ w.bfloat16().double().t()
     assert got.shape == (M, N) and got.dtype == torch.float32
     assert (got.double() - expect).abs().max().item() < 1e-4
     assert (got.double() - x.double() @ w.double().t()).abs().max().item() > 1e-3  # bf16 products, not fp32
-    with torch.no_grad():  # leading dimensions kept, as for [rows, positions, hidden]
+    with torch.no_grad(), _multiplying(way):  # leading dimensions kept, as for [rows, positions, hidden]
         batched = da.head_bf16(x.reshape(1, M, K), da.pack_head(w), N, amx=amx)
     assert batched.shape == (1, M, N) and torch.equal(batched[0], got)
 
 
-@pytest.mark.parametrize("amx", [False, True], ids=["dot-products", "amx-tiles"])
+@pytest.mark.parametrize("M, K, N", [(1, 64, 96), (9, 577, 70), (16, 200, 3072)])
+def test_fma_dot_products_add_each_product_in_order_with_one_rounding(M, K, N):
+    """Dot products in fp32 FMAs: each sum adds the bf16 products of k = 1, 0, 3, 2, ... (each pair odd
+    first, as the bf16 dot-product instruction adds them) one at a time, rounding once each (a product
+    of two bf16 values is exact in fp32): the same bits as that sequence run in torch. The instruction's
+    own sums agree with it to fp32 rounding (on Intel's CPUs, to the bit)."""
+    _skip_without_bf16_dot_products()
+    g = torch.Generator().manual_seed(K)
+    w = (torch.randn(N, K, generator=g) * 0.1).bfloat16()
+    x = (torch.randn(M, K, generator=g) * 2).bfloat16()
+    order = [k ^ 1 for k in range(K + K % 2) if k ^ 1 < K]  # 1, 0, 3, 2, ...; a last odd k alone
+    want = torch.zeros(M, N)
+    for k in order:  # fp32 adds, one rounding each
+        want = want + x[:, k, None].float() * w[None, :, k].float()
+    with torch.no_grad():
+        with da.dots_kernel_as("fma"):
+            fma = da.head_bf16(x, da.pack_head(w), N, amx=False)
+        with da.dots_kernel_as("dpbf16"):
+            dpbf16 = da.head_bf16(x, da.pack_head(w), N, amx=False)
+    assert torch.equal(fma, want)
+    assert (dpbf16 - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_the_machines_way_of_dot_products_is_measured_once_and_kept(monkeypatch, tmp_path):
+    """`dots_kernel` measures both ways once per machine and keeps the faster one next to the compiled
+    kernels; `$TINKRL_BF16_DOTS` picks one instead and a wrong value is refused by name."""
+    _skip_without_bf16_dot_products()
+    record = tmp_path / "kernels.dots"
+    monkeypatch.setattr(da.load_kernel()[0], "_name", str(tmp_path / "kernels.so"))
+    monkeypatch.delenv(da.DOTS_ENV, raising=False)
+    measured, measure = [], da.measure_dots_kernel
+    monkeypatch.setattr(da, "measure_dots_kernel", lambda: measured.append(1) or {"dpbf16": 2.0, "fma": 1.0})
+    da._machine_dots_kernel.cache_clear()
+    try:
+        assert da.dots_kernel() == "fma" and record.read_text() == "fma" and measured == [1]
+        da._machine_dots_kernel.cache_clear()
+        record.write_text("dpbf16")  # kept: not measured again
+        assert da.dots_kernel() == "dpbf16" and measured == [1]
+        da._machine_dots_kernel.cache_clear()
+        monkeypatch.setenv(da.DOTS_ENV, "fma")
+        assert da.dots_kernel() == "fma" and measured == [1]
+        da._machine_dots_kernel.cache_clear()
+        monkeypatch.setenv(da.DOTS_ENV, "avx")
+        with pytest.raises(ValueError, match="TINKRL_BF16_DOTS='avx'"):
+            da.dots_kernel()
+    finally:
+        da._machine_dots_kernel.cache_clear()
+    times = measure(rows=4, k=64, n=96, rounds=2)  # the real measurement: both ways run
+    assert set(times) == {"dpbf16", "fma"} and all(0 < t < 1 for t in times.values())
+
+
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("M, K, N", [(1, 64, 96), (5, 577, 70), (16, 576, 960), (17, 96, 33), (32, 200, 3072)])
-def test_bf16_projection_rounds_its_fp32_sums_once(M, K, N, bias, amx):
-    """The bf16 sampler's decode-step projections, in AVX512-BF16 dot products and in AMX tiles: bf16
-    rows times a bf16 weight, the products and the bias summed in fp32 and rounded to bf16 once (as
-    torch rounds: to nearest even), written as bf16 for any row count, an odd width, a width that is
-    not a multiple of 32, strided rows; a row that holds a NaN gives NaNs."""
+def test_bf16_projection_rounds_its_fp32_sums_once(M, K, N, bias, way):
+    """The bf16 sampler's decode-step projections, in dot products (the bf16 instruction's or fp32
+    FMAs') and in AMX tiles: bf16 rows times a bf16 weight, the products and the bias summed in fp32
+    and rounded to bf16 once (as torch rounds: to nearest even), written as bf16 for any row count, an
+    odd width, a width that is not a multiple of 32, strided rows; a row that holds a NaN gives NaNs."""
     _skip_without_bf16_dot_products()
-    if amx and not da.head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): bf16 products in dot products")
+    amx = way == "amx"
+    context = _multiplying(way)
     g = torch.Generator().manual_seed(M)
     w = (torch.randn(N, K, generator=g) * 0.1).bfloat16()
     b = torch.randn(N, generator=g).bfloat16() if bias else None
@@ -230,7 +292,7 @@ def test_bf16_projection_rounds_its_fp32_sums_once(M, K, N, bias, amx):
     clean = M - 1 if M > 1 else M  # rows before the last; the last holds a NaN where there are more
     if clean < M:
         x[-1, 0] = float("nan")
-    with torch.no_grad():
+    with torch.no_grad(), context:
         got = da.linear_bf16(x, da.pack_head(w), N, b, amx=amx)
         sums = da.head_bf16(x, da.pack_head(w), N, amx=amx)  # the same kernel's fp32 sums
     if b is not None:
@@ -240,11 +302,11 @@ def test_bf16_projection_rounds_its_fp32_sums_once(M, K, N, bias, amx):
     assert torch.equal(got[:clean], sums[:clean].bfloat16())  # fp32 sums, one rounding
     exact = x[:clean].double() @ w.double().t() + (0 if b is None else b.double())
     assert (got[:clean].double() - exact).abs().max().item() <= 2**-8 * exact.abs().max().item()
-    with torch.no_grad():  # leading dimensions kept, as for [rows, positions, hidden]
+    with torch.no_grad(), _multiplying(way):  # leading dimensions kept, as for [rows, positions, hidden]
         batched = da.linear_bf16(x.reshape(M, 1, K), da.pack_head(w), N, b, amx=amx)
     assert batched.shape == (M, 1, N) and torch.equal(batched[:, 0].view(torch.int16), got.view(torch.int16))
     if not amx:  # chunks of k follow oneDNN's order in AMX tiles only
-        with pytest.raises(RuntimeError, match="chunks of k"):
+        with pytest.raises(RuntimeError, match="chunks of k"), _multiplying(way):
             da.linear_bf16(x, da.pack_head(w), N, b, 32, amx=False)
 
 

@@ -226,13 +226,13 @@ def test_the_bf16_projections_of_a_decode_steps_rows_multiply_in_the_kernels_wit
     bias, rounded to bf16 as oneDNN's product rounds them; with autograd, or for a prefill's many rows,
     it stays torch's product."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel
+    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel, dots_kernel
     from tinkrl.local.transformer import frozen_linear
 
     kernel = bf16_product_kernel(1)
     if kernel is None:
         pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: bf16 products stay oneDNN's")
-    limit = AMX_PRODUCT_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS
+    limit = AMX_PRODUCT_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS[dots_kernel()]
     g = torch.Generator().manual_seed(0)
     w, bias = (torch.randn(96, 200, generator=g) * 0.1).bfloat16(), torch.randn(96, generator=g).bfloat16()
     x = (torch.randn(5, 1, 200, generator=g) * 2).bfloat16()
@@ -256,15 +256,22 @@ def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_servi
     different steps (left in place in the cache) get the same tokens and the same logprobs to the bit;
     a merged LoRA tree's layers too; on AMX above `AMX_PRODUCT_ROWS` rows too, where the layer's
     products are oneDNN's and the one call sums in oneDNN's order. Batches of up to `AMX_LAYER_ROWS`
-    rows (without AMX, `DOT_PRODUCT_ROWS`) run so (more run op by op), and sample their own policy
-    (the tree's own prefill gives their tokens the same logprobs, to bf16 rounding)."""
+    rows (without AMX, `DOT_PRODUCT_ROWS`, here lowered to 64 so the test samples few rows) run so (more
+    run op by op), and sample their own policy (the tree's own prefill gives their tokens the same
+    logprobs, to bf16 rounding)."""
     from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_LAYER_ROWS, AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel
+    from tinkrl.local.decode_attention import (
+        AMX_LAYER_ROWS,
+        AMX_PRODUCT_ROWS,
+        DOT_PRODUCT_ROWS,
+        bf16_product_kernel,
+        dots_kernel,
+    )
 
     kernel = bf16_product_kernel(1)
     if kernel is None:
         pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: layers decode op by op")
-    layer_rows = AMX_LAYER_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS
+    layer_rows = AMX_LAYER_ROWS if kernel == "amx" else min(DOT_PRODUCT_ROWS[dots_kernel()], 64)
     calls, real = [], transformer.decode_layer_bf16
     monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
@@ -290,6 +297,8 @@ def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_servi
     assert len({len(tokens) for tokens, _ in one_call[0]}) > 1  # rows finished at different steps
     monkeypatch.undo()  # a batch of layer_rows rows runs so, one more row op by op
     monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    if kernel == "dots":
+        monkeypatch.setitem(DOT_PRODUCT_ROWS, dots_kernel(), layer_rows)
     params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=1, stop=[])
     for rows in (layer_rows, layer_rows + 1):
         for s in clients[1].sample(prompts[0], rows, params).result().sequences:

@@ -317,6 +317,10 @@ void silu_mul(const void *gate, const void *up, int in_bf16, int64_t stride, voi
     }
 }
 
+/* How a bf16 product multiplies (`head_bf16`, `linear_bf16`, `decode_layer_bf16`): the CPU's bf16 dot-product
+ * instruction (AVX512-BF16), AMX tiles, or fp32 FMAs of the bf16 values (`fma_tile`: the same sums). */
+enum { KERNEL_DOTS = 0, KERNEL_AMX = 1, KERNEL_FMA = 2 };
+
 /* The bf16 sampler's unembedding: out[m][n] = sum_k x[m][k] w[n][k] with x and w rounded to bf16 and
  * the products summed in fp32 (the CPU's bf16 dot-product instruction, or AMX tiles below), the logits
  * written in fp32. `w` is packed by `pack_head`: [N / 16][K2][16 columns][2 consecutive k] bf16, K2
@@ -338,6 +342,37 @@ static inline __attribute__((always_inline)) void head_tile(const uint32_t *xb, 
             const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)xb[r * K2 + k]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, a);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, b);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out + r * ldo, acc[r][0]);
+        _mm512_storeu_ps(out + r * ldo + 16, acc[r][1]);
+    }
+}
+
+/* `head_tile`'s sums in fp32 FMAs: x as floats, each pair of k odd first (`xf`, 2 K2 a row: x[2k + 1]
+ * then x[2k]), the weight's bf16 pairs widened (exactly) in registers. A product of two bf16 values is
+ * exact in fp32, so each FMA rounds once, as the dot-product instruction rounds each of its two adds:
+ * the same sums, in the same order. Some CPUs run two FMAs faster than one bf16 dot product
+ * (`KERNEL_FMA`). */
+static inline __attribute__((always_inline)) void fma_tile(const float *xf, int64_t K2, const uint32_t *w0,
+                                                           float *out, int64_t ldo, const int R) {
+    __m512 acc[8][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t *w1 = w0 + 16 * K2;
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t k = 0; k < K2; k++) {
+        const __m512i a = _mm512_loadu_si512(w0 + 16 * k), b = _mm512_loadu_si512(w1 + 16 * k);
+        const __m512 a_odd = _mm512_castsi512_ps(_mm512_and_si512(a, high));
+        const __m512 b_odd = _mm512_castsi512_ps(_mm512_and_si512(b, high));
+        const __m512 a_even = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+        const __m512 b_even = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+        for (int r = 0; r < R; r++) {
+            const __m512 odd = _mm512_set1_ps(xf[r * 2 * K2 + 2 * k]), even = _mm512_set1_ps(xf[r * 2 * K2 + 2 * k + 1]);
+            acc[r][0] = _mm512_fmadd_ps(odd, a_odd, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(odd, b_odd, acc[r][1]);
+            acc[r][0] = _mm512_fmadd_ps(even, a_even, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(even, b_even, acc[r][1]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -376,39 +411,69 @@ static void store_bf16(const float *sums, int rows, const float *bias, uint16_t 
 /* `head_tile`'s sums of up to 8 rows (`R`) against the weight's 32-column strip `wj`: into `out`
  * (rows `ldo` apart), or with `out16` set, plus `bias` (or none) rounded to bf16 into `out16`'s
  * columns from c (`store_bf16`). */
-static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, int64_t K2, const uint32_t *wj,
-                                                            float *out, int64_t ldo, const float *bias,
-                                                            uint16_t *out16, int64_t c, int64_t n, const int R) {
+static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, const float *xf, int64_t K2,
+                                                            const uint32_t *wj, float *out, int64_t ldo,
+                                                            const float *bias, uint16_t *out16, int64_t c, int64_t n,
+                                                            const int R) {
     float sums[8 * 32] __attribute__((aligned(64)));
-    head_tile(xm, K2, wj, out16 ? sums : out, out16 ? 32 : ldo, R);
+    if (xf)
+        fma_tile(xf, K2, wj, out16 ? sums : out, out16 ? 32 : ldo, R);
+    else
+        head_tile(xm, K2, wj, out16 ? sums : out, out16 ? 32 : ldo, R);
     if (out16) store_bf16(sums, R, bias, out16, c, n);
 }
 
-/* x's M rows (bf16 pairs, K2 a row) against a packed weight of N columns in AVX512-BF16 dot
- * products: each thread takes whole 32-column strips of the weight, read from memory once, and their
- * sums for every block of up to 8 rows; fp32 into `out` (M rows of N), or with `out16` set, plus
- * `bias`, in bf16 into `out16` (M rows of n columns). */
-static void dots(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M, int64_t N, int threads,
-                 const float *bias, uint16_t *out16, int64_t n) {
+/* x's rows as `fma_tile` reads them (floats, each pair odd first), in the calling thread's buffer,
+ * kept between calls; NULL where it could not be allocated. */
+static __thread float *widened;
+static __thread size_t widened_len;
+
+static float *widen_pairs(const uint32_t *xb, int M, int64_t K2) {
+    const size_t need = (size_t)M * 2 * K2 + 1;
+    if (need > widened_len) {
+        free(widened);
+        widened = malloc(need * sizeof(float));
+        widened_len = widened ? need : 0;
+        if (!widened) return NULL;
+    }
+    for (int64_t i = 0; i < (int64_t)M * K2; i++) {
+        union { uint32_t u; float f; } odd = {xb[i] & 0xffff0000u}, even = {xb[i] << 16};
+        widened[2 * i] = odd.f;
+        widened[2 * i + 1] = even.f;
+    }
+    return widened;
+}
+
+/* x's M rows (bf16 pairs, K2 a row) against a packed weight of N columns in dot products, AVX512-BF16's
+ * or with `fma` fp32 FMAs' (`fma_tile`): each thread takes whole 32-column strips of the weight, read
+ * from memory once, and their sums for every block of up to 8 rows; fp32 into `out` (M rows of N), or
+ * with `out16` set, plus `bias`, in bf16 into `out16` (M rows of n columns). 0; 1 where the buffer of
+ * widened rows could not be allocated. */
+static int dots(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M, int64_t N, int threads,
+                const float *bias, uint16_t *out16, int64_t n, int fma) {
+    const float *xf = fma ? widen_pairs(xb, M, K2) : NULL;
+    if (fma && !xf) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t j = 0; j < N / 32; j++) {
         const uint32_t *wj = w + 2 * j * 16 * K2;
         for (int m = 0; m < M; m += 8) {
             const uint32_t *xm = xb + m * K2;
+            const float *xfm = xf ? xf + m * 2 * K2 : NULL;
             float *o = out16 ? NULL : out + m * N + 32 * j;
             uint16_t *o16 = out16 ? out16 + m * n : NULL;
             switch (M - m < 8 ? M - m : 8) {
-            case 1: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 1); break;
-            case 2: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 2); break;
-            case 3: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 3); break;
-            case 4: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 4); break;
-            case 5: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 5); break;
-            case 6: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 6); break;
-            case 7: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 7); break;
-            default: dots_tile(xm, K2, wj, o, N, bias, o16, 32 * j, n, 8); break;
+            case 1: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 1); break;
+            case 2: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 2); break;
+            case 3: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 3); break;
+            case 4: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 4); break;
+            case 5: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 5); break;
+            case 6: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 6); break;
+            case 7: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 7); break;
+            default: dots_tile(xm, xfm, K2, wj, o, N, bias, o16, 32 * j, n, 8); break;
             }
         }
     }
+    return 0;
 }
 
 /* AMX tiles (Intel Xeon from Sapphire Rapids on): a 16 x 32 bf16 tile of x times a 32 x 16 tile of
@@ -552,13 +617,19 @@ static uint32_t *bf16_rows(const void *x, int64_t x_stride, int x_bf16, int M, i
     return xb;
 }
 
+/* Whether `kernel` names a way of multiplying (a `KERNEL_*`) that this CPU and process have. */
+static int kernel_ready(int kernel) {
+    return kernel == KERNEL_DOTS || kernel == KERNEL_FMA || (kernel == KERNEL_AMX && amx_ready());
+}
+
 /* x: [M][K] fp32 (or bf16 where `x_bf16`), rows `x_stride` elements apart; `w` holds K2 pairs of k a
  * column (K2 >= (K + 1) / 2, zeros past K; a multiple of 16 for AMX); out: [M][N] fp32, rows N apart,
- * with room for M rounded up to 16 rows where `amx` asks for AMX tiles. 0; 1 where the scratch for x
- * in bf16 could not be allocated; 2 where AMX was asked for and is not available. */
+ * with room for M rounded up to 16 rows where `kernel` is `KERNEL_AMX`. 0; 1 where the scratch for x
+ * could not be allocated; 2 where the kernel is not available here. */
 int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, float *out, int M, int64_t K,
-              int64_t K2, int64_t N, int amx, int threads) {
-    if (amx && (!amx_ready() || K2 % 16)) return 2;
+              int64_t K2, int64_t N, int kernel, int threads) {
+    const int amx = kernel == KERNEL_AMX;
+    if (!kernel_ready(kernel) || (amx && K2 % 16)) return 2;
     const int rows = amx ? (M + 15) / 16 * 16 : M;
     uint32_t *xb = bf16_rows(x, x_stride, x_bf16, M, rows, K, K2);
     if (!xb) return 1;
@@ -566,27 +637,25 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
         head_amx(xb, K2, K2, w, out, rows, N, threads, NULL, NULL, M, N);
         return 0;
     }
-    dots(xb, K2, w, out, M, N, threads, NULL, NULL, 0);
-    return 0;
+    return dots(xb, K2, w, out, M, N, threads, NULL, NULL, 0, kernel == KERNEL_FMA);
 }
 
 /* A bf16 projection of a decode step's rows: out[m][c] = bf16(sum_k x[m][k] w[c][k] + bias[c]), the
  * products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32 sums (oneDNN's):
- * in AMX tiles where `amx` is set, else in AVX512-BF16 dot products (`dots`). x: [M][K] bf16,
- * rows `x_stride` apart; w: `pack_head`'s layout, N columns (a multiple of 32), K2 pairs (a multiple
- * of 16 for AMX); bias: n floats or NULL; out: [M][n] bf16; kc: the pairs of k a chunk sums alone
- * (`head_amx`; 0: all K2; AMX only). 0; 1 where the scratch could not be allocated; 2 where AMX was
- * asked for and is not available, or kc is not a multiple of 16 (or not 0 without AMX). */
+ * by `kernel`, in AMX tiles or in dot products (`dots`). x: [M][K] bf16, rows `x_stride` apart; w:
+ * `pack_head`'s layout, N columns (a multiple of 32), K2 pairs (a multiple of 16 for AMX); bias: n
+ * floats or NULL; out: [M][n] bf16; kc: the pairs of k a chunk sums alone (`head_amx`; 0: all K2; AMX
+ * only). 0; 1 where the scratch could not be allocated; 2 where the kernel is not available here, or
+ * kc is not a multiple of 16 (or not 0 without AMX). */
 int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int amx, int threads) {
-    if (kc % 16 || kc < 0 || (amx && (!amx_ready() || K2 % 16)) || (!amx && kc)) return 2;
+                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int kernel, int threads) {
+    const int amx = kernel == KERNEL_AMX;
+    if (kc % 16 || kc < 0 || !kernel_ready(kernel) || (amx && K2 % 16) || (!amx && kc)) return 2;
     const int rows = amx ? (M + 15) / 16 * 16 : M;
     uint32_t *xb = bf16_rows(x, x_stride, 1, M, rows, K, K2);
     if (!xb) return 1;
-    if (amx)
-        head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
-    else
-        dots(xb, K2, w, NULL, M, N, threads, bias, out, n);
+    if (!amx) return dots(xb, K2, w, NULL, M, N, threads, bias, out, n, kernel == KERNEL_FMA);
+    head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
     return 0;
 }
 
@@ -597,29 +666,30 @@ static __thread size_t layer_len;
 /* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n, chunks of
  * kc pairs. Its return code. */
 static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                   int64_t n, int64_t kc, int amx, int threads) {
-    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, amx, threads);
+                   int64_t n, int64_t kc, int kernel, int threads) {
+    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, kernel, threads);
 }
 
-/* One decoder layer of the bf16 sampler's decode step in one call, its products in AMX tiles (`amx`)
- * or in dot products: what `DecoderLayer.decode`
+/* One decoder layer of the bf16 sampler's decode step in one call, its products by `kernel` (AMX tiles
+ * or dot products): what `DecoderLayer.decode`
  * runs op by op from Python (the same kernels in the same order, so the same result to the bit), for B
  * rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
  * previous layer's MLP output, joining x in the first norm. The four projections are `pack_head`
  * weights (q/k/v fused: (H + 2 Hkv) D columns; o: d; gate/up fused: 2 f; down: d), each with its fp32
  * bias or NULL and its chunk `kc` (`linear_bf16`); norms: fp32 weights of d. RoPE, the cache, the mask
  * and `rows` as in `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could
- * not be allocated; 2 where AMX was asked for and is not available, or a chunk is not a multiple of 16
- * (or not 0 without AMX). */
+ * not be allocated; 2 where the kernel is not available here, or a chunk is not a multiple of 16 (or
+ * not 0 without AMX). */
 int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, float eps1, const float *norm2,
                       float eps2, const uint32_t *w_qkv, const float *b_qkv, const uint32_t *w_o, const float *b_o,
                       const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
                       const int64_t *kc, const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16,
                       int64_t kv_sb, int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb,
-                      float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int amx, int threads) {
-    if (amx && !amx_ready()) return 2;
+                      float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int kernel,
+                      int threads) {
+    if (!kernel_ready(kernel)) return 2;
     for (int i = 0; i < 4; i++)
-        if (kc[i] % 16 || kc[i] < 0 || (!amx && kc[i])) return 2;
+        if (kc[i] % 16 || kc[i] < 0 || (kernel != KERNEL_AMX && kc[i])) return 2;
     const int64_t n_qkv = (int64_t)(H + 2 * Hkv) * D, n_att = (int64_t)H * D;
     const size_t need = (size_t)B * (d + n_qkv + n_att + d + 2 * (int64_t)f + f);
     if (need > layer_len) {
@@ -632,30 +702,30 @@ int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, flo
     uint16_t *gu = o + (size_t)B * d, *act = gu + (size_t)B * 2 * f;
     int rc;
     rms_norm(x, pending, 1, d, norm1, eps1, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], amx, threads))) return rc;
+    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], kernel, threads))) return rc;
     if (rope_decode_attention(qkv, qkv + n_att, qkv + n_att + (int64_t)Hkv * D, 1, n_qkv, n_qkv, cos, sin, k_cache,
                               v_cache, kv_bf16, kv_sb, kv_sh, rows, pos, mask, mask_sb, att, 1, B, H, Hkv, D, scale,
                               threads))
         return 1;
-    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], amx, threads))) return rc;
+    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], kernel, threads))) return rc;
     rms_norm(x, o, 1, d, norm2, eps2, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], amx, threads))) return rc;
+    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], kernel, threads))) return rc;
     silu_mul(gu, gu + f, 1, 2 * (int64_t)f, act, 1, B, f, threads);
-    return project(act, f, w_down, b_down, out, B, d, kc[3], amx, threads);
+    return project(act, f, w_down, b_down, out, B, d, kc[3], kernel, threads);
 }
 #else
 int head_bf16_available(void) { return 0; }
 int head_amx_available(void) { return 0; }
 int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float *out, int M, int64_t K, int64_t K2,
-              int64_t N, int amx, int threads) {
-    (void)x, (void)x_stride, (void)x_bf16, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)amx;
+              int64_t N, int kernel, int threads) {
+    (void)x, (void)x_stride, (void)x_bf16, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)kernel;
     (void)threads;
     return 2;
 }
 int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bias, void *out, int M, int64_t K,
-                int64_t K2, int64_t N, int64_t n, int64_t kc, int amx, int threads) {
+                int64_t K2, int64_t N, int64_t n, int64_t kc, int kernel, int threads) {
     (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n, (void)kc;
-    (void)amx, (void)threads;
+    (void)kernel, (void)threads;
     return 2;
 }
 int decode_layer_bf16(float *x, const void *pending, const float *norm1, float eps1, const float *norm2, float eps2,
@@ -663,8 +733,8 @@ int decode_layer_bf16(float *x, const void *pending, const float *norm1, float e
                       const float *b_gu, const void *w_down, const float *b_down, const int64_t *kc,
                       const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
                       int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
-                      void *out, int B, int d, int H, int Hkv, int D, int f, int amx, int threads) {
-    (void)amx, (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
+                      void *out, int B, int d, int H, int Hkv, int D, int f, int kernel, int threads) {
+    (void)kernel, (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
     (void)b_o, (void)w_gu, (void)b_gu, (void)w_down, (void)b_down, (void)kc, (void)cos, (void)sin, (void)k_cache;
     (void)v_cache, (void)kv_bf16, (void)kv_sb, (void)kv_sh, (void)rows, (void)pos, (void)mask, (void)mask_sb;
     (void)scale, (void)out, (void)B, (void)d, (void)H, (void)Hkv, (void)D, (void)f, (void)threads;

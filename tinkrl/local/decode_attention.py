@@ -25,6 +25,7 @@ the CPU. Without a compiler (or OpenMP), torch's kernel is used and one warning 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -35,7 +36,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +136,17 @@ def load_kernel() -> tuple[ctypes.CDLL | None, str]:
     lib.decode_layer_bf16.argtypes = [ptr, ptr, ptr, f32, ptr, f32] + [ptr] * 13 + [i32, i64, i64, ptr, i32, ptr, i64]
     lib.decode_layer_bf16.argtypes += [f32, ptr] + [i32] * 8
     return lib, ""
+
+
+def prepare_kernels() -> str:
+    """Build the kernels for this machine now (and, on CPUs with bf16 dot products, measure how they
+    multiply fastest), so that the first sampler does not wait for the compiler: `make install` runs
+    it. One line that says what was done, or why the kernels are not available."""
+    lib, why = load_kernel()
+    if lib is None:
+        return f"decode kernels: not available ({why}); sampling uses torch's kernels"
+    built = f"decode kernels: {lib._name}"
+    return f"{built}; bf16 dot products in {dots_kernel()}" if dot_products_available() else built
 
 
 @functools.cache
@@ -379,9 +393,9 @@ def _check_packed(packed: torch.Tensor, k: int, n: int | None, who: str) -> None
 
 
 def _raise_on(rc: int, who: str) -> None:
-    """Turns a bf16 product kernel's return code into its exception: 2, AMX tiles asked for where
-    `head_amx_available()` is False, or chunks of k without them; any other non-zero, scratch memory
-    not allocated."""
+    """Turns a bf16 product kernel's return code into its exception: 2, a kernel this CPU lacks (AMX
+    tiles where `head_amx_available()` is False, or chunks of k without them); any other non-zero,
+    scratch memory not allocated."""
     if rc == 2:
         raise RuntimeError(f"{who}: AMX tiles (or chunks of k, which need them) where head_amx_available() is False")
     if rc != 0:
@@ -429,7 +443,7 @@ def decode_layer_bf16(
         *ptr, kc, step.cos.data_ptr(), step.sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache),
         k_cache.stride(0), k_cache.stride(1), None if step.rows is None else step.rows.data_ptr(), step.pos,
         mask.data_ptr(), mask.stride(0) if mask.shape[0] == B else 0, D**-0.5, out.data_ptr(), B, d, H, Hkv, D, f,
-        int(amx), torch.get_num_threads(),
+        _kernel_code(amx), torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "decode_layer_bf16")
     return out
@@ -459,18 +473,101 @@ AMX_LAYER_ROWS = 128
 
 
 # Up to this many rows, on a CPU with AVX512-BF16 and no AMX, a bf16 projection's product runs faster
-# in dot products (`linear_bf16` without AMX) than through oneDNN (docs/performance.md).
-DOT_PRODUCT_ROWS = 64
+# in dot products (`linear_bf16` without AMX) than through oneDNN, by the way they multiply here
+# (`dots_kernel`; docs/performance.md, "The bf16 sampler's products").
+DOT_PRODUCT_ROWS = {"dpbf16": 64, "fma": 1024}
 
 
 def bf16_product_kernel(rows: int) -> str | None:
     """The kernel that multiplies a bf16 projection of `rows` rows without autograd (`frozen_linear`, a
     decode step's layers): "amx" (AMX tiles, up to `AMX_PRODUCT_ROWS` rows where `head_amx_available`),
-    "dots" (AVX512-BF16 dot products, up to `DOT_PRODUCT_ROWS` rows on a CPU without AMX), or None
-    (oneDNN's product)."""
+    "dots" (dot products, up to `DOT_PRODUCT_ROWS[dots_kernel()]` rows on a CPU with AVX512-BF16 and
+    no AMX), or None (oneDNN's product)."""
     if head_amx_available():
         return "amx" if rows <= AMX_PRODUCT_ROWS else None
-    return "dots" if rows <= DOT_PRODUCT_ROWS and dot_products_available() else None
+    return "dots" if dot_products_available() and rows <= DOT_PRODUCT_ROWS[dots_kernel()] else None
+
+
+DOTS_ENV = "TINKRL_BF16_DOTS"  # "dpbf16" or "fma": how dot products multiply, instead of measuring
+_DOTS_CODES = {"dpbf16": 0, "fma": 2}  # the kernels' KERNEL_DOTS and KERNEL_FMA; KERNEL_AMX is 1
+
+
+def _kernel_code(amx: bool) -> int:
+    """The kernels' `kernel` argument: AMX tiles, or dot products in this machine's `dots_kernel()`."""
+    return 1 if amx else _DOTS_CODES[dots_kernel()]
+
+
+_dots_as: list[str] = []  # `dots_kernel_as`'s choice, innermost last
+
+
+def dots_kernel() -> str:
+    """How the bf16 products' dot products (`linear_bf16`, `head_bf16` without AMX) multiply here:
+    "dpbf16", the CPU's bf16 dot-product instruction, or "fma", fp32 FMAs of the bf16 values widened in
+    registers. Both give the same sums (a product of two bf16 values is exact in fp32, and the FMAs add
+    in the instruction's order); which is faster depends on the CPU (docs/performance.md). So it is
+    measured once per machine (`measure_dots_kernel`) and kept next to the compiled kernels;
+    `$TINKRL_BF16_DOTS` picks one instead, and `dots_kernel_as` within a block."""
+    return _dots_as[-1] if _dots_as else _machine_dots_kernel()
+
+
+@contextlib.contextmanager
+def dots_kernel_as(name: str) -> Iterator[None]:
+    """Within the block, dot products multiply the `name` way ("dpbf16" or "fma"), in every thread:
+    for benchmarks and tests that hold the two side by side."""
+    if name not in _DOTS_CODES:
+        raise ValueError(f"dots_kernel_as: expected one of {sorted(_DOTS_CODES)}, got {name!r}")
+    _dots_as.append(name)
+    try:
+        yield
+    finally:
+        _dots_as.pop()
+
+
+@functools.cache
+def _machine_dots_kernel() -> str:
+    """`dots_kernel` outside `dots_kernel_as`: `$TINKRL_BF16_DOTS`, else this machine's kept or new measurement."""
+    forced = os.environ.get(DOTS_ENV)
+    if forced:
+        if forced not in _DOTS_CODES:
+            raise ValueError(f"{DOTS_ENV}={forced!r}: expected one of {sorted(_DOTS_CODES)}")
+        return forced
+    record = Path(load_kernel()[0]._name).with_suffix(".dots")
+    try:
+        kept = record.read_text().strip()
+    except OSError:
+        kept = ""
+    if kept in _DOTS_CODES:
+        return kept
+    choice = min(measure_dots_kernel().items(), key=lambda kv: kv[1])[0]
+    try:  # written whole or not at all: another process may read it meanwhile
+        with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as tmp:
+            tmp.write(choice)
+        os.replace(tmp.name, record)
+    except OSError:
+        pass  # an unwritable cache: measured again by the next process
+    return choice
+
+
+def measure_dots_kernel(rows: int = 16, k: int = 576, n: int = 3072, rounds: int = 5) -> dict[str, float]:
+    """The fastest of `rounds` runs of a bf16 projection of `rows` rows (k in, n out; a small model's
+    decode step) in each way of summing dot products, in seconds: {"dpbf16": s, "fma": s}. Only where
+    `dot_products_available()`."""
+    lib = load_kernel()[0]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    packed = pack_head(torch.randn(n, k, generator=g))
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    best = dict.fromkeys(_DOTS_CODES, float("inf"))
+    for _ in range(rounds):
+        for name, code in _DOTS_CODES.items():
+            start = time.perf_counter()
+            rc = lib.linear_bf16(
+                x.data_ptr(), k, packed.data_ptr(), None, out.data_ptr(), rows, k, packed.shape[1], n, n, 0, code,
+                torch.get_num_threads(),
+            )  # fmt: skip
+            best[name] = min(best[name], time.perf_counter() - start)
+            _raise_on(rc, "measure_dots_kernel")
+    return best
 
 
 def dot_products_available() -> bool:
@@ -516,7 +613,7 @@ def head_bf16(x: torch.Tensor, packed: torch.Tensor, vocab: int, amx: bool | Non
     out = torch.empty((-(-m // 16) * 16 if amx else m, n_pad), dtype=torch.float32)
     rc = load_kernel()[0].head_bf16(
         rows.data_ptr(), rows.stride(0), _is_bf16(rows), packed.data_ptr(), out.data_ptr(), m, k, packed.shape[1],
-        n_pad, int(amx), torch.get_num_threads(),
+        n_pad, _kernel_code(amx), torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "head_bf16")
     return out[:m, :vocab].view(*x.shape[:-1], vocab)
@@ -551,7 +648,7 @@ def linear_bf16(
     rc = load_kernel()[0].linear_bf16(
         rows.data_ptr(), rows.stride(0), packed.data_ptr(), None if fp32_bias is None else fp32_bias.data_ptr(),
         out.data_ptr(), rows.shape[0], k, packed.shape[1], packed.shape[0] * 16, n, _chunk_pairs(chunk, k, "linear_bf16"),
-        int(amx), torch.get_num_threads(),
+        _kernel_code(amx), torch.get_num_threads(),
     )  # fmt: skip
     _raise_on(rc, "linear_bf16")
     return out
