@@ -248,7 +248,8 @@ def test_fma_dot_products_add_each_product_in_order_with_one_rounding(M, K, N):
 
 def test_the_machines_way_of_dot_products_is_measured_once_and_kept(monkeypatch, tmp_path):
     """`dots_kernel` measures both ways once per machine and keeps the faster one next to the compiled
-    kernels; `$TINKRL_BF16_DOTS` picks one instead and a wrong value is refused by name."""
+    kernels; `$TINKRL_BF16_DOTS` picks one instead and a wrong value is refused by name; without the
+    kernels it says so."""
     _skip_without_bf16_dot_products()
     record = tmp_path / "kernels.dots"
     monkeypatch.setattr(da.load_kernel()[0], "_name", str(tmp_path / "kernels.so"))
@@ -258,6 +259,7 @@ def test_the_machines_way_of_dot_products_is_measured_once_and_kept(monkeypatch,
     da._machine_dots_kernel.cache_clear()
     try:
         assert da.dots_kernel() == "fma" and record.read_text() == "fma" and measured == [1]
+        assert [p.name for p in tmp_path.iterdir()] == ["kernels.dots"]  # no temporary file left
         da._machine_dots_kernel.cache_clear()
         record.write_text("dpbf16")  # kept: not measured again
         assert da.dots_kernel() == "dpbf16" and measured == [1]
@@ -268,6 +270,12 @@ def test_the_machines_way_of_dot_products_is_measured_once_and_kept(monkeypatch,
         monkeypatch.setenv(da.DOTS_ENV, "avx")
         with pytest.raises(ValueError, match="TINKRL_BF16_DOTS='avx'"):
             da.dots_kernel()
+        da._machine_dots_kernel.cache_clear()
+        monkeypatch.delenv(da.DOTS_ENV)
+        with monkeypatch.context() as m:  # no kernels: said, not an AttributeError
+            m.setattr(da, "load_kernel", lambda: (None, "no C compiler (cc) on PATH"))
+            with pytest.raises(RuntimeError, match="no bf16 dot products here .no C compiler"):
+                da.dots_kernel()
     finally:
         da._machine_dots_kernel.cache_clear()
     times = measure(rows=4, k=64, n=96, rounds=2)  # the real measurement: both ways run

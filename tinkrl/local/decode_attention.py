@@ -506,7 +506,8 @@ def dots_kernel() -> str:
     registers. Both give the same sums (a product of two bf16 values is exact in fp32, and the FMAs add
     in the instruction's order); which is faster depends on the CPU (docs/performance.md). So it is
     measured once per machine (`measure_dots_kernel`) and kept next to the compiled kernels;
-    `$TINKRL_BF16_DOTS` picks one instead, and `dots_kernel_as` within a block."""
+    `$TINKRL_BF16_DOTS` picks one instead, and `dots_kernel_as` within a block. RuntimeError where
+    the kernels have no bf16 dot products (`dot_products_available()`)."""
     return _dots_as[-1] if _dots_as else _machine_dots_kernel()
 
 
@@ -531,7 +532,10 @@ def _machine_dots_kernel() -> str:
         if forced not in _DOTS_CODES:
             raise ValueError(f"{DOTS_ENV}={forced!r}: expected one of {sorted(_DOTS_CODES)}")
         return forced
-    record = Path(load_kernel()[0]._name).with_suffix(".dots")
+    lib, why = load_kernel()
+    if lib is None or not lib.head_bf16_available():
+        raise RuntimeError(f"dots_kernel: no bf16 dot products here ({why or 'the CPU has no AVX512-BF16'})")
+    record = Path(lib._name).with_suffix(".dots")
     try:
         kept = record.read_text().strip()
     except OSError:
@@ -539,12 +543,12 @@ def _machine_dots_kernel() -> str:
     if kept in _DOTS_CODES:
         return kept
     choice = min(measure_dots_kernel().items(), key=lambda kv: kv[1])[0]
+    tmp = record.with_suffix(f".{os.getpid()}.tmp")
     try:  # written whole or not at all: another process may read it meanwhile
-        with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as tmp:
-            tmp.write(choice)
-        os.replace(tmp.name, record)
-    except OSError:
-        pass  # an unwritable cache: measured again by the next process
+        tmp.write_text(choice)
+        os.replace(tmp, record)
+    except OSError:  # an unwritable cache: measured again by the next process
+        tmp.unlink(missing_ok=True)
     return choice
 
 
