@@ -16,10 +16,11 @@ torch ops (each of which costs more to dispatch, and at 64 rows to fork its thre
 on the projections' q and k, the cache write, attention) and `silu_mul`. They read the projections'
 outputs and write the next ones' inputs in fp32 or bf16, so bf16 products need no casts between.
 
-The kernel is compiled on first use with the machine's C compiler (`-march=native`, OpenMP: the
-same OpenMP runtime torch's CPU kernels run on, so both share one thread pool) into
-`$TINKRL_KERNEL_CACHE` (default `~/.cache/tinkrl/kernels`), keyed by the source, the compiler and
-the CPU. Without a compiler (or OpenMP), torch's kernel is used and one warning says why.
+The kernel is compiled by `make install` (`prepare_kernels`) or on first use with the machine's C
+compiler (`-march=native`, OpenMP: the same OpenMP runtime torch's CPU kernels run on, so both share
+one thread pool) into `$TINKRL_KERNEL_CACHE` (default `~/.cache/tinkrl/kernels`), keyed by the
+source, the compiler and the CPU. Without a compiler (or OpenMP), torch's kernel is used and one
+warning says why.
 `TINKRL_DECODE_ATTENTION=torch` uses torch's kernel anyway.
 """
 
