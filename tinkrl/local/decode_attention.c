@@ -408,7 +408,8 @@ static void store_bf16(const float *sums, int rows, const float *bias, uint16_t 
     }
 }
 
-/* `head_tile`'s sums of up to 8 rows (`R`) against the weight's 32-column strip `wj`: into `out`
+/* `head_tile`'s sums (or with `xf`, x widened by `widen_pairs`, `fma_tile`'s) of up to 8 rows (`R`)
+ * against the weight's 32-column strip `wj`: into `out`
  * (rows `ldo` apart), or with `out16` set, plus `bias` (or none) rounded to bf16 into `out16`'s
  * columns from c (`store_bf16`). */
 static inline __attribute__((always_inline)) void dots_tile(const uint32_t *xm, const float *xf, int64_t K2,

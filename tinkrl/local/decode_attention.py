@@ -533,10 +533,10 @@ def _machine_dots_kernel() -> str:
         if forced not in _DOTS_CODES:
             raise ValueError(f"{DOTS_ENV}={forced!r}: expected one of {sorted(_DOTS_CODES)}")
         return forced
-    lib, why = load_kernel()
-    if lib is None or not lib.head_bf16_available():
-        raise RuntimeError(f"dots_kernel: no bf16 dot products here ({why or 'the CPU has no AVX512-BF16'})")
-    record = Path(lib._name).with_suffix(".dots")
+    if not dot_products_available():
+        why = load_kernel()[1] or "the CPU has no AVX512-BF16"
+        raise RuntimeError(f"dots_kernel: no bf16 dot products here ({why})")
+    record = Path(load_kernel()[0]._name).with_suffix(".dots")
     try:
         kept = record.read_text().strip()
     except OSError:
@@ -557,21 +557,16 @@ def measure_dots_kernel(rows: int = 16, k: int = 576, n: int = 3072, rounds: int
     """The fastest of `rounds` runs of a bf16 projection of `rows` rows (k in, n out; a small model's
     decode step) in each way of summing dot products, in seconds: {"dpbf16": s, "fma": s}. Only where
     `dot_products_available()`."""
-    lib = load_kernel()[0]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, k, generator=g).bfloat16()
     packed = pack_head(torch.randn(n, k, generator=g))
-    out = torch.empty(rows, n, dtype=torch.bfloat16)
     best = dict.fromkeys(_DOTS_CODES, float("inf"))
     for _ in range(rounds):
-        for name, code in _DOTS_CODES.items():
-            start = time.perf_counter()
-            rc = lib.linear_bf16(
-                x.data_ptr(), k, packed.data_ptr(), None, out.data_ptr(), rows, k, packed.shape[1], n, n, 0, code,
-                torch.get_num_threads(),
-            )  # fmt: skip
-            best[name] = min(best[name], time.perf_counter() - start)
-            _raise_on(rc, "measure_dots_kernel")
+        for name in _DOTS_CODES:
+            with dots_kernel_as(name):
+                start = time.perf_counter()
+                linear_bf16(x, packed, n, amx=False)
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
