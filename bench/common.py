@@ -8,9 +8,12 @@ first. A record is the command line, the commit, the day, the machine, the setti
 repeat of every metric and their medians; ratios are left to the report, which takes them from
 the medians.
 
-The machine class is what makes figures comparable: `cpu-<class>-<N>c` for work on N CPU
-cores, the class being the fastest matrix instructions the CPU has (`amx`, `avx512_bf16`,
-`avx2`, `other`), or `cuda-<gpu name>` for work on a GPU.
+The machine class is what makes figures comparable: `cpu-<vendor>-<class>-<N>c` for work on N
+CPU cores, the vendor being `amd`, `intel` or `other` and the class the fastest matrix
+instructions the CPU has (`amx`, `avx512_bf16`, `avx2`, `other`), or `cuda-<gpu name>` for work
+on a GPU. The vendor is part of it because one instruction class runs at different speeds on
+different makers' cores: an AMD EPYC and an Intel Xeon both have AVX512-BF16, and their bf16 dot
+products and fp32 FMAs compare the other way round.
 
 Results go to `--results DIR`, else `$TINKRL_BENCH_RESULTS`, else the committed
 `bench/results/`: point either at a temporary directory for trial runs.
@@ -39,7 +42,7 @@ RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_ENV = "TINKRL_BENCH_RESULTS"
 # Files a benchmark run rewrites itself: changing them does not make the code under test "dirty".
 GENERATED_PATHS = ("bench/results", "docs/performance.md")
-MACHINE_KEYS = ("cpu_model", "cpu_class", "cores", "threads", "ram_gib", "gpu", "torch")
+MACHINE_KEYS = ("cpu_model", "cpu_vendor", "cpu_class", "cores", "threads", "ram_gib", "gpu", "torch")
 
 
 def cpu_class(flags: set[str]) -> str:
@@ -53,18 +56,28 @@ def cpu_class(flags: set[str]) -> str:
     return "other"
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
-    """(model name, flags) of the first CPU in /proc/cpuinfo; the platform's name elsewhere."""
-    model, flags = platform.processor() or platform.machine(), set()
+VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+
+def cpu_vendor(vendor_id: str) -> str:
+    """`amd`, `intel` or `other`, from /proc/cpuinfo's `vendor_id`."""
+    return VENDORS.get(vendor_id.strip(), "other")
+
+
+def _cpuinfo() -> tuple[str, str, set[str]]:
+    """(model name, vendor, flags) of the first CPU in /proc/cpuinfo; the platform's name elsewhere."""
+    model, vendor, flags = platform.processor() or platform.machine(), "other", set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return model, flags
+        return model, vendor, flags
     if m := re.search(r"^model name\s*:\s*(.+)$", text, re.M):
         model = m.group(1).strip()
+    if m := re.search(r"^vendor_id\s*:\s*(.+)$", text, re.M):
+        vendor = cpu_vendor(m.group(1))
     if m := re.search(r"^flags\s*:\s*(.+)$", text, re.M):
         flags = set(m.group(1).split())
-    return model, flags
+    return model, vendor, flags
 
 
 def _ram_gib() -> float | None:
@@ -100,13 +113,15 @@ def _torch_version() -> str | None:
 
 
 def machine() -> dict:
-    """The machine a benchmark ran on: CPU model and class, cores available, threads torch used
-    (the cores when torch is not loaded), RAM in GiB, GPU name (None without one), torch version."""
-    model, flags = _cpuinfo()
+    """The machine a benchmark ran on: CPU model, vendor and class, cores available, threads torch
+    used (the cores when torch is not loaded), RAM in GiB, GPU name (None without one), torch
+    version."""
+    model, vendor, flags = _cpuinfo()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch = sys.modules.get("torch")
     return {
         "cpu_model": model,
+        "cpu_vendor": vendor,
         "cpu_class": cpu_class(flags),
         "cores": cores,
         "threads": torch.get_num_threads() if torch is not None else cores,
@@ -117,10 +132,10 @@ def machine() -> dict:
 
 
 def machine_class(info: Mapping, device: str = "cpu") -> str:
-    """`cuda-<gpu>` for work on a GPU, else `cpu-<cpu class>-<cores>c`."""
+    """`cuda-<gpu>` for work on a GPU, else `cpu-<vendor>-<cpu class>-<cores>c`."""
     if device.startswith("cuda") and info.get("gpu"):
         return "cuda-" + re.sub(r"[^a-z0-9]+", "-", info["gpu"].lower()).strip("-")
-    return f"cpu-{info['cpu_class']}-{info['cores']}c"
+    return f"cpu-{info['cpu_vendor']}-{info['cpu_class']}-{info['cores']}c"
 
 
 def commit() -> str:

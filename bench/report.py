@@ -33,7 +33,7 @@ DOC = ROOT / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 RECORD_KEYS = {"command", "commit", "date", "machine", "settings", "repeats", "median"}
 # The machine classes the doc keeps figures for: the 2-core CPU `make train` is sized for, and a GPU.
-CPU_REFERENCE = "cpu-avx512_bf16-2c"
+CPU_REFERENCE = "cpu-amd-avx512_bf16-2c"
 GPU_REFERENCE = "cuda-nvidia-h100-80gb-hbm3"
 
 

@@ -36,6 +36,7 @@ def engine_result(**changes) -> dict:
         "date": "2026-11-24",
         "machine": {
             "cpu_model": "Test CPU",
+            "cpu_vendor": "amd",
             "cpu_class": "avx2",
             "cores": 4,
             "threads": 4,
@@ -48,11 +49,11 @@ def engine_result(**changes) -> dict:
         "median": common.medians(repeats),
     }
     run.update(changes)
-    return {"bench": "engine", "machine_class": "cpu-avx2-4c", "runs": {"SmolLM2 float32": run}}
+    return {"bench": "engine", "machine_class": "cpu-amd-avx2-4c", "runs": {"SmolLM2 float32": run}}
 
 
 def write(results: Path, doc: dict) -> Path:
-    path = results / "engine" / "cpu-avx2-4c.json"
+    path = results / "engine" / "cpu-amd-avx2-4c.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
     return path
@@ -70,13 +71,13 @@ def test_renders_a_result_into_its_block_and_keeps_the_prose(tmp_path):
     text = report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
     assert text.startswith("# doc\n\nprose kept\n\n<!-- generated: engine -->\n") and "stale" not in text
     assert text.endswith("<!-- /generated -->\n\nmore prose\n")
-    row = "| `cpu-avx2-4c` | SmolLM2 | float32 | 1,500 | 1,550 | 1,100 | 500 | 3.00x | not run | not run | abc1234 | 2026-11-24 |"
+    row = "| `cpu-amd-avx2-4c` | SmolLM2 | float32 | 1,500 | 1,550 | 1,100 | 500 | 3.00x | not run | not run | abc1234 | 2026-11-24 |"
     assert row in text.splitlines()
     # the classes the doc tracks but the results lack get a row saying how to measure them
     assert (
         f"| `{report.CPU_REFERENCE}` | not yet measured on this machine class: run `python bench/engine.py` |" in text
     )
-    assert "- `cpu-avx2-4c`: Test CPU (avx2), 4 cores, 4 threads, 16 GiB RAM, no GPU, torch 2.13.0" in text
+    assert "- `cpu-amd-avx2-4c`: Test CPU (avx2), 4 cores, 4 threads, 16 GiB RAM, no GPU, torch 2.13.0" in text
     assert report.regenerate(text, tmp_path, [ENGINE]) == text
 
 
@@ -98,7 +99,7 @@ def test_no_results_render_not_yet_measured_rows(tmp_path):
         lambda d: d["runs"]["SmolLM2 float32"]["repeats"].pop("sampling/tinkrl_concurrent_tok_s"),
         lambda d: d["runs"]["SmolLM2 float32"].update(verdict="target met"),
         lambda d: d.update(bench="sandbox"),
-        lambda d: d.update(machine_class="cpu-amx-4c"),
+        lambda d: d.update(machine_class="cpu-intel-amx-4c"),
     ],
     ids=[
         "median-not-of-repeats",
@@ -119,7 +120,7 @@ def test_a_wrong_field_fails_the_report(tmp_path, breaks):
     if "sampling/tinkrl_concurrent_tok_s" not in doc["runs"]["SmolLM2 float32"]["repeats"]:
         doc["runs"]["SmolLM2 float32"]["median"].pop("sampling/tinkrl_concurrent_tok_s")
     write(tmp_path, doc)
-    with pytest.raises(report.ResultError, match="cpu-avx2-4c.json"):
+    with pytest.raises(report.ResultError, match="cpu-amd-avx2-4c.json"):
         report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
     doc_path = tmp_path / "doc.md"
     doc_path.write_text(ENGINE_DOC)
@@ -189,9 +190,23 @@ def test_cpu_class_from_flags(flags, expected):
 
 
 def test_machine_class_names_the_gpu_only_for_gpu_work():
-    info = {"cpu_class": "avx512_bf16", "cores": 2, "gpu": "NVIDIA H100 80GB HBM3"}
+    info = {"cpu_vendor": "amd", "cpu_class": "avx512_bf16", "cores": 2, "gpu": "NVIDIA H100 80GB HBM3"}
     assert common.machine_class(info, "cuda") == report.GPU_REFERENCE
     assert common.machine_class(info, "cpu") == report.CPU_REFERENCE
+
+
+def test_one_instruction_class_on_two_vendors_is_two_machine_classes():
+    """An AMD EPYC and an Intel Xeon without AMX share AVX512-BF16 but not its speed: their
+    records go to different files."""
+    assert common.cpu_vendor("AuthenticAMD") == "amd"
+    assert common.cpu_vendor("GenuineIntel\n") == "intel"
+    assert common.cpu_vendor("CentaurHauls") == "other"
+    amd = {"cpu_vendor": "amd", "cpu_class": "avx512_bf16", "cores": 2, "gpu": None}
+    intel = {**amd, "cpu_vendor": "intel"}
+    assert common.machine_class(amd) == "cpu-amd-avx512_bf16-2c"
+    assert common.machine_class(intel) == "cpu-intel-avx512_bf16-2c"
+    assert common.result_path("vs_vllm", Path("r"), amd) != common.result_path("vs_vllm", Path("r"), intel)
+    assert common.machine()["cpu_vendor"] in {"amd", "intel", "other"}
 
 
 def test_make_train_figures_leave_out_the_last_step():
