@@ -50,7 +50,7 @@ from tinkrl.local.model_files import (
     tinkrl_home,
     tinkrl_model_dir,
 )
-from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule, default_sampler_rule
+from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule, default_sampler_rule, sampler_class
 
 __all__ = [  # the names other modules import from here (several now live in model_files)
     "DEFAULT_MODEL",
@@ -272,11 +272,22 @@ def parse_sampler_precision(name: str) -> SamplerPrecision:
 
 def default_sampler_precision(device: torch.device) -> SamplerPrecision:
     """The device's default sampler precision by the measured rule of its hardware class
-    (`precision.py`); `TINKRL_SAMPLER_PRECISION` overrides it."""
+    (`precision.py`); `TINKRL_SAMPLER_PRECISION` overrides it.
+
+    On Intel's AVX512-BF16 without AMX the rule's `bfloat16` rests on the decode kernels' dot
+    products: where they can't be built (no C compiler), the bf16 products would run in oneDNN's
+    bf16 instruction, slower there than fp32, so the default is `matched`.
+    """
     override = os.environ.get("TINKRL_SAMPLER_PRECISION")
     if override:
         return parse_sampler_precision(override)
-    return default_sampler_rule(device.type).precision
+    precision = default_sampler_rule(device.type).precision
+    if precision == "bfloat16" and device.type == "cpu" and sampler_class() == "avx512_bf16_intel":
+        from tinkrl.local.decode_attention import dot_products_available
+
+        if not dot_products_available():
+            return "matched"
+    return precision
 
 
 def _tiny_model(name: str, dtype: torch.dtype):

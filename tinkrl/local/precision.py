@@ -4,9 +4,10 @@ The sampler's and the trainer's logprobs for the same weights and tokens must ag
 precision becomes a class's default only where it is measured to be faster *and* keeps that
 agreement within `AGREEMENT_BOUND` (max |dlogprob| between `sample()` and `forward()` on the same
 tokens), or is shown to learn equally well. Every CPU class measured so far computes in fp32; the
-sampler of CPUs with AMX samples in bf16, shown to learn as well (docs/engine.md, "Precision
-policy" and "Sampler precision", has the figures behind each entry). `TINKRL_DTYPE` or an
-explicit precision overrides the rule. No torch here: the rule is read by plans and docs too.
+sampler of CPUs with AMX, and of Intel's with AVX512-BF16 alone, samples in bf16, shown to learn as
+well (docs/engine.md, "Precision policy" and "Sampler precision", has the figures behind each
+entry). `TINKRL_DTYPE` or an explicit precision overrides the rule. No torch here: the rule is
+read by plans and docs too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from typing import Generic, Literal, TypeVar
 AGREEMENT_BOUND = 2e-2
 
 CpuClass = Literal["amx_bf16", "avx512_bf16", "other"]
+CpuVendor = Literal["amd", "intel", "other"]
+# The sampler's classes: the CPU classes, with Intel's AVX512-BF16 without AMX (a Cooper Lake Xeon,
+# or a newer Xeon whose VM does not lend AMX) apart from AMD's, because bf16 sampling runs there at
+# another speed (its bf16 dot products no faster than fp32 FMAs) and was measured there on its own.
+SamplerClass = Literal["amx_bf16", "avx512_bf16_intel", "avx512_bf16", "other"]
 Precision = Literal["float32", "bfloat16"]
 # How the sampler computes: "matched" runs the trainer's own arithmetic (their logprobs agree);
 # "bfloat16" keeps bf16 copies of the weights and multiplies bf16 activations by them (fp32 residual
@@ -64,12 +70,19 @@ CUDA_RULE = PrecisionRule(
 CUDA_NO_BF16_RULE = PrecisionRule("float32", "a GPU without bf16 support")
 
 
-CPU_SAMPLER_RULES: dict[CpuClass, SamplerRule] = {
+CPU_SAMPLER_RULES: dict[SamplerClass, SamplerRule] = {
     "amx_bf16": SamplerRule(
         "bfloat16",
         "Intel Xeon with AMX, 2 cores, SmolLM2: bf16 sampling (products and the head in AMX tiles) samples 2.0-3.3x "
         "faster than matched; make train with it ran 164 and 175 steps to 0.92 and 0.91 held-out, matched 92 and "
         "122 steps to 0.84 and 0.84, with per-step max |dlogprob| median 0.20 that the importance ratio corrects",
+    ),
+    "avx512_bf16_intel": SamplerRule(
+        "bfloat16",
+        "Intel Xeon with AVX512-BF16 and no AMX, 2 cores, SmolLM2: bf16 sampling (its dot products summed in fp32 "
+        "FMAs) samples 1.2-1.7x faster than matched; make train with it ran 175 and 167 steps to 0.93 and 0.94 "
+        "held-out, matched 166 and 167 steps to 0.93 and 0.93, with per-step max |dlogprob| median 0.19-0.20 that "
+        "the importance ratio corrects",
     ),
     "avx512_bf16": SamplerRule(
         "matched",
@@ -81,6 +94,9 @@ CPU_SAMPLER_RULES: dict[CpuClass, SamplerRule] = {
 CUDA_SAMPLER_RULE = SamplerRule("matched", "the trainer's TF32 products are already fast on GPUs")
 
 
+VENDORS: dict[str, CpuVendor] = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+
 def cpu_class_of(flags: frozenset[str] | set[str]) -> CpuClass:
     """The CPU class of a set of /proc/cpuinfo flags: AMX tiles with bf16, AVX512-BF16 alone, or neither."""
     if "amx_bf16" in flags:
@@ -90,22 +106,46 @@ def cpu_class_of(flags: frozenset[str] | set[str]) -> CpuClass:
     return "other"
 
 
+def sampler_class_of(cls: CpuClass, vendor: CpuVendor) -> SamplerClass:
+    """The sampler's class of a CPU class on a vendor's CPU: the CPU class, with Intel's AVX512-BF16
+    apart from the others'."""
+    return "avx512_bf16_intel" if cls == "avx512_bf16" and vendor == "intel" else cls
+
+
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This machine's CPU flags from /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags from /proc/cpuinfo (empty where there is none)."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+def cpu_vendor() -> CpuVendor:
+    """This machine's CPU vendor, from /proc/cpuinfo's `vendor_id` ("other" where it names neither)."""
+    return VENDORS.get(_cpuinfo().get("vendor_id", ""), "other")
 
 
 def cpu_class() -> CpuClass:
     """This machine's CPU class (see `cpu_class_of`)."""
     return cpu_class_of(cpu_flags())
+
+
+def sampler_class() -> SamplerClass:
+    """This machine's sampler class (see `sampler_class_of`)."""
+    return sampler_class_of(cpu_class(), cpu_vendor())
 
 
 def default_rule(device_type: str, cuda_bf16: bool = False) -> PrecisionRule:
@@ -119,4 +159,4 @@ def default_sampler_rule(device_type: str) -> SamplerRule:
     """The rule that picks the default sampler precision for a device type on this machine."""
     if device_type == "cuda":
         return CUDA_SAMPLER_RULE
-    return CPU_SAMPLER_RULES[cpu_class()]
+    return CPU_SAMPLER_RULES[sampler_class()]
