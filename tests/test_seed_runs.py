@@ -56,6 +56,8 @@ def test_seed_001_arithmetic_trains_on_the_tinker_service_with_wandb_offline(tmp
     assert first_line.startswith("plan: 2 groups (math 2x4) = 8 rollouts/step, 2 steps of tinkrl/tiny-llama")
     assert "on backend tinker (TINKER_API_KEY and TINKER_BASE_URL are set)" in first_line
     assert "tinking dialect" in first_line and "W&B tinker/debug-arithmetic (offline)" in first_line
+    # the service's engine is not this process's: the run line names the backend alone
+    assert any(line.startswith("run ") and " on tinker, steps 0..2, " in line for line in out.splitlines()), out
 
     metrics = rows(tmp_path / "first" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1]

@@ -55,6 +55,8 @@ def test_train_smoke(home, tmp_path, monkeypatch):
     run = tmp_path / "run"
     out = train(home, tmp_path, "max_steps=2", "eval_every=1", f"log_path={run}")
     assert out.returncode == 0, out.stdout + out.stderr
+    # the run says how the engine computes: the sampler precision the tests pin (conftest), on CPU
+    assert f"run {run}: {TINY} on local (cpu, " in out.stdout and ", sampler matched)" in out.stdout, out.stdout
 
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["model_name"] == TINY and config["max_steps"] == 2 and "arithmetic" in config["environments"]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tinkrl.backends import choose_backend, make_service_client
+from tinkrl.backends import choose_backend, local_compute, make_service_client
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
@@ -111,8 +111,10 @@ async def train(
     reference = await asyncio.to_thread(kl_reference_client, c, service, checkpointer) if c.kl_penalty_coef else None
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
     sc_step = start  # the optimizer step whose weights `sc` samples
+    compute = local_compute(tc)
     print(
-        f"run {c.run_dir}: {c.model_name} on {c.backend}, steps {start}..{c.max_steps}, "
+        f"run {c.run_dir}: {c.model_name} on {c.backend}{f' ({compute})' if compute else ''}, "
+        f"steps {start}..{c.max_steps}, "
         f"{sum(n * c.group_size_for(k) for k, n in c.groups_per_env().items())} rollouts/step, "
         f"ready in {time.time() - t0:.1f}s"
     )
