@@ -30,7 +30,6 @@ from tinkrl.local.models import TINY_ARCHS, default_sampler_precision
 from tinkrl.local.precision import (
     CPU_SAMPLER_RULES,
     SamplerClass,
-    cpu_class,
     cpu_vendor,
     sampler_class,
     sampler_class_of,
@@ -401,7 +400,14 @@ def test_this_machines_vendor_and_sampler_class_come_from_cpuinfo():
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     vendor_id = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
     assert cpu_vendor() == {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor_id, "other")
-    assert sampler_class() == sampler_class_of(cpu_class(), cpu_vendor())
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    if "amx_bf16" in flags:
+        expected = "amx_bf16"
+    elif "avx512_bf16" in flags:
+        expected = "avx512_bf16_intel" if vendor_id == "GenuineIntel" else "avx512_bf16"
+    else:
+        expected = "other"
+    assert sampler_class() == expected
 
 
 def test_the_setting_reaches_the_engine_and_bad_names_are_refused(monkeypatch):
