@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from tinkrl.local.precision import cpuinfo, vendor_of  # no torch: the report runs without it
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_ENV = "TINKRL_BENCH_RESULTS"
@@ -56,28 +58,11 @@ def cpu_class(flags: set[str]) -> str:
     return "other"
 
 
-VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
-
-
-def cpu_vendor(vendor_id: str) -> str:
-    """`amd`, `intel` or `other`, from /proc/cpuinfo's `vendor_id`."""
-    return VENDORS.get(vendor_id.strip(), "other")
-
-
 def _cpuinfo() -> tuple[str, str, set[str]]:
     """(model name, vendor, flags) of the first CPU in /proc/cpuinfo; the platform's name elsewhere."""
-    model, vendor, flags = platform.processor() or platform.machine(), "other", set()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return model, vendor, flags
-    if m := re.search(r"^model name\s*:\s*(.+)$", text, re.M):
-        model = m.group(1).strip()
-    if m := re.search(r"^vendor_id\s*:\s*(.+)$", text, re.M):
-        vendor = cpu_vendor(m.group(1))
-    if m := re.search(r"^flags\s*:\s*(.+)$", text, re.M):
-        flags = set(m.group(1).split())
-    return model, vendor, flags
+    info = cpuinfo()
+    model = info.get("model name") or platform.processor() or platform.machine()
+    return model, vendor_of(info.get("vendor_id", "")), set(info.get("flags", "").split())
 
 
 def _ram_gib() -> float | None:

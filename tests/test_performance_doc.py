@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tinkrl.local.precision import vendor_of
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -198,9 +200,9 @@ def test_machine_class_names_the_gpu_only_for_gpu_work():
 def test_one_instruction_class_on_two_vendors_is_two_machine_classes():
     """An AMD EPYC and an Intel Xeon without AMX share AVX512-BF16 but not its speed: their
     records go to different files."""
-    assert common.cpu_vendor("AuthenticAMD") == "amd"
-    assert common.cpu_vendor("GenuineIntel\n") == "intel"
-    assert common.cpu_vendor("CentaurHauls") == "other"
+    assert vendor_of("AuthenticAMD") == "amd"
+    assert vendor_of("GenuineIntel\n") == "intel"
+    assert vendor_of("CentaurHauls") == "other"
     amd = {"cpu_vendor": "amd", "cpu_class": "avx512_bf16", "cores": 2, "gpu": None}
     intel = {**amd, "cpu_vendor": "intel"}
     assert common.machine_class(amd) == "cpu-amd-avx512_bf16-2c"

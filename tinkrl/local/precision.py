@@ -112,9 +112,15 @@ def sampler_class_of(cls: CpuClass, vendor: CpuVendor) -> SamplerClass:
     return "avx512_bf16_intel" if cls == "avx512_bf16" and vendor == "intel" else cls
 
 
+def vendor_of(vendor_id: str) -> CpuVendor:
+    """`amd`, `intel` or `other`, from /proc/cpuinfo's `vendor_id`."""
+    return VENDORS.get(vendor_id.strip(), "other")
+
+
 @functools.cache
-def _cpuinfo() -> dict[str, str]:
-    """The first CPU's fields in /proc/cpuinfo (empty where there is none)."""
+def cpuinfo() -> dict[str, str]:
+    """This machine's first CPU's fields in /proc/cpuinfo ("model name", "vendor_id", "flags", ...;
+    empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -130,12 +136,12 @@ def _cpuinfo() -> dict[str, str]:
 
 def cpu_flags() -> frozenset[str]:
     """This machine's CPU flags from /proc/cpuinfo (empty where there is none)."""
-    return frozenset(_cpuinfo().get("flags", "").split())
+    return frozenset(cpuinfo().get("flags", "").split())
 
 
 def cpu_vendor() -> CpuVendor:
     """This machine's CPU vendor, from /proc/cpuinfo's `vendor_id` ("other" where it names neither)."""
-    return VENDORS.get(_cpuinfo().get("vendor_id", ""), "other")
+    return vendor_of(cpuinfo().get("vendor_id", ""))
 
 
 def cpu_class() -> CpuClass:
