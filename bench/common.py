@@ -37,13 +37,13 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from tinkrl.local.precision import cpuinfo, vendor_of  # no torch: the report runs without it
+from tinkrl.local.plan import cpuinfo, usable_flags, vendor_of  # no torch: the report runs without it
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_ENV = "TINKRL_BENCH_RESULTS"
 # Files a benchmark run rewrites itself: changing them does not make the code under test "dirty".
-GENERATED_PATHS = ("bench/results", "docs/performance.md")
+GENERATED_PATHS = ("bench/results", "docs/performance.md", "docs/notebook.md")
 MACHINE_KEYS = ("cpu_model", "cpu_vendor", "cpu_class", "cores", "threads", "ram_gib", "gpu", "torch")
 
 
@@ -59,10 +59,13 @@ def cpu_class(flags: set[str]) -> str:
 
 
 def _cpuinfo() -> tuple[str, str, set[str]]:
-    """(model name, vendor, flags) of the first CPU in /proc/cpuinfo; the platform's name elsewhere."""
-    info = cpuinfo()
+    """(model name, vendor, flags) of the first CPU in /proc/cpuinfo; the platform's name elsewhere. Under
+    `ONEDNN_MAX_CPU_ISA` the flags are those the libraries may use (and the model name says so), so a
+    run with AVX-512 masked off is recorded as its class's."""
+    info, cap = cpuinfo(), os.environ.get("ONEDNN_MAX_CPU_ISA", "")
     model = info.get("model name") or platform.processor() or platform.machine()
-    return model, vendor_of(info.get("vendor_id", "")), set(info.get("flags", "").split())
+    flags = set(usable_flags(frozenset(info.get("flags", "").split()), cap)[0])
+    return model + (f" (ONEDNN_MAX_CPU_ISA={cap})" if cap else ""), vendor_of(info.get("vendor_id", "")), flags
 
 
 def _ram_gib() -> float | None:

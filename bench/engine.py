@@ -147,7 +147,7 @@ def bench_sampling(model_name: str, precision: str, device: str, repeats: int, n
     def prebatched():
         jobs = [SampleJob(p, 1, params) for p in ps]
         engine.submit(
-            lambda: sample_batch(engine.base, jobs, engine.tokenizer, engine.eos_id, engine.max_context)
+            lambda: sample_batch(engine.base, engine.paths, jobs, engine.tokenizer, engine.eos_id, engine.max_context)
         ).result()
 
     t_conc = timed(concurrent, repeats)

@@ -25,6 +25,32 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """`fake_cpu(flags, vendor_id="GenuineIntel", kernels=True)` makes the plan's one probe see another
+    CPU: /proc/cpuinfo's flags and vendor as given, the kernels built for this machine limited to what
+    those flags allow (none with `kernels=False`), oneDNN's bf16 products as those flags allow. Returns
+    the probe's `Machine`; engines made meanwhile are the test's own."""
+    from tinkrl.local import plan, transformer
+    from tinkrl.local.engine import Engine
+    from tinkrl.local.kernels import library
+
+    monkeypatch.setattr(Engine, "_engines", {})
+
+    def fake(flags: str, vendor_id: str = "GenuineIntel", kernels: bool = True):
+        monkeypatch.setattr(plan, "cpuinfo", lambda: {"vendor_id": vendor_id, "flags": flags})
+        if not kernels:
+            monkeypatch.setattr(library, "load", lambda isa=(): (None, "no C compiler (cc) on PATH"))
+        plan.cpu.cache_clear()
+        plan.probe.cache_clear()
+        monkeypatch.setattr(transformer, "_ONEDNN_BF16", transformer._ONEDNN and plan.onednn_bf16(plan.cpu()[1]))
+        return plan.probe()
+
+    yield fake
+    plan.cpu.cache_clear()  # the real CPU again once monkeypatch restores /proc/cpuinfo's reader
+    plan.probe.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def renderer():
     """The chat renderer of the tiny random-weight test model (tests of one family override it)."""

@@ -17,7 +17,7 @@ from helpers.engine import BF16_ON_AMX, REAL, assert_agreement_before_and_after_
 
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import default_dtype, parse_dtype
-from tinkrl.local.precision import AGREEMENT_BOUND
+from tinkrl.local.plan import AGREEMENT_BOUND
 from tinkrl.renderers import get_renderer
 
 pytestmark = pytest.mark.real_model

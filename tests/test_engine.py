@@ -527,7 +527,9 @@ def test_static_decoding_samples_as_eager_decoding(sampler, seqs, static):
         batch = jobs()
         tree = engine.sampler_tree(sc.snapshot)
         engine.submit(
-            lambda: sample_batch(tree, batch, engine.tokenizer, engine.eos_id, engine.max_context, static=use_static)
+            lambda: sample_batch(
+                tree, engine.paths, batch, engine.tokenizer, engine.eos_id, engine.max_context, static=use_static
+            )
         ).result()
         return [seq for job in batch for seq in job.result.sequences]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tinkrl.local.precision import vendor_of
+from tinkrl.local.plan import vendor_of
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -1,4 +1,4 @@
-"""The default-precision rule (`tinkrl/local/precision.py`) and the agreement every default keeps.
+"""The default-precision rule (`tinkrl/local/plan.py`) and the agreement every default keeps.
 
 What must hold: each CPU class has one default with the measurement behind it (fp32 on every
 class measured so far); this machine's engine takes the default of its own class; and with
@@ -20,7 +20,7 @@ from tinker import types
 
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import default_dtype, parse_dtype
-from tinkrl.local.precision import AGREEMENT_BOUND, CPU_RULES, CpuClass, cpu_class, cpu_class_of, default_rule
+from tinkrl.local.plan import AGREEMENT_BOUND, CPU_RULES, CpuClass, cpu_class_of, default_rule, probe
 
 
 def test_every_cpu_class_has_a_measured_default():
@@ -45,8 +45,8 @@ def test_cpu_class_from_flags(flags, cls):
 
 def test_this_machine_defaults_to_its_class_rule(monkeypatch):
     monkeypatch.delenv("TINKRL_DTYPE", raising=False)
-    rule = default_rule("cpu")
-    assert rule is CPU_RULES[cpu_class()]
+    rule = default_rule(probe(), "cpu")
+    assert rule is CPU_RULES[probe().cpu_class]
     assert default_dtype(torch.device("cpu")) == parse_dtype(rule.precision) == torch.float32
     assert ServiceClient().dtype is None  # the engine picks the rule's default when none is asked for
 

@@ -36,7 +36,14 @@ def _run(sc, jobs: list[SampleJob], prefixes: Prefixes | None, static: bool) -> 
     tree = engine.sampler_tree(sc.snapshot)
     engine.submit(
         lambda: sample_batch(
-            tree, jobs, engine.tokenizer, engine.eos_id, engine.max_context, static=static, prefixes=prefixes
+            tree,
+            engine.paths,
+            jobs,
+            engine.tokenizer,
+            engine.eos_id,
+            engine.max_context,
+            static=static,
+            prefixes=prefixes,
         )
     ).result()
     return [s for j in jobs for s in j.result.sequences]

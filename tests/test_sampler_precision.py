@@ -13,6 +13,7 @@ Fast: the tiny random-weight model.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import get_args
 
@@ -26,14 +27,9 @@ from tinkrl.backends import make_service_client
 from tinkrl.config import BackendConfig
 from tinkrl.errors import TinkrlError
 from tinkrl.local import ServiceClient
+from tinkrl.local.kernels import paths
 from tinkrl.local.models import TINY_ARCHS, default_sampler_precision
-from tinkrl.local.precision import (
-    CPU_SAMPLER_RULES,
-    SamplerClass,
-    cpu_vendor,
-    sampler_class,
-    sampler_class_of,
-)
+from tinkrl.local.plan import CPU_SAMPLER_RULES, Choice, SamplerClass, probe, sampler_class_of
 from tinkrl.local.transformer import Linear
 
 
@@ -126,34 +122,30 @@ def _sample_base_and_merged(service: ServiceClient, prompt) -> None:
 def test_only_the_bf16_sampler_keeps_its_kv_cache_in_bf16(bf16_service, prompts, monkeypatch):
     """bf16 sampling, off-policy by its rounding already, halves its KV cache's bytes where the decode
     kernels read it; a matched sampler's cache stays fp32, the trainer's arithmetic."""
-    from tinkrl.local.decode_attention import load_kernel
     from tinkrl.local.transformer import KVCache
 
     allocated, real = [], KVCache.allocate.__func__
     monkeypatch.setattr(KVCache, "allocate", classmethod(lambda cls, *a: allocated.append(a[-1]) or real(cls, *a)))
     for service in (bf16_service, ServiceClient(device="cpu", dtype="float32", sampler_precision="matched")):
         _sample_base_and_merged(service, prompts[0])
-    bf16 = torch.bfloat16 if load_kernel()[0] is not None else torch.float32  # torch's kernel reads fp32 only
+    bf16 = torch.bfloat16 if "rope_decode_attention" in probe().kernels else torch.float32  # torch's reads fp32
     assert allocated == [bf16, bf16, torch.float32, torch.float32]
 
 
 def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts, monkeypatch):
     """Its logits come from bf16 products summed in fp32 where the CPU has bf16 dot products, its
     merged trees' too; a matched sampler's head stays the trainer's fp32 product."""
-    from tinkrl.local import transformer
+    calls, real = [], paths.head_bf16
 
-    calls, real = [], transformer.head_bf16
-
-    def head_calls(x, packed, n, **kw):
+    def head_calls(x, *args):
         calls.append(x.shape[0])
-        return real(x, packed, n, **kw)
+        return real(x, *args)
 
-    monkeypatch.setattr(transformer, "head_bf16", head_calls)
+    monkeypatch.setattr(paths, "head_bf16", head_calls)
     _sample_base_and_merged(ServiceClient(device="cpu", dtype="float32", sampler_precision="matched"), prompts[0])
     assert calls == []
     _sample_base_and_merged(bf16_service, prompts[0])
-    with torch.no_grad():
-        applies = transformer.head_bf16_applies(torch.zeros(1, 16))
+    applies = "head_bf16" in probe().kernels
     assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows
 
 
@@ -162,13 +154,12 @@ def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(bf16_service, prompt
     SiLU in the decode kernels, their bf16 outputs straight into the products. Its prompt logprobs
     stay within bf16 rounding of `forward`'s on the same tree. A matched sampler's prefill stays
     `forward`, the trainer's own arithmetic."""
-    from tinkrl.local.decode_attention import load_kernel
-    from tinkrl.local.transformer import CausalLM, DecoderLayer
-
-    if load_kernel()[0] is None:
-        pytest.skip(f"the decode kernels are not built here ({load_kernel()[1]}): every prefill runs `forward`")
-    calls, real = [], DecoderLayer.prefill
-    monkeypatch.setattr(DecoderLayer, "prefill", lambda layer, x, *a: calls.append(x.shape) or real(layer, x, *a))
+    if "rms_norm" not in probe().kernels:
+        pytest.skip(f"the kernels are not built here ({probe().kernels_why}): every prefill runs `forward`")
+    calls, real = [], paths.CpuKernels.prefill_layer
+    monkeypatch.setattr(
+        paths.CpuKernels, "prefill_layer", lambda self, layer, x, *a: calls.append(x.shape) or real(self, layer, x, *a)
+    )
     _sample_base_and_merged(ServiceClient(device="cpu", dtype="float32", sampler_precision="matched"), prompts[0])
     assert calls == []
     _sample_base_and_merged(bf16_service, prompts[0])
@@ -184,7 +175,9 @@ def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(bf16_service, prompt
     calls.clear()
     kernels = prompt_logprobs()
     assert calls
-    monkeypatch.setattr(CausalLM, "_prefills_in_kernels", lambda *a: False)
+    engine = bf16_service._engine(TINY)
+    op_by_op_plan = dataclasses.replace(engine.plan, prefill=Choice("reference", "the test's"))
+    monkeypatch.setattr(engine, "paths", paths.for_plan(op_by_op_plan))
     calls.clear()
     op_by_op = prompt_logprobs()
     assert calls == []
@@ -227,33 +220,32 @@ def test_a_long_prefill_attends_in_query_blocks_as_in_one_call(monkeypatch):
     assert torch.equal(broadcast, real(q, k, v, attn_mask=mask[:, :, -1:], enable_gqa=True))
 
 
-def test_the_bf16_projections_of_a_decode_steps_rows_multiply_in_the_kernels_with_fp32_sums(monkeypatch):
+def test_the_bf16_projections_of_a_decode_steps_rows_multiply_in_the_kernels_with_fp32_sums(bf16_service, monkeypatch):
     """A bf16 weight's product of a decode step's rows without autograd (the bf16 sampler's) runs in the
     kernels, AMX tiles where lent, else AVX512-BF16 dot products: bf16 products, fp32 sums with the
     bias, rounded to bf16 as oneDNN's product rounds them; with autograd, or for a prefill's many rows,
     it stays torch's product."""
-    from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import AMX_PRODUCT_ROWS, DOT_PRODUCT_ROWS, bf16_product_kernel, dots_kernel
-    from tinkrl.local.transformer import frozen_linear
-
-    kernel = bf16_product_kernel(1)
-    if kernel is None:
+    path = bf16_service._engine(TINY).paths
+    if not getattr(path, "products", None):
         pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: bf16 products stay oneDNN's")
-    limit = AMX_PRODUCT_ROWS if kernel == "amx" else DOT_PRODUCT_ROWS[dots_kernel()]
+    limit = path.plan.product_rows
     g = torch.Generator().manual_seed(0)
     w, bias = (torch.randn(96, 200, generator=g) * 0.1).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    linear = Linear(200, 96).requires_grad_(False)
+    linear.weight, linear.bias = torch.nn.Parameter(w, False), torch.nn.Parameter(bias, False)
     x = (torch.randn(5, 1, 200, generator=g) * 2).bfloat16()
     expect = (x.double() @ w.double().t() + bias.double()).float()
-    calls, real = [], transformer.linear_bf16
-    monkeypatch.setattr(transformer, "linear_bf16", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    calls, real = [], paths.linear_bf16
+    monkeypatch.setattr(paths, "linear_bf16", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     with torch.no_grad():
-        got = frozen_linear(x, w, bias)
+        got = path.project(linear, x)
     assert calls == [(5, 1, 200)] and got.dtype == torch.bfloat16 and got.shape == (5, 1, 96)
     assert torch.equal(got, expect.bfloat16())  # fp32 sums, one rounding
-    frozen_linear(x, w, bias)  # autograd on: torch's own product
+    path.project(linear, x)  # autograd on: torch's own product
+    linear.bias = None
     with torch.no_grad():  # a prefill's many rows: oneDNN's product, faster there
-        frozen_linear(torch.zeros(limit, 200).bfloat16(), w)
-        frozen_linear(torch.zeros(limit + 1, 200).bfloat16(), w)
+        path.project(linear, torch.zeros(limit, 200).bfloat16())
+        path.project(linear, torch.zeros(limit + 1, 200).bfloat16())
     assert calls == [(5, 1, 200), (limit, 200)]
 
 
@@ -261,26 +253,18 @@ def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_servi
     """On CPUs with AVX512-BF16, each layer of a bf16 sampler's decode step runs in one kernel call:
     the same kernels in the same order as the layer's op-by-op decode, so rows that finish at
     different steps (left in place in the cache) get the same tokens and the same logprobs to the bit;
-    a merged LoRA tree's layers too; on AMX above `AMX_PRODUCT_ROWS` rows too, where the layer's
-    products are oneDNN's and the one call sums in oneDNN's order. Batches of up to `AMX_LAYER_ROWS`
-    rows (without AMX, `DOT_PRODUCT_ROWS`, here lowered to 64 so the test samples few rows) run so (more
-    run op by op), and sample their own policy (the tree's own prefill gives their tokens the same
-    logprobs, to bf16 rounding)."""
-    from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import (
-        AMX_LAYER_ROWS,
-        AMX_PRODUCT_ROWS,
-        DOT_PRODUCT_ROWS,
-        bf16_product_kernel,
-        dots_kernel,
-    )
-
-    kernel = bf16_product_kernel(1)
-    if kernel is None:
-        pytest.skip("no bf16 dot products (AVX512-BF16) on this CPU, or no kernels: layers decode op by op")
-    layer_rows = AMX_LAYER_ROWS if kernel == "amx" else min(DOT_PRODUCT_ROWS[dots_kernel()], 64)
-    calls, real = [], transformer.decode_layer_bf16
-    monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    a merged LoRA tree's layers too. Batches of up to the plan's `one_call_rows` rows (here lowered to
+    64 so the test samples few rows) run so (more run op by op), and sample their own policy (the
+    tree's own prefill gives their tokens the same logprobs, to bf16 rounding)."""
+    engine = bf16_service._engine(TINY)
+    if engine.plan.decode.path != "one call":
+        pytest.skip(f"no bf16 products in the kernels here ({engine.plan.projections.why}): layers decode op by op")
+    layer_rows = min(engine.plan.one_call_rows, 64)
+    # op by op, the products run in the kernels as far as the one call does: the same products
+    plan = dataclasses.replace(engine.plan, product_rows=layer_rows, one_call_rows=layer_rows)
+    monkeypatch.setattr(engine, "paths", paths.for_plan(plan))
+    calls, real = [], paths.decode_layer_bf16
+    monkeypatch.setattr(paths, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     tc = bf16_service.create_lora_training_client(TINY, rank=4, seed=0)
     randomize_lora(tc)
     clients = [bf16_service.create_sampling_client(base_model=TINY), tc.save_weights_and_get_sampling_client()]
@@ -289,23 +273,20 @@ def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_servi
         futures = [
             sc.sample(p, 2, types.SamplingParams(max_tokens=4 * (i + 1), temperature=1.0, seed=i, stop=[]))
             for i, p in enumerate(prompts)
-        ]  # and rows enough to pass AMX_PRODUCT_ROWS, in the same batch
+        ]  # and rows enough to pass 32, in the same batch
         futures.append(sc.sample(prompts[0], 40, types.SamplingParams(max_tokens=3, temperature=1.0, seed=9, stop=[])))
         return [(s.tokens, s.logprobs) for f in futures for s in f.result().sequences]
 
     one_call = [sample(sc) for sc in clients]
-    assert calls and min(calls) <= AMX_PRODUCT_ROWS  # one call a layer
-    assert kernel != "amx" or max(calls) > AMX_PRODUCT_ROWS  # on AMX, in oneDNN's order too
+    assert calls and min(calls) <= 32  # one call a layer
+    assert max(calls) > 32
     calls.clear()
-    monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: None)
+    monkeypatch.setattr(engine, "paths", paths.for_plan(dataclasses.replace(plan, one_call_rows=0)))
     per_op = [sample(sc) for sc in clients]
     assert calls == []
     assert one_call == per_op
     assert len({len(tokens) for tokens, _ in one_call[0]}) > 1  # rows finished at different steps
-    monkeypatch.undo()  # a batch of layer_rows rows runs so, one more row op by op
-    monkeypatch.setattr(transformer, "decode_layer_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    if kernel == "dots":
-        monkeypatch.setitem(DOT_PRODUCT_ROWS, dots_kernel(), layer_rows)
+    monkeypatch.setattr(engine, "paths", paths.for_plan(plan))  # a batch of layer_rows rows runs so, one more op by op
     params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=1, stop=[])
     for rows in (layer_rows, layer_rows + 1):
         for s in clients[1].sample(prompts[0], rows, params).result().sequences:
@@ -313,54 +294,18 @@ def test_the_bf16_samplers_layers_decode_in_one_call_to_the_same_bits(bf16_servi
     assert layer_rows in calls and layer_rows + 1 not in calls
 
 
-def test_on_amx_a_smollm2_shaped_layer_decodes_in_one_call_to_the_bits_of_onednn(monkeypatch):
-    """SmolLM2-135M's layer shapes (two random-weight layers, a small vocabulary), as the bf16 sampling
-    tree holds them: a decode step of 33-128 rows gives the same logits to the bit in one call a layer
-    (its products in tiles, summed in oneDNN's chunks) as op by op (oneDNN's products), where chunks
-    other than the whole width are what agree."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tinkrl.local import transformer
-    from tinkrl.local.decode_attention import head_amx_available
-
-    if not head_amx_available():
-        pytest.skip("no AMX tiles on this CPU (or Linux did not lend them): layers decode op by op")
-    shape = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model("llama", num_hidden_layers=2, vocab_size=512, **shape)
-    ).eval()
-    lm = transformer.to_bf16_sampling(transformer.build_causal_lm(hf, torch.float32, "cpu"))
-    for rows in (33, 48, 128):
-        cache = transformer.KVCache.allocate(lm.config, rows, 24, "cpu", lm.cache_dtype("cpu"))
-        cache.k.normal_(), cache.v.normal_()
-        tokens, mask = torch.randint(0, 512, (rows, 1)), torch.ones(rows, 1, 1, 21, dtype=torch.bool)
-        chunks = lm._layers_in_one_call(torch.zeros(rows, 1, 576))
-        assert chunks is not None and any(c not in (None, 576, 1536) for c in chunks), rows
-        logits = []
-        for one_call in (True, False):
-            if not one_call:
-                monkeypatch.setattr(transformer.CausalLM, "_layers_in_one_call", lambda self, x: None)
-            with torch.no_grad():
-                hidden = lm(tokens, torch.full((rows, 1), 20), mask, cache, 20)
-                logits.append(lm.logits(hidden[:, -1]))
-        monkeypatch.undo()
-        assert torch.equal(logits[0], logits[1]), rows
-
-
 def test_every_cpu_class_has_a_measured_sampler_default(monkeypatch):
     assert set(CPU_SAMPLER_RULES) == set(get_args(SamplerClass))
     # bf16 sampling learned as well as matched where AMX multiplies it and on Intel's AVX512-BF16;
-    # on AMD's EPYC it ran fewer steps to a lower accuracy (make train, docs/engine.md)
+    # on AMD's EPYC it ran fewer steps to a lower accuracy (make train, docs/performance.md)
     expected = {"amx_bf16": "bfloat16", "avx512_bf16_intel": "bfloat16", "avx512_bf16": "matched", "other": "matched"}
     assert {cls: rule.precision for cls, rule in CPU_SAMPLER_RULES.items()} == expected
     for cls, rule in CPU_SAMPLER_RULES.items():
         assert rule.measured.strip(), cls
     monkeypatch.delenv("TINKRL_SAMPLER_PRECISION", raising=False)
-    from tinkrl.local.decode_attention import dot_products_available
-
-    expected_here = CPU_SAMPLER_RULES[sampler_class()].precision
-    if sampler_class() == "avx512_bf16_intel" and not dot_products_available():
+    machine = probe()
+    expected_here = CPU_SAMPLER_RULES[machine.sampler_class].precision
+    if machine.sampler_class == "avx512_bf16_intel" and "linear_bf16" not in machine.kernels:
         expected_here = "matched"  # below: that class's bf16 needs the kernels
     assert default_sampler_precision(torch.device("cpu")) == expected_here
     assert ServiceClient().sampler_precision is None  # the engine takes its class's default
@@ -381,25 +326,47 @@ def test_the_sampler_class_sets_intels_avx512_bf16_apart(cls, vendor, expected):
     assert sampler_class_of(cls, vendor) == expected
 
 
-def test_intels_avx512_bf16_samples_matched_without_the_kernels(monkeypatch):
+def test_intels_avx512_bf16_samples_matched_without_the_kernels(monkeypatch, fake_cpu):
     """There the bf16 default rests on the kernels' dot products; oneDNN's bf16 products are slower
-    than fp32 ones on such CPUs."""
-    from tinkrl.local import decode_attention, models
-
+    than fp32 ones on such CPUs. The class is faked through the plan's probe: its flags decide, not
+    this machine's."""
     monkeypatch.delenv("TINKRL_SAMPLER_PRECISION", raising=False)
-    monkeypatch.setattr(models, "sampler_class", lambda: "avx512_bf16_intel")
-    monkeypatch.setattr(decode_attention, "dot_products_available", lambda: True)
-    assert default_sampler_precision(torch.device("cpu")) == "bfloat16"
-    monkeypatch.setattr(decode_attention, "dot_products_available", lambda: False)
+    xeon = "fpu avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16"
+    fake_cpu(xeon, "GenuineIntel")
+    if "linear_bf16" in probe().kernels:  # this machine builds the dot products (AVX512-BF16 here)
+        assert default_sampler_precision(torch.device("cpu")) == "bfloat16"
+    fake_cpu(xeon, "GenuineIntel", kernels=False)
     assert default_sampler_precision(torch.device("cpu")) == "matched"
     monkeypatch.setenv("TINKRL_SAMPLER_PRECISION", "bfloat16")  # asked for, it is what runs
     assert default_sampler_precision(torch.device("cpu")) == "bfloat16"
 
 
+def test_an_avx2_cpu_asked_for_bf16_runs_a_path_that_runs(monkeypatch, fake_cpu):
+    """On a CPU without AVX-512 (a laptop's AVX2), bf16 asked for is no crash mid-run: the plan keeps the
+    trainer's products in fp32 (the bf16 math mode needs AMX) and the bf16 sampler's products in torch's
+    own bf16 product (oneDNN's needs AVX-512), says why, and a sampled step and a training step run."""
+    monkeypatch.delenv("TINKRL_SAMPLER_PRECISION", raising=False)
+    machine = fake_cpu("fpu sse4_2 avx avx2 fma f16c", "AuthenticAMD")
+    assert machine.cpu_class == "other" and not machine.onednn_bf16 and "linear_bf16" not in machine.kernels
+    assert default_sampler_precision(torch.device("cpu")) == "matched"
+    service = ServiceClient(device="cpu", dtype="bfloat16", sampler_precision="bfloat16")
+    tc = service.create_lora_training_client(TINY, rank=4, seed=0)
+    plan = tc.engine.plan
+    assert (plan.precision.path, plan.products.path, plan.sampler.path) == ("bfloat16", "fp32", "bfloat16")
+    assert plan.projections.path == "torch bf16" and "oneDNN has no bf16 here" in plan.projections.why
+    assert plan.logits.path == "fp32"
+    tok = tc.get_tokenizer()
+    prompt = types.ModelInput.from_ints(tok.encode(TEXTS[0])[:12])
+    seqs = tc.save_weights_and_get_sampling_client().sample(prompt, 2, types.SamplingParams(max_tokens=4)).result()
+    tokens = prompt.to_ints() + list(seqs.sequences[0].tokens)
+    tc.forward_backward([datum(tokens, weights=np.ones(len(tokens) - 1))], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+
 def test_this_machines_vendor_and_sampler_class_come_from_cpuinfo():
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     vendor_id = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
-    assert cpu_vendor() == {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor_id, "other")
+    assert probe().vendor == {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor_id, "other")
     flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
     if "amx_bf16" in flags:
         expected = "amx_bf16"
@@ -407,7 +374,7 @@ def test_this_machines_vendor_and_sampler_class_come_from_cpuinfo():
         expected = "avx512_bf16_intel" if vendor_id == "GenuineIntel" else "avx512_bf16"
     else:
         expected = "other"
-    assert sampler_class() == expected
+    assert probe().sampler_class == expected
 
 
 def test_the_setting_reaches_the_engine_and_bad_names_are_refused(monkeypatch):

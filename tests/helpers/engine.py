@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from tinker import types
 
-from tinkrl.local.precision import cpu_class
+from tinkrl.local.plan import probe
 
 TINY = "tinkrl/tiny-llama"
 REAL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Whether the engine's bf16 setting multiplies in bf16 here: on a CPU with AMX (no GPU). Elsewhere on
 # CPU it computes fp32; on CUDA TF32.
-BF16_ON_AMX = not torch.cuda.is_available() and cpu_class() == "amx_bf16"
+BF16_ON_AMX = not torch.cuda.is_available() and probe().cpu_class == "amx_bf16"
 # Where the bf16 setting really multiplies in reduced precision (TF32 on CUDA, bf16 on AMX's tiles,
 # ~1e-2 relative) the exactness checks run in fp32. On other CPUs the bf16 setting computes fp32, and
 # the engine tests run its code paths.

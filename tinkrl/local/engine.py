@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from tinkrl.local.futures import LocalFuture
+from tinkrl.local.kernels.paths import for_plan
 from tinkrl.local.lora import LoraSpec, add_lora
-from tinkrl.local.models import default_dtype, default_sampler_precision, load_model, parse_dtype, pick_device
-from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule
+from tinkrl.local.models import load_model, parse_dtype, pick_device
+from tinkrl.local.plan import Choice, ComputePlan, default_rule, make_plan, probe, resolve_precision, resolve_sampler
 from tinkrl.local.prefix_cache import PrefixCache, Prefixes, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, to_bf16_sampling
+from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, head_dim, to_bf16_sampling
 
 # Concurrent sample() calls are batched: gathered until none arrives for GAP, at most MAX after the first.
 SAMPLE_GATHER_GAP_S = 0.01
@@ -49,8 +50,9 @@ class Snapshot:
     config: LoraSpec | None
 
 
-def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> None:
-    """bf16 compute with fp32 inputs and outputs: oneDNN's bf16 math mode on CPU, TF32 on CUDA.
+def use_reduced_precision_matmuls(device: torch.device, products: str) -> None:
+    """The plan's products: bf16 compute with fp32 inputs and outputs (oneDNN's bf16 math mode on CPU,
+    "bf16 math mode"; TF32 on CUDA, "tf32"), or fp32.
 
     Weights and activations stay fp32; only the multiplications run at reduced precision,
     and their fp32 accumulators are never rounded to bf16. Rounded bf16 activations make the
@@ -58,11 +60,10 @@ def use_reduced_precision_matmuls(device: torch.device, dtype: torch.dtype) -> N
     trainer would disagree; this way they agree at about bf16 speed (docs/engine.md).
     The setting is process-wide, so each engine sets its own before each of its operations.
     """
-    reduced = dtype != torch.float32
     if device.type == "cuda":
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if reduced else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if products == "tf32" else "ieee"
     else:
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16" if reduced else "ieee"
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16" if products == "bf16 math mode" else "ieee"
 
 
 class Engine:
@@ -77,33 +78,48 @@ class Engine:
         model_name: str,
         device: str | None = None,
         dtype: torch.dtype | None = None,
-        sampler: SamplerPrecision | None = None,
+        sampler: str | None = None,
     ) -> Engine:
-        """The process's engine for this model, device, precision and sampler precision (defaults:
-        the hardware class's measured rules, `precision.py`)."""
+        """The process's engine for this model, device, precision and sampler precision (defaults: the
+        hardware class's rules, `plan.py`)."""
         dev = pick_device(device)
-        dt = dtype or default_dtype(dev)
-        sp = sampler or default_sampler_precision(dev)
-        key = (model_name, str(dev), dt, sp)
+        cuda_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+        asked = None if dtype is None else str(dtype).removeprefix("torch.")
+        precision = resolve_precision(probe(), dev.type, asked, cuda_bf16)
+        sampling = resolve_sampler(probe(), dev.type, sampler)
+        key = (model_name, str(dev), precision.path, sampling.path)
         with cls._lock:
             if key not in cls._engines:
-                cls._engines[key] = Engine(model_name, dev, dt, sp)
+                cls._engines[key] = Engine(model_name, dev, precision, sampling)
             return cls._engines[key]
 
-    def __init__(
-        self, model_name: str, device: torch.device, dtype: torch.dtype, sampler: SamplerPrecision = "matched"
-    ):
-        rule = default_rule(device.type)
-        if device.type == "cpu" and parse_dtype(rule.precision) != dtype:
+    def __init__(self, model_name: str, device: torch.device, precision: Choice, sampler: Choice):
+        machine, cuda_bf16 = probe(), device.type == "cuda" and torch.cuda.is_bf16_supported()
+        rule = default_rule(machine, device.type, cuda_bf16)
+        if device.type == "cpu" and precision.path != rule.precision:
             warnings.warn(
-                f"{dtype} on this {cpu_class()} CPU, whose measured default is {rule.precision}: {rule.measured}",
+                f"{precision.path} on this {machine.cpu_class} CPU, whose default is {rule.precision}: {rule.measured}",
                 stacklevel=3,
             )
+        if device.type == "cpu" and not machine.kernels:
+            why = machine.kernels_why
+            warnings.warn(f"the sampler's kernels: {why}; sampling runs the reference forward (slower)", stacklevel=3)
         loaded = load_model(model_name, device, torch.float32)
-        self.model_name, self.device, self.dtype, self.sampler = model_name, device, dtype, sampler
-        self.tokenizer = loaded.tokenizer
         self.config = loaded.model.config
-        use_reduced_precision_matmuls(device, dtype)
+        self.plan: ComputePlan = make_plan(
+            machine,
+            device.type,
+            precision,
+            sampler,
+            head_dim(self.config),
+            self.config.model_type == "qwen3",
+            cuda_bf16,
+        )
+        self.model_name, self.device, self.sampler = model_name, device, sampler.path
+        self.dtype = parse_dtype(precision.path)
+        self.paths = for_plan(self.plan)  # how the sampler runs its steps
+        self.tokenizer = loaded.tokenizer
+        use_reduced_precision_matmuls(device, self.plan.products.path)
         self.base = build_causal_lm(loaded.model, torch.float32, device)
         del loaded
         self.eos_id = self.tokenizer.eos_token_id
@@ -147,7 +163,7 @@ class Engine:
                 while not self._work and not self._samples:
                     self._cv.wait()
                 samples = bool(self._samples)
-            use_reduced_precision_matmuls(self.device, self.dtype)
+            use_reduced_precision_matmuls(self.device, self.plan.products.path)
             if samples:
                 self._run_samples()
             else:
@@ -185,7 +201,7 @@ class Engine:
                 tree = self.sampler_tree(snap)
                 prefixes = Prefixes(self.prefix_cache, snap.key) if self.prefix_cache.enabled else None
                 jobs = [j for _, j, _ in live]
-                sample_batch(tree, jobs, self.tokenizer, self.eos_id, self.max_context, prefixes=prefixes)
+                sample_batch(tree, self.paths, jobs, self.tokenizer, self.eos_id, self.max_context, prefixes=prefixes)
                 for _, j, f in live:
                     f.set_result(j.result)
             except BaseException as e:
@@ -295,5 +311,4 @@ def copy_tree(tree: CausalLM) -> CausalLM:
     new.rotary = tree.rotary
     new.lm_head.compute_dtype = tree.lm_head.compute_dtype
     new.lm_head._fast_weight = tree.lm_head._fast_weight
-    new.kv_cache_dtype, new.head_dtype = tree.kv_cache_dtype, tree.head_dtype
     return new.requires_grad_(False)

@@ -26,7 +26,6 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
 
 import torch
 
@@ -50,7 +49,14 @@ from tinkrl.local.model_files import (
     tinkrl_home,
     tinkrl_model_dir,
 )
-from tinkrl.local.precision import SamplerPrecision, cpu_class, default_rule, default_sampler_rule, sampler_class
+from tinkrl.local.plan import (
+    SamplerPrecision,
+    parse_precision,
+    parse_sampler_precision,
+    probe,
+    resolve_precision,
+    resolve_sampler,
+)
 
 __all__ = [  # the names other modules import from here (several now live in model_files)
     "DEFAULT_MODEL",
@@ -61,6 +67,7 @@ __all__ = [  # the names other modules import from here (several now live in mod
     "known_models",
     "load_model",
     "load_tokenizer",
+    "parse_sampler_precision",
     "resolve_model_dir",
     "resolve_tokenizer_dir",
     "tinkrl_home",
@@ -226,68 +233,23 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def cpu_has_bf16_math() -> bool:
-    """Whether oneDNN's bf16 math mode makes this CPU's fp32 matrix products bf16 ones: with AMX.
-
-    With AVX512-BF16 alone oneDNN keeps its fp32 kernels under that mode (docs/engine.md).
-    """
-    return cpu_class() == "amx_bf16"
-
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """A precision name (float32/fp32, bfloat16/bf16) as a torch dtype; a torch dtype as itself."""
     if not isinstance(dtype, str):
         return dtype
-    if dtype not in _DTYPES:  # checked up front: passed through, it would fail deep in the head
-        raise TinkrlError(f"dtype {dtype!r} is not supported; use float32 or bfloat16")
-    return _DTYPES[dtype]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[parse_precision(dtype)]
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """The device's default precision by the measured rule of its hardware class (`precision.py`):
-    fp32 on every CPU class measured so far, bf16 (TF32 products) on CUDA with bf16.
-
-    `TINKRL_DTYPE` (a name `parse_dtype` accepts) overrides it.
-    """
-    override = os.environ.get("TINKRL_DTYPE")
-    if override:
-        return parse_dtype(override)
+    """The device's default precision by its hardware class's rule (`plan.py`); `TINKRL_DTYPE` overrides it."""
     cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return parse_dtype(default_rule(device.type, cuda_bf16).precision)
-
-
-SAMPLER_PRECISIONS: tuple[SamplerPrecision, ...] = get_args(SamplerPrecision)
-
-
-def parse_sampler_precision(name: str) -> SamplerPrecision:
-    """A sampler precision name ("matched", "bfloat16"/"bf16"), checked."""
-    name = {"bf16": "bfloat16"}.get(name, name)
-    if name not in SAMPLER_PRECISIONS:
-        raise TinkrlError(f"sampler precision {name!r} is not supported; use {' or '.join(SAMPLER_PRECISIONS)}")
-    return name  # type: ignore[return-value]
+    return parse_dtype(resolve_precision(probe(), device.type, None, cuda_bf16).path)
 
 
 def default_sampler_precision(device: torch.device) -> SamplerPrecision:
-    """The device's default sampler precision by the measured rule of its hardware class
-    (`precision.py`); `TINKRL_SAMPLER_PRECISION` overrides it.
-
-    On Intel's AVX512-BF16 without AMX the rule's `bfloat16` rests on the decode kernels' dot
-    products: where they can't be built (no C compiler), the bf16 products would run in oneDNN's
-    bf16 instruction, slower there than fp32, so the default is `matched`.
-    """
-    override = os.environ.get("TINKRL_SAMPLER_PRECISION")
-    if override:
-        return parse_sampler_precision(override)
-    precision = default_sampler_rule(device.type).precision
-    if precision == "bfloat16" and device.type == "cpu" and sampler_class() == "avx512_bf16_intel":
-        from tinkrl.local.decode_attention import dot_products_available
-
-        if not dot_products_available():
-            return "matched"
-    return precision
+    """The device's default sampler precision by its hardware class's rule (`plan.py`);
+    `TINKRL_SAMPLER_PRECISION` overrides it."""
+    return resolve_sampler(probe(), device.type, None).path  # type: ignore[return-value]
 
 
 def _tiny_model(name: str, dtype: torch.dtype):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tinker import types
 
+from tinkrl.local.kernels.paths import Reference
 from tinkrl.local.packing import MIN_SHARED, common_prefix_len
 from tinkrl.local.prefix_cache import Prefixes, Stored
 from tinkrl.local.transformer import CausalLM, KVCache, additive_mask, causal_mask
@@ -225,132 +226,147 @@ class StaticDecoder:
         return StaticDecoder(self.lm, self.cache.select(rows), self.mask[rows], self.use_graph)
 
 
-@torch.no_grad()
-def sample_batch(
-    lm: CausalLM,
-    jobs: list[SampleJob],
-    tokenizer,
-    eos_id: int | None,
-    max_context: int,
-    static: bool | None = None,
-    prefixes: Prefixes | None = None,
-) -> None:
-    """Run every job to completion; each job's `result` is set to a SampleResponse.
+@dataclass
+class _Layout:
+    """The batch's distinct prompts laid out in rows, one per prompt: [reused prefix | left padding |
+    rest of the prompt], padding never attended to. Row u's first `starts[u]` positions come from a
+    sequence sampled before (`reused[u]`, the prefix cache) or the opening all prompts share
+    (`shared` tokens, run once); the rest, from column `C` to `P`, is prefilled."""
 
-    `static` decodes with a `StaticDecoder` (default: on CUDA, where it replays a CUDA graph).
-    `prefixes`: the weight version's prefix cache, whose recorded sequences the prompts continue
-    from, and which records every row's sequence when the batch is done.
-    """
-    device = lm.lm_head.weight.device
-    for j in jobs:
-        if not j.prompt:
-            raise ValueError("sample: the prompt is empty")
-    # Prefill each distinct prompt once: a GRPO group's rollouts all ask with the same prompt.
+    prompts: list[tuple[int, ...]]
+    job_prompt: list[int]  # each job's prompt row
+    ids: torch.Tensor  # [U, P]
+    attn: torch.Tensor  # [U, P + max_new], 1 at real positions
+    positions: torch.Tensor  # [U, P]
+    reused: list[tuple[Stored | None, int]]
+    starts: list[int]
+    shared: int
+    C: int
+    P: int
+    max_new: int
+
+
+def _lay_out(jobs: list[SampleJob], prefixes: Prefixes | None, eos_id: int | None, max_context: int, device) -> _Layout:
+    """Each distinct prompt once (a GRPO group's rollouts all ask with the same prompt), the opening the
+    prompts share (the chat template's system turn) run once, and a prompt that continues a sequence
+    sampled before (the next turn of a conversation) started from its keys and values."""
     unique: dict[tuple[int, ...], int] = {}
     job_prompt = [unique.setdefault(tuple(j.prompt), len(unique)) for j in jobs]
     prompts = list(unique)
-    U = len(prompts)
-    lens = [len(p) for p in prompts]
-    wants_prompt_lp = [False] * U
+    U, lens = len(prompts), [len(p) for p in prompts]
+    wants_lp = [False] * U
     for i, j in enumerate(jobs):
-        wants_prompt_lp[job_prompt[i]] |= bool(j.include_prompt_logprobs or j.topk_prompt_logprobs)
-    # Different prompts usually open alike (the chat template's system turn): that prefix is run once.
-    # (each prompt keeps at least its last token to prefill with its own row)
-    shared = min([len(p) - 1 for p in prompts] + [common_prefix_len(prompts[0], p) for p in prompts[1:]])
+        wants_lp[job_prompt[i]] |= bool(j.include_prompt_logprobs or j.topk_prompt_logprobs)
+    # each prompt keeps at least its last token to prefill in its own row
+    shared = min([n - 1 for n in lens] + [common_prefix_len(prompts[0], p) for p in prompts[1:]])
     shared = shared if U > 1 and shared >= MIN_SHARED else 0
-    # A prompt that continues a sequence sampled before (the next turn of a conversation) starts from
-    # its keys/values (prefix_cache.py); a prompt whose logprobs are asked for needs every position's
-    # hidden state, so it reuses only the opening run in this call.
+    # a prompt whose logprobs are asked for needs every position's hidden state: it reuses only the opening
     reused: list[tuple[Stored | None, int]] = [
-        (None, 0) if prefixes is None or wants_prompt_lp[u] else prefixes.longest(p, len(p) - 1)
-        for u, p in enumerate(prompts)
+        (None, 0) if prefixes is None or wants_lp[u] else prefixes.longest(p, len(p) - 1) for u, p in enumerate(prompts)
     ]
     reused = [(entry, n) if n > shared else (None, shared) for entry, n in reused]
-    starts = [n for _, n in reused]  # each prompt's first position to prefill
+    starts = [n for _, n in reused]
     C = max(starts)
     P = C + max(n - c for n, c in zip(lens, starts))
     max_new = max((j.params.max_tokens or 256) for j in jobs)
     max_new = max(1, min(max_new, max_context - P)) if max_context > P else 1
-    # Row layout: [reused prefix | left padding | rest of the prompt]; padding is never attended to.
     ids = torch.full((U, P), eos_id or 0, dtype=torch.long)
     attn = torch.zeros((U, P + max_new), dtype=torch.long)
     for u, prompt in enumerate(prompts):
-        c = starts[u]
+        c, rest = starts[u], lens[u] - starts[u]
         ids[u, :c] = torch.tensor(prompt[:c], dtype=torch.long)
-        ids[u, P - (lens[u] - c) : P] = torch.tensor(prompt[c:], dtype=torch.long)
+        ids[u, P - rest : P] = torch.tensor(prompt[c:], dtype=torch.long)
         attn[u, :c] = 1
-        attn[u, P - (lens[u] - c) : P] = 1
+        attn[u, P - rest : P] = 1
     ids, attn = ids.to(device), attn.to(device)
     positions = (attn[:, :P].cumsum(-1) - 1).clamp_min(0)
-    prompt_at = (
-        [  # where each prompt's tokens lie in its cache row (for the prefix cache)
-            torch.cat([torch.arange(c), torch.arange(P - (n - c), P)]).to(device) for n, c in zip(lens, starts)
-        ]
-        if prefixes
-        else []
-    )
-    cache = KVCache.allocate(lm.config, U, P + max_new, device, lm.cache_dtype(device))
+    return _Layout(prompts, job_prompt, ids, attn, positions, reused, starts, shared, C, P, max_new)
+
+
+def _prefill(lm: CausalLM, paths: Reference, at: _Layout) -> tuple[KVCache, torch.Tensor, torch.Tensor | None]:
+    """The prompts' KV cache (reused prefixes copied in, the shared opening run once, the rest prefilled),
+    the prefilled positions' hidden states and the opening's (None where it did not run here)."""
+    device, U = at.ids.device, len(at.prompts)
+    cache = KVCache.allocate(lm.config, U, at.P + at.max_new, device, paths.kv_dtype)
     opening_hidden = None
-    if any(entry is None and c for entry, c in reused):
-        first = KVCache.allocate(lm.config, 1, shared, device, cache.k.dtype)
-        opening_hidden = lm(ids[:1, :shared], positions[:1, :shared], causal_mask(attn[:1, :shared], shared), first, 0)
-    for u, (entry, c) in enumerate(reused):
+    if any(entry is None and c for entry, c in at.reused):
+        n = at.shared
+        first = KVCache.allocate(lm.config, 1, n, device, cache.k.dtype)
+        opening_hidden = paths.prefill(
+            lm, at.ids[:1, :n], at.positions[:1, :n], causal_mask(at.attn[:1, :n], n), first, 0
+        )
+    for u, (entry, c) in enumerate(at.reused):
         if entry is not None:
             cache.k[:, u, :, :c], cache.v[:, u, :, :c] = entry.keys_values(c)
         elif c:
             cache.k[:, u, :, :c], cache.v[:, u, :, :c] = first.k[:, 0], first.v[:, 0]
-    hidden = lm(ids[:, C:], positions[:, C:], causal_mask(attn[:, :P], P - C, C), cache, C)
+    C, P = at.C, at.P
+    hidden = paths.prefill(lm, at.ids[:, C:], at.positions[:, C:], causal_mask(at.attn[:, :P], P - C, C), cache, C)
+    return cache, hidden, opening_hidden
 
+
+def _prompt_logprobs(lm: CausalLM, paths: Reference, jobs: list[SampleJob], at: _Layout, hidden, opening_hidden):
+    """Each job's prompt logprobs (NaN first) and top-k prompt logprobs, where asked for (else None)."""
     prompt_lp: list[np.ndarray | None] = [None] * len(jobs)
     topk: list = [None] * len(jobs)
     for i, j in enumerate(jobs):
-        if j.include_prompt_logprobs or j.topk_prompt_logprobs:
-            u = job_prompt[i]
-            h = hidden[u, attn[u, C:P].bool()]
-            if starts[u]:  # the opening, run apart
-                h = torch.cat([opening_hidden[0], h])
-            lp = lm.logits(h).log_softmax(-1)
-            targets = torch.tensor(j.prompt[1:], device=device)
-            vals = np.full(lens[u], np.nan, dtype=np.float32)
-            vals[1:] = lp[:-1].gather(-1, targets[:, None])[:, 0].cpu().numpy()
-            prompt_lp[i] = vals
-            if j.topk_prompt_logprobs:
-                tv, ti = lp[:-1].topk(j.topk_prompt_logprobs, -1)
-                topk[i] = [None] + [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
-    last_logits = lm.logits(hidden[:, -1])
+        if not (j.include_prompt_logprobs or j.topk_prompt_logprobs):
+            continue
+        u = at.job_prompt[i]
+        h = hidden[u, at.attn[u, at.C : at.P].bool()]
+        if at.starts[u]:  # the opening, run apart
+            h = torch.cat([opening_hidden[0], h])
+        lp = paths.logits(lm, h).log_softmax(-1)
+        targets = torch.tensor(j.prompt[1:], device=h.device)
+        vals = np.full(len(j.prompt), np.nan, dtype=np.float32)
+        vals[1:] = lp[:-1].gather(-1, targets[:, None])[:, 0].cpu().numpy()
+        prompt_lp[i] = vals
+        if j.topk_prompt_logprobs:
+            tv, ti = lp[:-1].topk(j.topk_prompt_logprobs, -1)
+            topk[i] = [None] + [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
+    return prompt_lp, topk
 
+
+def _rows(jobs: list[SampleJob], max_new: int, eos_id: int | None, device) -> list[_Row]:
+    """One row per sample of every job, with its stop condition, token budget and draw settings."""
     rows: list[_Row] = []
     for i, j in enumerate(jobs):
         stop_ids, stop_strings = _stop_condition(j.params, eos_id)
         budget = min(j.params.max_tokens or 256, max_new)
+        p = j.params
         for s in range(j.num_samples):
+            top_p = float(p.top_p if p.top_p is not None else 1.0)
             rows.append(
-                _Row(
-                    i,
-                    s,
-                    len(j.prompt),
-                    budget,
-                    stop_ids,
-                    stop_strings,
-                    float(j.params.temperature),
-                    int(j.params.top_k or -1),
-                    float(j.params.top_p if j.params.top_p is not None else 1.0),
-                    _generator(j.params.seed, s, device),
-                )
-            )
-    row_prompt = [job_prompt[r.job] for r in rows]
-    logits = last_logits
-    if row_prompt != list(range(U)):  # else one row per prompt, in order: nothing to copy
+                _Row(i, s, len(j.prompt), budget, stop_ids, stop_strings, float(p.temperature), int(p.top_k or -1),
+                     top_p, _generator(p.seed, s, device))
+            )  # fmt: skip
+    return rows
+
+
+def _ends(r: _Row, tokenizer) -> str | None:
+    """Why row `r` stops after its last token ("stop", "length"), or None."""
+    if r.tokens[-1] in r.stop_ids:
+        return "stop"
+    if r.stop_strings and any(s in tokenizer.decode(r.tokens[-16:]) for s in r.stop_strings):
+        return "stop"
+    return "length" if len(r.tokens) >= r.max_tokens else None
+
+
+def _decode(lm: CausalLM, paths: Reference, rows: list[_Row], at: _Layout, cache: KVCache, logits, tokenizer,
+            record: _Recorder, static: bool) -> None:  # fmt: skip
+    """Draw every row's tokens in lock-step until each stops: finished rows leave the batch (a static
+    decoder's fixed batch only once half are gone), and their sequences are recorded as they leave."""
+    device = logits.device
+    attn = at.attn
+    row_prompt = [at.job_prompt[r.job] for r in rows]
+    if row_prompt != list(range(len(at.prompts))):  # else one row per prompt, in order: nothing to copy
         row_job = torch.tensor(row_prompt, device=device)
-        cache, attn, logits = cache.select(row_job), attn[row_job], last_logits[row_job]
+        cache, attn, logits = cache.select(row_job), attn[row_job], logits[row_job]
     slots: list[int | None] = list(range(len(rows)))  # the row in each batch slot; None once it finished
     occupant = list(range(len(rows)))  # the row in each batch slot, finished or not
-    record = _Recorder(prefixes, rows, jobs, [prompt_at[u] for u in row_prompt] if prefixes else [], P)
     next_pos = torch.tensor([r.prompt_len for r in rows], device=device)  # position of each row's next token
-    static = device.type == "cuda" if static is None else static
     decoder = StaticDecoder.for_rows(lm, cache, attn, graph=device.type == "cuda") if static else None
-
-    for step in range(max_new):
+    for step in range(at.max_new):
         live = [b for b, a in enumerate(slots) if a is not None]
         all_live = len(live) == len(slots)  # else finished rows are kept in a static decoder's batch
         live_idx = None if all_live else torch.tensor(live, device=device)
@@ -362,24 +378,18 @@ def sample_batch(
             r = rows[slots[b]]
             r.tokens.append(tok)
             r.logprobs.append(lp)
-            if tok in r.stop_ids:
-                r.stop_reason = "stop"
-            elif r.stop_strings and any(s in tokenizer.decode(r.tokens[-16:]) for s in r.stop_strings):
-                r.stop_reason = "stop"
-            elif len(r.tokens) >= r.max_tokens:
-                r.stop_reason = "length"
+            r.stop_reason = _ends(r, tokenizer)
             if r.stop_reason:
                 slots[b] = None
         keep = [b for b in live if slots[b] is not None]
         if not keep:
             record(cache if decoder is None else decoder.cache, [(b, occupant[b]) for b in range(len(slots))])
-            break
+            return
         nxt = (
             drawn
             if all_live
             else torch.zeros(len(slots), dtype=drawn.dtype, device=device).index_copy_(0, live_idx, drawn)
         )
-        # Eager decoding drops finished rows at once; a static decoder's fixed batch only when half are gone.
         if len(keep) < len(slots) and (decoder is None or len(keep) <= len(slots) // 2):
             sel = torch.tensor(keep, device=device)
             nxt, next_pos = nxt[sel], next_pos[sel]
@@ -388,24 +398,59 @@ def sample_batch(
                 [(b, occupant[b]) for b, a in enumerate(slots) if a is None],
             )
             slots, occupant = [slots[b] for b in keep], [occupant[b] for b in keep]
-            if decoder is None:
-                cache, attn = cache.keep(sel), attn[sel]
-            else:
+            if decoder is not None:
                 decoder = decoder.select(sel)
-        pos = P + step
+            else:
+                cache, attn = (cache.keep(sel) if paths.rows_in_place else cache.select(sel)), attn[sel]
+        pos = at.P + step
         if decoder is not None:
             logits = decoder.step(nxt, next_pos, pos)
         else:
             attn[:, pos] = 1
-            # One new token per row: it may see every real (non-padding) position so far.
-            mask = attn[:, None, None, : pos + 1].bool()
-            hidden = lm(nxt[:, None], next_pos[:, None], mask, cache, pos)
-            logits = lm.logits(hidden[:, -1])
+            # one new token per row: it may see every real (non-padding) position so far
+            hidden = paths.decode(
+                lm, nxt[:, None], next_pos[:, None], attn[:, None, None, : pos + 1].bool(), cache, pos
+            )
+            logits = paths.logits(lm, hidden[:, -1])
         next_pos = next_pos + 1
+
+
+@torch.no_grad()
+def sample_batch(
+    lm: CausalLM,
+    paths: Reference,
+    jobs: list[SampleJob],
+    tokenizer,
+    eos_id: int | None,
+    max_context: int,
+    static: bool | None = None,
+    prefixes: Prefixes | None = None,
+) -> None:
+    """Run every job to completion through `paths` (the plan's path through `lm`); each job's `result` is
+    set to a SampleResponse: lay the prompts out, prefill them, take the prompt logprobs asked for, then
+    decode every row until it stops.
+
+    `static` decodes with a `StaticDecoder` (default: on CUDA, where it replays a CUDA graph).
+    `prefixes`: the weight version's prefix cache, whose recorded sequences the prompts continue
+    from, and which records every row's sequence when the batch is done.
+    """
+    device = lm.lm_head.weight.device
+    if any(not j.prompt for j in jobs):
+        raise ValueError("sample: the prompt is empty")
+    at = _lay_out(jobs, prefixes, eos_id, max_context, device)
+    cache, hidden, opening_hidden = _prefill(lm, paths, at)
+    prompt_lp, topk = _prompt_logprobs(lm, paths, jobs, at, hidden, opening_hidden)
+    rows = _rows(jobs, at.max_new, eos_id, device)
+    prompt_at = [  # where each prompt's tokens lie in its cache row (for the prefix cache)
+        torch.cat([torch.arange(c), torch.arange(at.P - (len(p) - c), at.P)]).to(device)
+        for p, c in zip(at.prompts, at.starts)
+    ]
+    record = _Recorder(prefixes, rows, jobs, [prompt_at[at.job_prompt[r.job]] for r in rows] if prefixes else [], at.P)
+    static = device.type == "cuda" if static is None else static
+    _decode(lm, paths, rows, at, cache, paths.logits(lm, hidden[:, -1]), tokenizer, record, static)
     for r in rows:  # rows cut by the context window
         r.stop_reason = r.stop_reason or "length"
     record.store()
-
     for i, j in enumerate(jobs):
         seqs = [
             types.SampledSequence(

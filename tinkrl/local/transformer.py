@@ -1,9 +1,10 @@
-"""One decoder-only transformer forward for training and sampling (Llama, Mistral, Qwen2, Qwen3).
+"""The reference decoder-only transformer forward (Llama, Mistral, Qwen2, Qwen3): the trainer's.
 
 Why our own forward instead of calling the transformers model: the sampler and the trainer
 must compute the same logprobs for the same tokens (mismatch is the first cause of RL
-collapse), and the sampler needs a preallocated KV cache and one batched decode loop.
-Both run this module, so they share every op and dtype; only the kernels' blocking differs.
+collapse), and the sampler needs a preallocated KV cache and one batched decode loop. The
+trainer runs this module; the sampler runs it too, or a fast path of `kernels/` that the
+engine's plan chose and a test holds to it.
 
 The module tree mirrors transformers' names (`model.layers.N.self_attn.q_proj`, …,
 `lm_head`), so peft injects LoRA into it exactly as into the HF model, and adapters we save
@@ -16,16 +17,11 @@ bf16 between them. The unembedding is fp32 wherever a logprob is computed (bf16 
 would break sampler/trainer agreement). On x86 CPUs frozen fp32 products run through oneDNN
 (`frozen_linear`). The one exception is bf16 sampling (the engine's `sampler_precision`): its
 sampling trees hold bf16 copies of the projections' weights, fused per layer (`fuse_projections`),
-and round their inputs to bf16. On CPU a decode step (one new token per row) runs its attention and
-the elementwise work between the products in `decode_attention`'s kernels (`DecoderLayer.decode`),
-which also let a batch drop finished rows without copying the KV cache (`KVCache.keep`); the bf16
-sampler's prefill runs its norms and SiLU in the same kernels (`DecoderLayer.prefill`). The
-figures behind these choices are in docs/engine.md.
+and round their inputs to bf16. docs/engine.md explains these choices.
 """
 
 from __future__ import annotations
 
-import functools
 import platform
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -35,32 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinkrl.local.decode_attention import (
-    AMX_LAYER_ROWS,
-    DecodeStep,
-    LayerWeights,
-    bf16_product_kernel,
-    decode_attention,
-    decode_kernels_apply,
-    decode_layer_bf16,
-    decode_step,
-    head_amx_available,
-    head_bf16,
-    head_bf16_applies,
-    kernels_read,
-    linear_bf16,
-    pack_head,
-    reads_cache,
-    rms_norm,
-    rope_decode_attention,
-    silu_mul,
-)
 from tinkrl.local.model_files import SUPPORTED_ARCHS
-from tinkrl.local.models import cpu_has_bf16_math
+from tinkrl.local.plan import cpu, onednn_bf16
 
 # oneDNN's matmul on x86 CPUs: torch's fp32 `F.linear` calls MKL's sgemm, which on AMD CPUs
 # runs well below oneDNN's kernels at the engine's shapes (bf16 products already go through oneDNN).
 _ONEDNN = torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
+# ... and its bf16 products where it has them; elsewhere torch's own (oneDNN's would raise).
+_ONEDNN_BF16 = _ONEDNN and onednn_bf16(cpu()[1])
 
 
 def _pointwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -91,7 +69,7 @@ def _onednn_linear_backward(ctx, grad: torch.Tensor):
 _onednn_linear.register_autograd(_onednn_linear_backward, setup_context=_onednn_linear_context)
 
 
-def _kept_on(weight: torch.Tensor, name: str, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def kept_on(weight: torch.Tensor, name: str, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """`make(weight)`, kept on the weight as `name` (so every tree sharing the weight shares it) and
     remade when the weight is rewritten in place (merged sampler weights)."""
     cached = getattr(weight, name, None)
@@ -105,7 +83,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked layout of a frozen weight (`_kept_on` it). Products without autograd
     (sampling, `forward`) run faster from it at decode shapes, for a second copy of the weights in
     memory."""
-    return _kept_on(weight, "_tinkrl_packed", _onednn_layout)
+    return kept_on(weight, "_tinkrl_packed", _onednn_layout)
 
 
 def _onednn_layout(weight: torch.Tensor) -> torch.Tensor:
@@ -113,86 +91,23 @@ def _onednn_layout(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, 32)
 
 
-def onednn_chunk(rows: int, n: int, k: int, bias: bool) -> int | None:
-    """The chunk of k (`linear_bf16`'s `chunk`; k itself: none) with which AMX tiles compute what
-    `frozen_linear`'s oneDNN bf16 product of `rows` rows against an [n, k] weight (with a bias or not)
-    computes, to the bit, at this process's thread count; None where no chunk does. Above 32 rows
-    oneDNN sums k in blocks whose widths depend on the shape and the threads, so each is found once
-    by a probe (`_onednn_chunk`) rather than assumed."""
-    return _onednn_chunk(rows, n, k, bias, torch.get_num_threads())
-
-
-@functools.cache
-def _onednn_chunk(rows: int, n: int, k: int, bias: bool, threads: int) -> int | None:
-    """`onednn_chunk` for a thread count: oneDNN's product of a probe (`_order_probe`) against the
-    tiles' for each chunk k / j (j = 1..16, multiples of 32; the width found last first), the first
-    that agrees everywhere."""
-    cols, onednn_w, packed, b = _order_probe(n, k, bias)
-    x = _order_probe_rows(rows, k, cols)
-    with torch.no_grad():
-        want = _pointwise(x, onednn_w, b)
-        fp32_bias = None if b is None else b.float()
-        widths = [k // j for j in range(1, 17) if k % j == 0 and (k // j) % 32 == 0]
-        last = _found.get((n, k, bias, threads))
-        for width in sorted(widths, key=lambda c: c != last):
-            if torch.equal(linear_bf16(x, packed, n, fp32_bias, width), want):
-                _found[(n, k, bias, threads)] = width
-                return width
-    return None
-
-
-_found: dict[tuple[int, int, bool, int], int] = {}  # the chunk `_onednn_chunk` found last, per shape
-
-
-def _order_probe_rows(rows: int, k: int, cols: torch.Tensor) -> torch.Tensor:
-    """The probe's bf16 rows for `_order_probe`'s weight: random, 1 at its columns `cols`. From a fixed
-    seed per row count, leaving torch's global generator alone."""
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    x[:, cols] = 1.0
-    return x.bfloat16()
-
-
-@functools.cache
-def _order_probe(n: int, k: int, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A bf16 weight (in oneDNN's layout and in `pack_head`'s) and a bias (bf16, or None) whose products'
-    fp32 sums round differently under any other order of summing k, with the 32 columns `cols` where
-    the probe's rows read 1: each output's weight holds +2^e and -2^e (e in 12..18) at two of them, so
-    the small products summed while the large one is in the sum lose bits that chunks summed apart
-    keep. From a fixed seed, leaving torch's global generator alone."""
-    g = torch.Generator().manual_seed(k)
-    w = torch.randn(n, k, generator=g)
-    cols = torch.randperm(k, generator=g)[: min(32, k)]
-    a, z = cols[torch.randint(0, len(cols), (2, n), generator=g)]
-    big = 2.0 ** torch.randint(12, 19, (n,), generator=g).float()
-    out = torch.arange(n)
-    w[out, a] = big
-    w[out, z] = torch.where(a == z, big, -big)
-    w = w.bfloat16()
-    b = torch.randn(n, generator=g).bfloat16() if bias else None
-    return cols, _onednn_layout(w), pack_head(w), b
-
-
 def frozen_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or
-    bf16 for the bf16 sampling trees' weights. A decode step's few bf16 rows without autograd run in
-    the kernels instead (`bf16_product_kernel`: AMX tiles, or dot products on CPUs with AVX512-BF16
-    and no AMX; `linear_bf16`: fp32 sums, rounded to bf16 as oneDNN's are), which stream the weights
-    from memory faster than oneDNN there (docs/performance.md)."""
+    """`F.linear` for a frozen weight, through oneDNN on x86 CPUs (same arithmetic, faster): fp32, or bf16
+    for the bf16 sampling trees' weights (where oneDNN multiplies bf16; else torch's own product).
+    Without autograd the product reads oneDNN's blocked layout of the weight, except under the bf16
+    math mode (AMX), where oneDNN chooses the layout itself."""
     frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
     if not (_ONEDNN and frozen and x.device.type == "cpu" and x.dtype == weight.dtype):
         return F.linear(x, weight, bias)
     if x.dtype == torch.bfloat16:  # bf16 sampling
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not _ONEDNN_BF16:
             return F.linear(x, weight, bias)
-        kernel = bf16_product_kernel(x.numel() // x.shape[-1])
-        if kernel is not None:  # AMX tiles or dot products
-            return linear_bf16(x, _packed_bf16(weight), weight.shape[0], bias, amx=kernel == "amx")
-        return _pointwise(x, _packed(weight), bias)  # bf16 products from oneDNN's blocked layout
+        return _pointwise(x, _packed(weight), bias)
     if x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return _onednn_linear(x, weight, bias)
-    if torch.backends.mkldnn.matmul.fp32_precision != "ieee" and cpu_has_bf16_math():
+    if torch.backends.mkldnn.matmul.fp32_precision != "ieee":
         return _pointwise(x, weight, bias)  # bf16 products: leave the weight layout to oneDNN
     return _pointwise(x, _packed(weight), bias)  # the sampler's path
 
@@ -231,11 +146,11 @@ QUERY_BLOCK = 256
 @dataclass
 class KVCache:
     """Preallocated keys/values for every layer: [layers, cache rows, kv_heads, max_len, head_dim], fp32
-    (or bf16, `CausalLM.cache_dtype`).
+    (or bf16, the bf16 sampler's where the kernels read it).
 
-    `rows`: the cache row each batch row lives in (None: batch row b is cache row b). Set by `keep`
-    where the decode-attention kernel reads rows in place, so a batch whose rows finish drops them
-    without copying the cache.
+    `rows`: the cache row each batch row lives in (None: batch row b is cache row b). Set by `keep`,
+    where the sampler's path reads rows in place, so a batch whose rows finish drops them without
+    copying the cache.
     """
 
     k: torch.Tensor
@@ -244,7 +159,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, cfg, batch: int, max_len: int, device, dtype: torch.dtype = torch.float32) -> KVCache:
-        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, _head_dim(cfg))
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, head_dim(cfg))
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
 
     def select(self, rows: torch.Tensor) -> KVCache:
@@ -254,10 +169,7 @@ class KVCache:
         return KVCache(self.k[:, rows], self.v[:, rows])
 
     def keep(self, rows: torch.Tensor) -> KVCache:
-        """The given batch rows (distinct, as when finished rows leave a batch): left in place where
-        the decode-attention kernel reads them there, else copied."""
-        if not reads_cache(self.k):
-            return self.select(rows)
+        """The given batch rows (distinct, as when finished rows leave a batch), left where they lie."""
         return KVCache(self.k, self.v, rows if self.rows is None else self.rows[rows])
 
     def write(self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,7 +185,8 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
-def _head_dim(cfg) -> int:
+def head_dim(cfg) -> int:
+    """A model config's attention head width."""
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
@@ -301,7 +214,7 @@ class Attention(nn.Module):
 
     def __init__(self, cfg, layer_idx: int, has_qkv_bias: bool):
         super().__init__()
-        hd, nh, nkv, d = _head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+        hd, nh, nkv, d = head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
         self.layer_idx, self.head_dim, self.n_heads, self.n_kv = layer_idx, hd, nh, nkv
         self.q_proj = Linear(d, nh * hd, bias=has_qkv_bias)
         self.k_proj = Linear(d, nkv * hd, bias=has_qkv_bias)
@@ -351,14 +264,11 @@ class Attention(nn.Module):
         elif prefix_kv is not None:
             k = torch.cat([prefix_kv[0].expand(B, -1, -1, -1), k], dim=2)
             v = torch.cat([prefix_kv[1].expand(B, -1, -1, -1), v], dim=2)
-        rows = cache.rows if cache is not None else None
-        out = decode_attention(q, k, v, mask, rows) if T == 1 and cache is not None and mask is not None else None
-        if out is None:
-            if rows is not None:  # the batch's rows out of the whole cache, for torch's kernel
-                k, v = k.index_select(0, rows), v.index_select(0, rows)
-            k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (no copy for an fp32 one)
-            with ieee_attention(q.device):
-                out = self._sdpa(q, k, v, mask, blocks)
+        if cache is not None and cache.rows is not None:  # the batch's rows out of the whole cache
+            k, v = k.index_select(0, cache.rows), v.index_select(0, cache.rows)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # a bf16 cache (no copy for an fp32 one)
+        with ieee_attention(q.device):
+            out = self._sdpa(q, k, v, mask, blocks)
         return out.transpose(1, 2).reshape(B, T, -1), own_kv
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, blocks: bool) -> torch.Tensor:
@@ -397,20 +307,6 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-def _multiplies_in(module: nn.Module) -> torch.dtype:
-    """The dtype a projection wants its input in: a frozen `Linear`'s weight dtype; fp32 for others (LoRA)."""
-    return module.weight.dtype if type(module) is Linear else torch.float32
-
-
-def _project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A projection of the decode kernels' input: a frozen `Linear` returns its weight's dtype (the kernels
-    read bf16 as well as fp32, so no fp32 copy), any other module (LoRA) what it returns."""
-    if type(module) is not Linear:
-        return module(x)
-    w = module.weight
-    return frozen_linear(x.to(w.dtype), w, None if module.bias is None else module.bias.to(w.dtype))
-
-
 class DecoderLayer(nn.Module):
     """One pre-norm block: attention, then the MLP, each added to the residual stream."""
 
@@ -428,98 +324,6 @@ class DecoderLayer(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return (x, kv) if return_kv else x
 
-    def decode(self, x: torch.Tensor, pending: torch.Tensor | None, step: DecodeStep, cache: KVCache) -> torch.Tensor:
-        """`forward` for one new token per row, without autograd, on CPU: the matrix products as in
-        `forward`, everything between them (norms, RoPE, the cache write, attention, SiLU) in
-        decode_attention's C kernels, 4 calls where `forward` runs ~40 small torch ops. `x` ([B, 1, d]
-        fp32, contiguous) is the residual stream, updated in place; `pending`, the previous layer's
-        MLP output, joins it in this layer's first norm. Returns this layer's MLP output, which the
-        next layer (or the caller) adds to `x`."""
-        attn = self.self_attn
-        q, k, v = self._qkv(x, pending)
-        i = attn.layer_idx
-        return self._mlp(x, rope_decode_attention(q, k, v, step, cache.k[i], cache.v[i], _multiplies_in(attn.o_proj)))
-
-    def prefill(
-        self, x: torch.Tensor, pending: torch.Tensor | None, cos, sin, mask, cache: KVCache, cache_pos: int
-    ) -> torch.Tensor:
-        """`forward` for a sampler's prefill (many tokens a row into `cache` at `cache_pos`), without
-        autograd, on CPU: the matrix products, RoPE, the cache write and attention as in `forward`, the
-        norms and SiLU in the decode kernels, whose bf16 outputs feed a bf16 tree's products with no
-        fp32 copy between them. `x` ([B, T, d] fp32, contiguous) is the residual stream, updated in
-        place, and `pending` and the return value are MLP outputs, as in `decode`."""
-        q, k, v = self._qkv(x, pending)
-        out, _ = self.self_attn.attend(q.float(), k.float(), v.float(), cos, sin, mask, cache, cache_pos, blocks=True)
-        return self._mlp(x, out)
-
-    def _qkv(self, x: torch.Tensor, pending: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """`decode`'s and `prefill`'s first half: `pending` joins the stream `x` (in place), then the first
-        norm (a decode kernel) and the q, k, v projections, in the projections' dtype."""
-        attn, norm1 = self.self_attn, self.input_layernorm
-        h = rms_norm(x, norm1.weight, norm1.eps, _multiplies_in(attn.qkv or attn.q_proj), add=pending)
-        if attn.qkv is not None:
-            return _project(attn.qkv, h).split([attn.n_heads * attn.head_dim, *[attn.n_kv * attn.head_dim] * 2], -1)
-        return tuple(_project(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-
-    def _mlp(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """`decode`'s and `prefill`'s second half: the o projection of attention's output joins the stream
-        `x` (in place), then the second norm and the MLP, SiLU in a decode kernel. The MLP's output."""
-        mlp, norm2 = self.mlp, self.post_attention_layernorm
-        h = rms_norm(
-            x, norm2.weight, norm2.eps, _multiplies_in(mlp.gate_up or mlp.gate_proj),
-            add=_project(self.self_attn.o_proj, attended),
-        )  # fmt: skip
-        if mlp.gate_up is not None:
-            gate, up = _project(mlp.gate_up, h).chunk(2, -1)
-        else:
-            gate, up = _project(mlp.gate_proj, h), _project(mlp.up_proj, h)
-        return _project(mlp.down_proj, silu_mul(gate, up, _multiplies_in(mlp.down_proj)))
-
-    def decodes_bf16_in_one_call(self) -> bool:
-        """Whether `decode_bf16` can run this layer: its four projections frozen bf16 `Linear`s, q/k/v and
-        gate/up fused (the bf16 sampling tree's layers; LoRA modules and fp32 weights run `decode`)."""
-        return all(type(p) is Linear and p.weight.dtype == torch.bfloat16 for p in self.projections())
-
-    def one_call_chunks(self, rows: int) -> tuple[int | None, ...] | None:
-        """The chunks (`linear_bf16`) with which `decode_bf16` computes what `decode` computes for
-        `rows` rows, to the bit: none where `decode`'s products run in the same kernel
-        (`bf16_product_kernel`); above, on AMX up to `AMX_LAYER_ROWS` rows, oneDNN's (`onednn_chunk`).
-        None where a projection has none, or the one call could not follow oneDNN's order."""
-        if not _ONEDNN:  # `decode` multiplies through `F.linear` then, neither the tiles nor oneDNN
-            return None
-        projections = self.projections()
-        if bf16_product_kernel(rows) is not None:
-            return tuple(None for _ in projections)
-        if rows > AMX_LAYER_ROWS or not head_amx_available():
-            return None
-        chunks = tuple(onednn_chunk(rows, *p.weight.shape, p.bias is not None) for p in projections)
-        return None if None in chunks else chunks
-
-    def projections(self) -> tuple[nn.Linear, ...]:
-        """The four projections `decode_bf16` runs: q/k/v fused, o, gate/up fused, down."""
-        attn, mlp = self.self_attn, self.mlp
-        return (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
-
-    def decode_bf16(
-        self,
-        x: torch.Tensor,
-        pending: torch.Tensor | None,
-        step: DecodeStep,
-        cache: KVCache,
-        chunks: tuple[int | None, ...] = (None, None, None, None),
-    ) -> torch.Tensor:
-        """`decode` in one kernel call (`decode_layer_bf16`), for layers that `decodes_bf16_in_one_call`
-        on a CPU with AVX512-BF16: the same kernels in the same order, and with this row count's
-        `one_call_chunks`, the same result to the bit."""
-        attn, norm1, norm2 = self.self_attn, self.input_layernorm, self.post_attention_layernorm
-        projections = tuple(
-            (_packed_bf16(p.weight), p.weight.shape[0], None if p.bias is None else p.bias.to(p.weight.dtype).float())
-            for p in self.projections()
-        )
-        weights = LayerWeights(((norm1.weight, norm1.eps), (norm2.weight, norm2.eps)), projections, chunks)
-        i = attn.layer_idx
-        return decode_layer_bf16(x, pending, weights, step, cache.k[i], cache.v[i], (attn.n_heads, attn.n_kv))
-
 
 class Backbone(nn.Module):
     """Embeddings, decoder layers and the final norm (transformers' `model.` subtree)."""
@@ -536,10 +340,6 @@ class CausalLM(nn.Module):
     """The transformer. `forward` returns final hidden states (fp32); `logits` applies the head."""
 
     compiled = False  # set by compile_layers
-    # A sampling tree that may keep its KV cache in bf16 (the bf16 sampler's; `cache_dtype`).
-    kv_cache_dtype = torch.float32
-    # bf16: a sampling tree whose logits may come from bf16 products (the bf16 sampler's; `logits`).
-    head_dtype = torch.float32
 
     def __init__(self, cfg, rotary: nn.Module, qkv_bias: bool, mlp_bias: bool):
         super().__init__()
@@ -564,67 +364,17 @@ class CausalLM(nn.Module):
         """`cache_pos` as an int: keys/values land at that offset and attention sees the cache up to
         them. As a 1-element tensor: they land at that index and attention sees the whole cache
         under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays."""
-        x = self._embed(input_ids)
-        cos, sin = (t.float() for t in self.rotary(x, position_ids))
-        mask = additive_mask(mask)
-        if self._decodes_in_kernels(x, cache, cache_pos):
-            x, pending = x.contiguous(), None
-            step = decode_step(cos, sin, cache_pos, mask, cache.rows, cache.k.shape[1])
-            chunks = self._layers_in_one_call(x)
-            for layer in self.model.layers:
-                pending = (
-                    layer.decode(x, pending, step, cache)
-                    if chunks is None
-                    else layer.decode_bf16(x, pending, step, cache, chunks)
-                )
-            return self.model.norm(x if pending is None else x.add_(pending))
-        if self._prefills_in_kernels(x, cache, cache_pos):
-            x, pending = x.contiguous(), None
-            for layer in self.model.layers:
-                pending = layer.prefill(x, pending, cos, sin, mask, cache, cache_pos)
-            return self.model.norm(x.add_(pending))
+        x, cos, sin, mask = self.embed(input_ids, position_ids, mask)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
 
-    def cache_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype of this tree's KV cache on `device`: `kv_cache_dtype` where the decode kernels read
-        and write the cache (bf16 halves the bytes a decode step's attention reads), else fp32."""
-        if kernels_read(device, self.kv_cache_dtype, _head_dim(self.config)):
-            return self.kv_cache_dtype
-        return torch.float32
-
-    def _decodes_in_kernels(self, x: torch.Tensor, cache: KVCache | None, cache_pos: int | torch.Tensor) -> bool:
-        """Whether this forward is a decode step `DecoderLayer.decode` runs: one token per row into a
-        cache at an int position, on CPU without autograd, with the C kernels at hand."""
-        return (
-            x.shape[1] == 1
-            and cache is not None
-            and isinstance(cache_pos, int)
-            and self.config.model_type != "qwen3"  # its q/k norms are not in the kernels
-            and decode_kernels_apply(x, cache.k)
-        )
-
-    def _prefills_in_kernels(self, x: torch.Tensor, cache: KVCache | None, cache_pos: int | torch.Tensor) -> bool:
-        """Whether this forward is a bf16 sampler's prefill, which `DecoderLayer.prefill` runs: tokens into
-        a cache at an int position, on CPU without autograd, with the kernels at hand, by a tree whose
-        layers multiply in bf16 (`decodes_bf16_in_one_call`). An fp32 tree keeps `forward`, the
-        trainer's own arithmetic: the kernels gain its prefill nothing (docs/performance.md)."""
-        return (
-            cache is not None
-            and isinstance(cache_pos, int)
-            and decode_kernels_apply(x, cache.k)
-            and all(layer.decodes_bf16_in_one_call() for layer in self.model.layers)
-        )
-
-    def _layers_in_one_call(self, x: torch.Tensor) -> tuple[int | None, ...] | None:
-        """The chunks with which a decode step's layers each run in one kernel call
-        (`DecoderLayer.decode_bf16`), or None where they run op by op: the bf16 sampling tree's layers,
-        a decode step's rows that the one call computes to the bit (`one_call_chunks`)."""
-        layers = self.model.layers
-        if not all(layer.decodes_bf16_in_one_call() for layer in layers):
-            return None
-        return layers[0].one_call_chunks(x.shape[0])  # every layer has the first one's shapes
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
+        """What every layer of a forward starts from: the embeddings (fp32), RoPE's cos and sin, and the
+        mask as an additive one."""
+        x = self._embed(input_ids)
+        cos, sin = (t.float() for t in self.rotary(x, position_ids))
+        return x, cos, sin, additive_mask(mask)
 
     def forward_shared_prefix(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
@@ -655,22 +405,13 @@ class CausalLM(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor, exact: bool = True) -> torch.Tensor:
-        """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on).
-        A tree with `head_dtype` bf16 (the bf16 sampler's) multiplies in bf16 with fp32 sums and output
-        (`head_bf16`) where the CPU has bf16 dot products."""
+        """fp32 logits. `exact=False` multiplies in the compute dtype (only for values nobody trains on)."""
         head = getattr(self.lm_head, "base_layer", self.lm_head)  # peft wraps it when the unembedding trains
-        if exact and self.head_dtype == torch.bfloat16 and head is self.lm_head and head_bf16_applies(hidden):
-            return head_bf16(hidden, _packed_bf16(head.weight), head.weight.shape[0])
         head.fast = not exact
         try:
             return self.lm_head(hidden)
         finally:
             head.fast = False
-
-
-def _packed_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """`pack_head`'s bf16 copy of a weight (`_kept_on` it): the unembedding's, or a projection's in the kernels."""
-    return _kept_on(weight, "_tinkrl_head_bf16", pack_head)
 
 
 class Head(nn.Linear):
@@ -728,14 +469,12 @@ def fuse_projections(tree: CausalLM) -> list[str]:
 
 def to_bf16_sampling(tree: CausalLM) -> CausalLM:
     """Make `tree` (a sampling tree, in place) the bf16 sampler's: a frozen bf16 copy of every
-    projection's weight, fused (`fuse_projections`), its KV cache in bf16 (off-policy by its rounding
-    already) and its head in bf16 products with fp32 sums and logits. Returns it."""
+    projection's weight, fused (`fuse_projections`). Returns it."""
     with torch.no_grad():
         for module in tree.modules():
             if isinstance(module, Linear):
                 module.weight = nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
     fuse_projections(tree)
-    tree.kv_cache_dtype = tree.head_dtype = torch.bfloat16
     return tree
 
 

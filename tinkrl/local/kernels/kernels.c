@@ -1,5 +1,7 @@
-/* Decode attention: one new query per row over a KV cache (see decode_attention.py), and the rest of
- * a decode step's work between its matrix products (RoPE, the cache write, RMSNorm, SiLU).
+/* The sampler's CPU kernels (see paths.py): a decode step's attention, one new query per row over a
+ * KV cache, the rest of its work between the matrix products (RoPE, the cache write, RMSNorm,
+ * SiLU), and on CPUs with AVX512-BF16 the bf16 sampler's products, its head and a decoder layer in
+ * one call.
  *
  * Attention runs one task per (row, KV head): the scores of that head's G query heads over every
  * cached position (each key read once for all G), a softmax per query head, then the weighted sum
@@ -182,35 +184,6 @@ static void attend(const float *qb, const void *kb, const void *vb, int kv_bf16,
     }
 }
 
-/* q: [B, H, D] contiguous; k, v: [cache rows, Hkv, >=T, D], fp32 or (kv_bf16) bf16, with row stride
- * kv_sb and head stride kv_sh (elements; positions D apart); rows: the cache row of each of the B
- * rows (NULL: row b is cache row b); mask: additive [B, T] with row stride mask_sb (0: one row for
- * all); out: [B, H, D] contiguous. Returns 0, or -1 when a thread's scratch could not be allocated. */
-int decode_attention(const float *q, const void *k, const void *v, const int64_t *rows, const float *mask,
-                     float *out, int kv_bf16, int B, int H, int Hkv, int D, int T, int64_t kv_sb, int64_t kv_sh,
-                     int64_t mask_sb, float scale, int threads) {
-    const int G = H / Hkv, C = D / W;
-    const int64_t kv_es = kv_bf16 ? 2 : 4;
-    int failed = 0;
-    #pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *s = malloc(sizeof(float) * ((size_t)G * (T + W) + 2 * (size_t)G));
-        vf *acc = aligned_alloc(64, sizeof(vf) * (size_t)G * C);
-        failed = s == NULL || acc == NULL;
-        #pragma omp for schedule(static)
-        for (int64_t task = 0; task < (int64_t)B * Hkv; task++) {
-            if (failed) continue;
-            const int64_t b = task / Hkv, h = task % Hkv;
-            const int64_t at = ((rows ? rows[b] : b) * kv_sb + h * kv_sh) * kv_es;
-            attend(q + (b * H + h * G) * D, (const char *)k + at, (const char *)v + at, kv_bf16, mask + b * mask_sb,
-                   G, D, T, scale, s, acc, out + (b * H + h * G) * D);
-        }
-        free(s);
-        free(acc);
-    }
-    return failed ? -1 : 0;
-}
-
 /* --- the rest of a decode step's elementwise work, on fp32 or bf16 tensors --------------------- */
 
 static inline float load(const void *p, int64_t i, int bf16) {
@@ -326,8 +299,8 @@ enum { KERNEL_DOTS = 0, KERNEL_AMX = 1, KERNEL_FMA = 2 };
  * written in fp32. `w` is packed by `pack_head`: [N / 16][K2][16 columns][2 consecutive k] bf16, K2
  * the width padded to a multiple of 32, halved, N a multiple of 32, zeros where padded. Tiles of up
  * to 8 rows x 32 columns keep 16 sums in registers; each thread takes whole 32-column strips, whose
- * weights it reads from memory once and from its cache for every further tile of rows. Needs
- * AVX512-BF16: `head_bf16_available` says. */
+ * weights it reads from memory once and from its cache for every further tile of rows. Built only
+ * for CPUs with AVX512-BF16. */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -380,8 +353,6 @@ static inline __attribute__((always_inline)) void fma_tile(const float *xf, int6
         _mm512_storeu_ps(out + r * ldo + 16, acc[r][1]);
     }
 }
-
-int head_bf16_available(void) { return 1; }
 
 static inline uint32_t to_bf16(float f) {
     union { float f; uint32_t u; } v = {f};
@@ -502,19 +473,17 @@ typedef struct {
  * block of rows reads a strip of the weight from memory, prefetched `HEAD_PREFETCH` bytes ahead (the
  * tile loads alone leave the memory idle between them); the other blocks find it in the cache.
  * With `out16` set, the sums go through a small buffer to `store_bf16` instead: the M real rows, n
- * columns, in bf16 with `bias` (or none) added. `kc` (a multiple of 16, or K2) pairs of k make a
- * chunk: each chunk's sums start from zero in the tiles and are added to the earlier chunks' in fp32,
- * as oneDNN's bf16 product sums its K blocks above 32 rows (`linear_bf16`). */
+ * columns, in bf16 with `bias` (or none) added. */
 #define HEAD_PREFETCH 2048
-static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t *w, float *out, int M16, int64_t N,
-                     int threads, const float *bias, uint16_t *out16, int M, int64_t n) {
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
+                     const float *bias, uint16_t *out16, int M, int64_t n) {
 #pragma omp parallel num_threads(threads)
     {
         tile_config cfg = {0};
         cfg.palette = 1;
         for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
-        float sums[32 * 32] __attribute__((aligned(64))), part[32 * 32] __attribute__((aligned(64)));
+        float sums[32 * 32] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < N / 32; j++) {
             const uint32_t *w0 = w + 2 * j * 16 * K2, *w1 = w0 + 16 * K2;
@@ -523,45 +492,34 @@ static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t 
                 const int pairs = M16 - m >= 32;
                 float *o = out16 ? sums : out + m * N + 32 * j;
                 const int64_t ldo = out16 ? 32 : N;
-                for (int64_t k0 = 0; k0 < K2; k0 += kc) {
-                    const int64_t k1 = K2 - k0 < kc ? K2 : k0 + kc;
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    if (pairs) {
-                        _tile_zero(2);
-                        _tile_zero(3);
-                    }
-                    for (int64_t k = k0; k < k1; k += 16) {
-                        if (m == 0)
-                            for (int l = 0; l < 1024; l += 64) {
-                                _mm_prefetch((const char *)(w0 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
-                                _mm_prefetch((const char *)(w1 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
-                            }
-                        _tile_loadd(4, x0 + k, 4 * K2);
-                        _tile_loadd(6, w0 + 16 * k, 64);
-                        _tile_loadd(7, w1 + 16 * k, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 4, 7);
-                        if (pairs) {
-                            _tile_loadd(5, x1 + k, 4 * K2);
-                            _tile_dpbf16ps(2, 5, 6);
-                            _tile_dpbf16ps(3, 5, 7);
+                _tile_zero(0);
+                _tile_zero(1);
+                if (pairs) {
+                    _tile_zero(2);
+                    _tile_zero(3);
+                }
+                for (int64_t k = 0; k < K2; k += 16) {
+                    if (m == 0)
+                        for (int l = 0; l < 1024; l += 64) {
+                            _mm_prefetch((const char *)(w0 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
+                            _mm_prefetch((const char *)(w1 + 16 * k) + HEAD_PREFETCH + l, _MM_HINT_T0);
                         }
-                    }
-                    float *to = k0 ? part : o; /* a later chunk: its sums join the earlier ones' below */
-                    const int64_t ldt = k0 ? 32 : ldo;
-                    _tile_stored(0, to, 4 * ldt);
-                    _tile_stored(1, to + 16, 4 * ldt);
+                    _tile_loadd(4, x0 + k, 4 * K2);
+                    _tile_loadd(6, w0 + 16 * k, 64);
+                    _tile_loadd(7, w1 + 16 * k, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
                     if (pairs) {
-                        _tile_stored(2, to + 16 * ldt, 4 * ldt);
-                        _tile_stored(3, to + 16 * ldt + 16, 4 * ldt);
+                        _tile_loadd(5, x1 + k, 4 * K2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
                     }
-                    if (k0)
-                        for (int r = 0; r < (pairs ? 32 : 16); r++)
-                            for (int h = 0; h < 32; h += 16) {
-                                float *dst = o + r * ldo + h;
-                                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_load_ps(part + 32 * r + h)));
-                            }
+                }
+                _tile_stored(0, o, 4 * ldo);
+                _tile_stored(1, o + 16, 4 * ldo);
+                if (pairs) {
+                    _tile_stored(2, o + 16 * ldo, 4 * ldo);
+                    _tile_stored(3, o + 16 * ldo + 16, 4 * ldo);
                 }
                 if (out16 && m < M) {
                     const int rows = M - m < (pairs ? 32 : 16) ? M - m : (pairs ? 32 : 16);
@@ -574,15 +532,14 @@ static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t 
 }
 #else
 static int amx_ready(void) { return 0; }
-static void head_amx(const uint32_t *xb, int64_t K2, int64_t kc, const uint32_t *w, float *out, int M16, int64_t N,
-                     int threads, const float *bias, uint16_t *out16, int M, int64_t n) {
-    (void)xb, (void)K2, (void)kc, (void)w, (void)out, (void)M16, (void)N, (void)threads, (void)bias, (void)out16;
-    (void)M, (void)n;
+static void head_amx(const uint32_t *xb, int64_t K2, const uint32_t *w, float *out, int M16, int64_t N, int threads,
+                     const float *bias, uint16_t *out16, int M, int64_t n) {
+    (void)xb, (void)K2, (void)w, (void)out, (void)M16, (void)N, (void)threads, (void)bias, (void)out16, (void)M, (void)n;
 }
 #endif
 
-/* Whether `head_bf16` may be asked for AMX tiles here: built for them, and Linux lent them. */
-int head_amx_available(void) { return amx_ready(); }
+/* Whether AMX tiles may be asked for here: built for them, and Linux lent them to this process. */
+int amx_lent(void) { return amx_ready(); }
 
 /* x in bf16 pairs, zeros past K and past M: one buffer per calling thread, kept between calls. */
 static __thread uint32_t *scratch;
@@ -635,7 +592,7 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
     uint32_t *xb = bf16_rows(x, x_stride, x_bf16, M, rows, K, K2);
     if (!xb) return 1;
     if (amx) {
-        head_amx(xb, K2, K2, w, out, rows, N, threads, NULL, NULL, M, N);
+        head_amx(xb, K2, w, out, rows, N, threads, NULL, NULL, M, N);
         return 0;
     }
     return dots(xb, K2, w, out, M, N, threads, NULL, NULL, 0, kernel == KERNEL_FMA);
@@ -645,18 +602,17 @@ int head_bf16(const void *x, int64_t x_stride, int x_bf16, const uint32_t *w, fl
  * products summed in fp32 and rounded once, as a bf16 matrix product rounds its fp32 sums (oneDNN's):
  * by `kernel`, in AMX tiles or in dot products (`dots`). x: [M][K] bf16, rows `x_stride` apart; w:
  * `pack_head`'s layout, N columns (a multiple of 32), K2 pairs (a multiple of 16 for AMX); bias: n
- * floats or NULL; out: [M][n] bf16; kc: the pairs of k a chunk sums alone (`head_amx`; 0: all K2; AMX
- * only). 0; 1 where the scratch could not be allocated; 2 where the kernel is not available here, or
- * kc is not a multiple of 16 (or not 0 without AMX). */
+ * floats or NULL; out: [M][n] bf16. 0; 1 where the scratch could not be allocated; 2 where the kernel
+ * is not available here. */
 int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                int64_t K, int64_t K2, int64_t N, int64_t n, int64_t kc, int kernel, int threads) {
+                int64_t K, int64_t K2, int64_t N, int64_t n, int kernel, int threads) {
     const int amx = kernel == KERNEL_AMX;
-    if (kc % 16 || kc < 0 || !kernel_ready(kernel) || (amx && K2 % 16) || (!amx && kc)) return 2;
+    if (!kernel_ready(kernel) || (amx && K2 % 16)) return 2;
     const int rows = amx ? (M + 15) / 16 * 16 : M;
     uint32_t *xb = bf16_rows(x, x_stride, 1, M, rows, K, K2);
     if (!xb) return 1;
     if (!amx) return dots(xb, K2, w, NULL, M, N, threads, bias, out, n, kernel == KERNEL_FMA);
-    head_amx(xb, K2, kc ? kc : K2, w, NULL, rows, N, threads, bias, out, M, n);
+    head_amx(xb, K2, w, NULL, rows, N, threads, bias, out, M, n);
     return 0;
 }
 
@@ -664,33 +620,29 @@ int linear_bf16(const void *x, int64_t x_stride, const uint32_t *w, const float 
 static __thread uint16_t *layer_buf;
 static __thread size_t layer_len;
 
-/* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n, chunks of
- * kc pairs. Its return code. */
+/* `linear_bf16` of M rows K apart into out (n columns), the weight's padding from K and n. Its return
+ * code. */
 static int project(const uint16_t *x, int64_t K, const uint32_t *w, const float *bias, uint16_t *out, int M,
-                   int64_t n, int64_t kc, int kernel, int threads) {
-    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kc, kernel, threads);
+                   int64_t n, int kernel, int threads) {
+    return linear_bf16(x, K, w, bias, out, M, K, (K + 31) / 32 * 16, (n + 31) / 32 * 32, n, kernel, threads);
 }
 
 /* One decoder layer of the bf16 sampler's decode step in one call, its products by `kernel` (AMX tiles
- * or dot products): what `DecoderLayer.decode`
- * runs op by op from Python (the same kernels in the same order, so the same result to the bit), for B
- * rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
+ * or dot products): what the layer runs op by op from Python (paths.py: the same kernels in the same
+ * order, so the same result to the bit), for B rows of a residual stream x ([B][d] fp32, updated in place). `pending` (bf16 [B][d], or NULL): the
  * previous layer's MLP output, joining x in the first norm. The four projections are `pack_head`
  * weights (q/k/v fused: (H + 2 Hkv) D columns; o: d; gate/up fused: 2 f; down: d), each with its fp32
- * bias or NULL and its chunk `kc` (`linear_bf16`); norms: fp32 weights of d. RoPE, the cache, the mask
- * and `rows` as in `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could
- * not be allocated; 2 where the kernel is not available here, or a chunk is not a multiple of 16 (or
- * not 0 without AMX). */
+ * bias or NULL; norms: fp32 weights of d. RoPE, the cache, the mask and `rows` as in
+ * `rope_decode_attention`. out: the MLP output, bf16 [B][d]. 0; 1 where memory could not be allocated;
+ * 2 where the kernel is not available here. */
 int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, float eps1, const float *norm2,
                       float eps2, const uint32_t *w_qkv, const float *b_qkv, const uint32_t *w_o, const float *b_o,
                       const uint32_t *w_gu, const float *b_gu, const uint32_t *w_down, const float *b_down,
-                      const int64_t *kc, const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16,
+                      const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16,
                       int64_t kv_sb, int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb,
                       float scale, uint16_t *out, int B, int d, int H, int Hkv, int D, int f, int kernel,
                       int threads) {
     if (!kernel_ready(kernel)) return 2;
-    for (int i = 0; i < 4; i++)
-        if (kc[i] % 16 || kc[i] < 0 || (kernel != KERNEL_AMX && kc[i])) return 2;
     const int64_t n_qkv = (int64_t)(H + 2 * Hkv) * D, n_att = (int64_t)H * D;
     const size_t need = (size_t)B * (d + n_qkv + n_att + d + 2 * (int64_t)f + f);
     if (need > layer_len) {
@@ -703,42 +655,15 @@ int decode_layer_bf16(float *x, const uint16_t *pending, const float *norm1, flo
     uint16_t *gu = o + (size_t)B * d, *act = gu + (size_t)B * 2 * f;
     int rc;
     rms_norm(x, pending, 1, d, norm1, eps1, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kc[0], kernel, threads))) return rc;
+    if ((rc = project(h, d, w_qkv, b_qkv, qkv, B, n_qkv, kernel, threads))) return rc;
     if (rope_decode_attention(qkv, qkv + n_att, qkv + n_att + (int64_t)Hkv * D, 1, n_qkv, n_qkv, cos, sin, k_cache,
                               v_cache, kv_bf16, kv_sb, kv_sh, rows, pos, mask, mask_sb, att, 1, B, H, Hkv, D, scale,
                               threads))
         return 1;
-    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kc[1], kernel, threads))) return rc;
+    if ((rc = project(att, n_att, w_o, b_o, o, B, d, kernel, threads))) return rc;
     rms_norm(x, o, 1, d, norm2, eps2, h, 1, B, d, threads);
-    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kc[2], kernel, threads))) return rc;
+    if ((rc = project(h, d, w_gu, b_gu, gu, B, 2 * (int64_t)f, kernel, threads))) return rc;
     silu_mul(gu, gu + f, 1, 2 * (int64_t)f, act, 1, B, f, threads);
-    return project(act, f, w_down, b_down, out, B, d, kc[3], kernel, threads);
-}
-#else
-int head_bf16_available(void) { return 0; }
-int head_amx_available(void) { return 0; }
-int head_bf16(const void *x, int64_t x_stride, int x_bf16, const void *w, float *out, int M, int64_t K, int64_t K2,
-              int64_t N, int kernel, int threads) {
-    (void)x, (void)x_stride, (void)x_bf16, (void)w, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)kernel;
-    (void)threads;
-    return 2;
-}
-int linear_bf16(const void *x, int64_t x_stride, const void *w, const float *bias, void *out, int M, int64_t K,
-                int64_t K2, int64_t N, int64_t n, int64_t kc, int kernel, int threads) {
-    (void)x, (void)x_stride, (void)w, (void)bias, (void)out, (void)M, (void)K, (void)K2, (void)N, (void)n, (void)kc;
-    (void)kernel, (void)threads;
-    return 2;
-}
-int decode_layer_bf16(float *x, const void *pending, const float *norm1, float eps1, const float *norm2, float eps2,
-                      const void *w_qkv, const float *b_qkv, const void *w_o, const float *b_o, const void *w_gu,
-                      const float *b_gu, const void *w_down, const float *b_down, const int64_t *kc,
-                      const float *cos, const float *sin, void *k_cache, void *v_cache, int kv_bf16, int64_t kv_sb,
-                      int64_t kv_sh, const int64_t *rows, int pos, const float *mask, int64_t mask_sb, float scale,
-                      void *out, int B, int d, int H, int Hkv, int D, int f, int kernel, int threads) {
-    (void)kernel, (void)x, (void)pending, (void)norm1, (void)eps1, (void)norm2, (void)eps2, (void)w_qkv, (void)b_qkv, (void)w_o;
-    (void)b_o, (void)w_gu, (void)b_gu, (void)w_down, (void)b_down, (void)kc, (void)cos, (void)sin, (void)k_cache;
-    (void)v_cache, (void)kv_bf16, (void)kv_sb, (void)kv_sh, (void)rows, (void)pos, (void)mask, (void)mask_sb;
-    (void)scale, (void)out, (void)B, (void)d, (void)H, (void)Hkv, (void)D, (void)f, (void)threads;
-    return 2;
+    return project(act, f, w_down, b_down, out, B, d, kernel, threads);
 }
 #endif
