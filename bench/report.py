@@ -1,13 +1,16 @@
-"""Regenerate docs/performance.md's tables from the benchmarks' result JSON.
+"""Regenerate the generated tables of docs/performance.md and docs/notebook.md from the
+benchmarks' result JSON.
 
-    python bench/report.py [--results DIR] [--doc docs/performance.md] [--check]
+    python bench/report.py [--results DIR] [--doc FILE ...] [--check]
 
-Each benchmark has one block in the doc between `<!-- generated: NAME -->` and
-`<!-- /generated -->`: a table with fixed columns, one row per machine class and workload, and
-the machines the rows were measured on. Everything outside the blocks is prose and is kept as it
-is. A machine class the doc tracks without a result gets a row saying which command measures
-it. `--check` rewrites nothing and exits 1 when a block differs from what the JSON gives (a
-hand edit, or results not yet reported).
+Every block lies between `<!-- generated: NAME -->` and `<!-- /generated -->` in one of the docs
+(`--doc`, repeatable; by default both), and every block of `BLOCKS` must be in exactly one of
+them. A benchmark's block is a table with fixed columns, one row per machine class and workload
+(or per class and setting, summarising several runs), and the machines the rows were measured
+on; `current` is performance.md's table of each machine class's headline figures. Everything
+outside the blocks is prose and is kept as it is. A machine class the doc tracks without a
+result gets a row saying which command measures it. `--check` rewrites nothing and exits 1 when
+a block differs from what the JSON gives (a hand edit, or results not yet reported).
 
 Result files are validated before rendering (bench/common.py writes them): a missing or
 malformed field, a median that is not the median of its repeats, or a metric a table needs
@@ -30,6 +33,8 @@ from typing import Any
 from common import MACHINE_KEYS, RESULTS_DIR, ROOT
 
 DOC = ROOT / "docs" / "performance.md"
+NOTEBOOK = ROOT / "docs" / "notebook.md"
+DOCS = (DOC, NOTEBOOK)
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 RECORD_KEYS = {"command", "commit", "date", "machine", "settings", "repeats", "median"}
 # The machine classes the doc keeps figures for: the 2-core CPU `make train` is sized for, and a GPU.
@@ -61,16 +66,38 @@ class Table:
     """How one benchmark's block looks: its columns after the machine class (commit and date
     follow them), the cells of a record's rows, and the metrics every record must have. With
     `per_class`, `rows` gets all of a machine class's records at once (for tables whose columns
-    are records, such as one column per side and precision), and the commit and date cells list
-    every record's."""
+    are records, such as one column per side and precision, or whose rows summarise several
+    runs) and returns each row with the records it was made from; `stamp` makes the commit and
+    date cells of those records (by default every record's commits and dates). The block is
+    named `name`, by default the benchmark's."""
 
     bench: str
     command: str
     columns: tuple[str, ...]
-    rows: Callable[[Any], list[list[str]]]  # Record -> rows; with per_class, list[Record] -> rows
+    rows: Callable[[Any], list[Any]]  # Record -> rows; with per_class, list[Record] -> [(row, records)]
     needs: tuple[str, ...]
     machine_classes: tuple[str, ...] = (CPU_REFERENCE,)
     per_class: bool = False
+    name: str = ""
+    stamp: Callable[[list[Record]], tuple[str, str]] | None = None
+
+    @property
+    def block(self) -> str:
+        return self.name or self.bench
+
+    def markdown(self, results_dir: Path) -> str:
+        return render(self, load(results_dir, self))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A block made from several benchmarks' results (performance.md's `current`)."""
+
+    block: str
+    make: Callable[[Path], str]  # results dir -> the block's markdown
+
+    def markdown(self, results_dir: Path) -> str:
+        return self.make(results_dir)
 
 
 # --- reading and checking result files ---------------------------------------------------
@@ -165,17 +192,34 @@ def describe(m: dict) -> str:
     return ", ".join(parts)
 
 
+def every_commit_and_date(records: list[Record]) -> tuple[str, str]:
+    """The commit and date cells of a row made from `records`: each commit and day once."""
+    commits = ", ".join(dict.fromkeys(rec.commit for rec in records))
+    return commits, ", ".join(dict.fromkeys(sorted(rec.date for rec in records)))
+
+
+def last_day(records: list[Record]) -> tuple[str, str]:
+    """The commit and date cells of a row summarising runs: the last day's commits, and the days
+    from the first run to the last."""
+    first, last = min(rec.date for rec in records), max(rec.date for rec in records)
+    commits = ", ".join(dict.fromkeys(rec.commit for rec in records if rec.date == last))
+    return commits, last if first == last else f"{first} to {last}"
+
+
+def table_lines(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def render(table: Table, records: list[Record]) -> str:
     """The block's markdown: the table, then the machines its rows ran on."""
     header = ["machine class", *table.columns, "commit", "date"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = table_lines(header, [])
     if table.per_class:
+        stamp = table.stamp or every_commit_and_date
         for cls in dict.fromkeys(rec.machine_class for rec in records):
             group = [rec for rec in records if rec.machine_class == cls]
-            commits = ", ".join(dict.fromkeys(rec.commit for rec in group))
-            dates = ", ".join(dict.fromkeys(sorted(rec.date for rec in group)))
-            for cells in table.rows(group):
-                lines.append("| " + " | ".join([f"`{cls}`", *cells, commits, dates]) + " |")
+            for cells, made_from in table.rows(group):
+                lines.append("| " + " | ".join([f"`{cls}`", *cells, *stamp(made_from)]) + " |")
     else:
         for rec in records:
             for cells in table.rows(rec):
@@ -240,10 +284,47 @@ def make_train_rows(r: Record) -> list[list[str]]:
     greedy = f"{m['greedy_before']:.2f} -> {m['greedy_after']:.2f}" if "greedy_after" in m else "no eval"
     sampled = f"{m['sampled_after']:.2f}" if "sampled_after" in m else "no eval"
     rollouts = str(s.get("batch_size"))
-    sampler = str(s.get("sampler_precision", "matched"))  # runs recorded before the field: every class sampled matched
+    sampler = sampler_of(r)
     return [
         [str(s.get("model_name")), sampler, rollouts, f"{m['steps']:.0f}", step, greedy, sampled, minutes(m["wall_s"])]
     ]
+
+
+def sampler_of(r: Record) -> str:
+    return str(r.settings.get("sampler_precision", "matched"))  # runs recorded before the field sampled matched
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """`median (lowest-highest)` of several runs' figures; one run's figure alone."""
+    med = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return med
+    return f"{med} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def by_setting(records: list[Record]) -> dict[tuple[str, str], list[Record]]:
+    """`make train` runs by model and sampler precision, the runs a summary row may pool."""
+
+    def key(r: Record) -> tuple[str, str]:
+        return str(r.settings.get("model_name")), sampler_of(r)
+
+    return {k: [r for r in records if key(r) == k] for k in sorted({key(r) for r in records})}
+
+
+def make_train_summary_rows(records: list[Record]) -> list[tuple[list[str], list[Record]]]:
+    """One row per model and sampler precision: how many runs, and the median (lowest-highest)
+    of each figure over them."""
+    rows = []
+    for (model, sampler), runs in by_setting(records).items():
+
+        def of(metric: str, fmt: str, runs: list[Record] = runs) -> str:
+            values = [r.median[metric] for r in runs if metric in r.median]
+            return spread(values, fmt) if values else "no eval"
+
+        wall = minutes(statistics.median([r.median["wall_s"] for r in runs]))
+        cells = [model, sampler, str(len(runs)), of("steps", ".0f"), of("late_step_s", ".2f")]
+        rows.append((cells + [of("greedy_after", ".2f"), of("sampled_after", ".2f"), wall], runs))
+    return rows
 
 
 def sweep_rows(r: Record) -> list[list[str]]:
@@ -345,7 +426,7 @@ VS_VLLM_COLUMNS = (
 )
 
 
-def vs_vllm_rows(records: list[Record]) -> list[list[str]]:
+def vs_vllm_cells(records: list[Record]) -> list[list[str]]:
     """One row per workload and one for start-up; a column per (side, precision), then tinkrl's
     best over vLLM at its default (bf16): tokens/s over tokens/s, or for start-up vLLM's seconds
     over tinkrl's (above 1: tinkrl faster)."""
@@ -375,7 +456,31 @@ def vs_vllm_rows(records: list[Record]) -> list[list[str]]:
     return rows + [row("start-up s (to first sample)", "startup_s", lambda x: f"{x:.1f}", False)]
 
 
+def vs_vllm_rows(records: list[Record]) -> list[tuple[list[str], list[Record]]]:
+    return [(cells, records) for cells in vs_vllm_cells(records)]
+
+
+MAKE_TRAIN_NEEDS = ("late_step_s", "late_sample_s", "late_train_s", "steps", "wall_s")
+
 TABLES = (
+    Table(
+        "make_train",
+        "make train && python bench/make_train.py",
+        (
+            "model",
+            "sampler",
+            "runs",
+            "steps in budget",
+            "late s/step",
+            "held-out greedy after",
+            "sampled after",
+            "wall (median)",
+        ),
+        make_train_summary_rows,
+        MAKE_TRAIN_NEEDS,
+        per_class=True,
+        stamp=last_day,
+    ),
     Table(
         "make_train",
         "make train && python bench/make_train.py",
@@ -390,7 +495,8 @@ TABLES = (
             "wall",
         ),
         make_train_rows,
-        ("late_step_s", "late_sample_s", "late_train_s", "steps", "wall_s"),
+        MAKE_TRAIN_NEEDS,
+        name="make_train_runs",
     ),
     Table(
         "vs_trl",
@@ -521,48 +627,146 @@ TABLES = (
 )
 
 
-# --- the doc -----------------------------------------------------------------------------
+# --- the headline figures of every machine class ------------------------------------------
+
+HEADLINE_BENCHES = ("make_train", "vs_vllm", "engine", "vs_trl")
 
 
-def regenerate(text: str, results_dir: Path, tables: Iterable[Table] = TABLES) -> str:
-    """`text` with every generated block rendered from `results_dir`; every table needs a block."""
-    by_name = {t.bench: t for t in tables}
+def current_block(results_dir: Path) -> str:
+    """performance.md's first table: for each machine class with a record of a headline
+    benchmark, one row per benchmark and setting with its headline figures. `make train` rows are
+    medians over the class's runs with one sampler precision; the other benchmarks keep one
+    record per class and workload, their latest."""
+    tables = {t.block: t for t in TABLES}
+    rows: dict[str, list[list[str]]] = {}
+
+    def add(cls: str, what: str, figure: str, made_from: list[Record]) -> None:
+        rows.setdefault(cls, []).append([f"`{cls}`", what, figure, *every_commit_and_date(made_from)])
+
+    def by_class(bench: str) -> dict[str, list[Record]]:
+        out: dict[str, list[Record]] = {}
+        for rec in load(results_dir, tables[bench]):
+            out.setdefault(rec.machine_class, []).append(rec)
+        return out
+
+    for cls, records in by_class("make_train").items():
+        settings = by_setting(records)
+        for (model, sampler), runs in settings.items():
+
+            def med(metric: str, runs: list[Record] = runs) -> float | None:
+                values = [r.median[metric] for r in runs if metric in r.median]
+                return statistics.median(values) if values else None
+
+            before, after = med("greedy_before"), med("greedy_after")
+            learned = (
+                f"held-out greedy {before:.2f} -> {after:.2f}"
+                if before is not None and after is not None
+                else "no eval"
+            )
+            figure = f"{med('steps'):.0f} steps in the budget, {learned}, late steps {med('late_step_s'):.2f} s/step"
+            runs_note = f"median of {len(runs)} runs" if len(runs) > 1 else "1 run"
+            of_model = f", {model}" if len({m for m, _ in settings}) > 1 else ""  # named when the class ran several
+            what = f"`make train`{of_model}, {sampler} sampler ({runs_note})"
+            commits, date = last_day(runs)
+            rows.setdefault(cls, []).append([f"`{cls}`", what, figure, commits, date])
+
+    for cls, records in by_class("vs_vllm").items():
+        ratios = [f"{name.split(':')[0]} {cells[-1]}" for name, *cells in vs_vllm_cells(records)]
+        workloads, startup = ratios[:-1], ratios[-1].removeprefix("start-up s (to first sample) ")
+        figure = f"tinkrl's best / vLLM's bf16 tokens/s: {', '.join(workloads)}; start-up {startup} faster"
+        add(cls, "sampling vs vLLM", figure, records)
+
+    for cls, records in by_class("engine").items():
+        for r in records:
+            m = r.median
+            figure = f"sampling {ratio(m['sampling/tinkrl_concurrent_tok_s'], m['sampling/hf_generate_tok_s'])} HF `generate`"
+            kinds = [
+                k for k in ("grouped", "distinct") if f"train_{k}/tinkrl_tok_s" in m and f"train_{k}/peft_tok_s" in m
+            ]
+            if kinds:
+                train = " / ".join(ratio(m[f"train_{k}/tinkrl_tok_s"], m[f"train_{k}/peft_tok_s"]) for k in kinds)
+                figure += f"; LoRA training {train} peft ({' / '.join(kinds)})"
+            weights = ", random weights" if str(r.settings.get("model")).startswith("random") else ""
+            add(cls, f"engine vs transformers/peft, {r.settings.get('precision')}{weights}", figure, [r])
+
+    for cls, records in by_class("vs_trl").items():
+        for r in records:
+            ours, trl = r.median["tinkrl_step_s"], r.median["trl_step_s"]
+            figure = f"an RL step {ratio(trl, ours)} faster ({ours:.2f} against {trl:.2f} s)"
+            add(cls, f"vs TRL's GRPOTrainer, {r.settings.get('precision')}", figure, [r])
+
+    header = ["machine class", "benchmark", "headline figures", "commit", "date"]
+    return "\n".join(table_lines(header, [row for cls in sorted(rows) for row in rows[cls]])) + "\n"
+
+
+BLOCKS: tuple[Table | Summary, ...] = (Summary("current", current_block), *TABLES)
+
+
+# --- the docs ----------------------------------------------------------------------------
+
+
+def regenerate(text: str, results_dir: Path, blocks: Iterable[Table | Summary] = BLOCKS) -> str:
+    """`text` with each of its generated blocks rendered from `results_dir`. A block whose name
+    `blocks` lacks, or one that appears twice, is an error; which blocks a set of docs must hold
+    between them, `regenerate_docs` checks."""
+    by_name = {b.block: b for b in blocks}
     found = [m.group("name") for m in BLOCK.finditer(text)]
     unknown = sorted(set(found) - set(by_name))
-    missing = sorted(set(by_name) - set(found))
-    if unknown or missing:
-        raise ResultError(f"generated blocks: unknown {unknown}, missing {missing}")
+    twice = sorted({n for n in found if found.count(n) > 1})
+    if unknown or twice:
+        raise ResultError(f"generated blocks: unknown {unknown}, twice {twice}")
 
     def block(m: re.Match) -> str:
-        table = by_name[m.group("name")]
-        return m.group(1) + render(table, load(results_dir, table)) + m.group(4)
+        return m.group(1) + by_name[m.group("name")].markdown(results_dir) + m.group(4)
 
     return BLOCK.sub(block, text)
+
+
+def regenerate_docs(
+    texts: dict[Path, str], results_dir: Path, blocks: Iterable[Table | Summary] = BLOCKS
+) -> dict[Path, str]:
+    """Every doc with its blocks rendered; every block must be in exactly one of the docs."""
+    blocks = tuple(blocks)
+    where: dict[str, list[str]] = {}
+    for path, text in texts.items():
+        for m in BLOCK.finditer(text):
+            where.setdefault(m.group("name"), []).append(path.name)
+    missing = sorted(b.block for b in blocks if b.block not in where)
+    twice = sorted(f"{name} ({', '.join(docs)})" for name, docs in where.items() if len(docs) > 1)
+    if missing or twice:
+        raise ResultError(f"generated blocks: missing {missing}, in more than one place {twice}")
+    return {path: regenerate(text, results_dir, blocks) for path, text in texts.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=RESULTS_DIR)
-    ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--check", action="store_true", help="exit 1 when the doc's generated blocks are out of date")
+    ap.add_argument(
+        "--doc", type=Path, action="append", help="a doc holding generated blocks (repeatable; default: both docs)"
+    )
+    ap.add_argument("--check", action="store_true", help="exit 1 when a doc's generated blocks are out of date")
     args = ap.parse_args(argv)
-    text = args.doc.read_text()
+    docs = args.doc or list(DOCS)
+    texts = {doc: doc.read_text() for doc in docs}
     try:
-        new = regenerate(text, args.results)
+        new = regenerate_docs(texts, args.results)
     except ResultError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
-    if new == text:
-        print(f"{args.doc}: generated blocks are up to date")
+    changed = [doc for doc in docs if new[doc] != texts[doc]]
+    if not changed:
+        print(f"{', '.join(map(str, docs))}: generated blocks are up to date")
         return 0
     if args.check:
-        old = {m.group("name"): m.group("body") for m in BLOCK.finditer(text)}
-        stale = [m.group("name") for m in BLOCK.finditer(new) if old.get(m.group("name")) != m.group("body")]
-        print(f"{args.doc}: generated blocks differ from the results: {', '.join(stale)}", file=sys.stderr)
+        for doc in changed:
+            old = {m.group("name"): m.group("body") for m in BLOCK.finditer(texts[doc])}
+            stale = [m.group("name") for m in BLOCK.finditer(new[doc]) if old.get(m.group("name")) != m.group("body")]
+            print(f"{doc}: generated blocks differ from the results: {', '.join(stale)}", file=sys.stderr)
         print("run `python bench/report.py` (never edit between the generated markers)", file=sys.stderr)
         return 1
-    args.doc.write_text(new)
-    print(f"wrote {args.doc}")
+    for doc in changed:
+        doc.write_text(new[doc])
+        print(f"wrote {doc}")
     return 0
 
 

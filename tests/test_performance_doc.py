@@ -1,9 +1,12 @@
-"""docs/performance.md's tables are what bench/report.py makes of bench/results/, and the report
-refuses result files that bench/common.py would not have written."""
+"""docs/performance.md is a reference: each machine class's current figures first, then one
+section per benchmark with its command and its generated table; its tables and the notebook's are
+what bench/report.py makes of bench/results/, and the report refuses result files that
+bench/common.py would not have written. Measured figures stay out of config comments."""
 
 import argparse
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +25,8 @@ import vs_vllm  # noqa: E402
 
 ENGINE = next(t for t in report.TABLES if t.bench == "engine")
 ENGINE_DOC = "# doc\n\nprose kept\n\n<!-- generated: engine -->\nstale\n<!-- /generated -->\n\nmore prose\n"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+NOTEBOOK = ROOT / "docs" / "notebook.md"
 
 
 def engine_result(**changes) -> dict:
@@ -124,27 +129,215 @@ def test_a_wrong_field_fails_the_report(tmp_path, breaks):
     write(tmp_path, doc)
     with pytest.raises(report.ResultError, match="cpu-amd-avx2-4c.json"):
         report.regenerate(ENGINE_DOC, tmp_path, [ENGINE])
-    doc_path = tmp_path / "doc.md"
-    doc_path.write_text(ENGINE_DOC)
-    assert report.main(["--results", str(tmp_path), "--doc", str(doc_path)]) != 0
+    docs = copy_docs(tmp_path / "docs")
+    before = [d.read_text() for d in docs]
+    assert report.main(["--results", str(tmp_path), *doc_args(docs)]) == 2
+    assert [d.read_text() for d in docs] == before  # nothing written
+
+
+def copy_docs(where: Path) -> list[Path]:
+    """performance.md and notebook.md copied into `where`, for the report to rewrite."""
+    where.mkdir(parents=True, exist_ok=True)
+    out = [where / PERFORMANCE.name, where / NOTEBOOK.name]
+    for src, dst in zip((PERFORMANCE, NOTEBOOK), out):
+        dst.write_text(src.read_text())
+    return out
+
+
+def doc_args(docs: list[Path]) -> list[str]:
+    return [arg for d in docs for arg in ("--doc", str(d))]
 
 
 def test_check_fails_on_a_hand_edit_and_the_report_fixes_it(tmp_path):
-    doc_path = tmp_path / "performance.md"
-    doc_path.write_text((ROOT / "docs" / "performance.md").read_text())
+    docs = copy_docs(tmp_path / "docs")
+    perf, notebook = docs
     results = tmp_path / "results"
     write(results, engine_result())
-    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 1
-    assert report.main(["--results", str(results), "--doc", str(doc_path)]) == 0
-    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 0
-    edited = doc_path.read_text().replace("| 1,500 |", "| 1,900 |")
-    doc_path.write_text(edited)
-    assert report.main(["--check", "--results", str(results), "--doc", str(doc_path)]) == 1
+    check = ["--check", "--results", str(results), *doc_args(docs)]
+    assert report.main(check) == 1
+    assert report.main(["--results", str(results), *doc_args(docs)]) == 0
+    assert report.main(check) == 0
+    assert "| `cpu-amd-avx2-4c` | SmolLM2 | float32 | 1,500 |" in perf.read_text()
+    # the record's class now has its headline row in the current figures
+    assert (
+        "| `cpu-amd-avx2-4c` | engine vs transformers/peft, float32 | sampling 3.00x HF `generate` |"
+        in perf.read_text()
+    )
+    perf.write_text(perf.read_text().replace("| 1,500 |", "| 1,900 |"))
+    assert report.main(check) == 1
+    perf.write_text(perf.read_text().replace("| 1,900 |", "| 1,500 |"))
+    assert report.main(check) == 0
+    # a hand edit in the notebook's generated block is caught too
+    marker = "<!-- generated: make_train_runs -->\n"
+    notebook.write_text(notebook.read_text().replace(marker, marker + "| a row typed in |\n"))
+    assert report.main(check) == 1
 
 
-def test_a_doc_without_a_tables_block_fails(tmp_path):
+def test_every_block_is_in_exactly_one_doc(tmp_path):
+    perf, notebook = PERFORMANCE.read_text(), NOTEBOOK.read_text()
+    with pytest.raises(report.ResultError, match=r"missing \['make_train_runs'\]"):
+        report.regenerate_docs({PERFORMANCE: perf}, report.RESULTS_DIR)
     with pytest.raises(report.ResultError, match="missing"):
-        report.regenerate("# no blocks\n", tmp_path)
+        report.regenerate_docs({Path("x.md"): "# no blocks\n"}, tmp_path)
+    block = "<!-- generated: engine -->\n<!-- /generated -->\n"
+    with pytest.raises(report.ResultError, match="in more than one place"):
+        report.regenerate_docs({PERFORMANCE: perf, NOTEBOOK: notebook + block}, report.RESULTS_DIR)
+    with pytest.raises(report.ResultError, match="twice"):
+        report.regenerate("# doc\n" + block + block, report.RESULTS_DIR)
+    with pytest.raises(report.ResultError, match="unknown"):
+        report.regenerate("<!-- generated: no_such_table -->\n<!-- /generated -->\n", report.RESULTS_DIR)
+    assert report.main(["--check"]) == 0  # by default both docs, which hold every block between them
+
+
+def make_train_result(runs: dict[str, tuple[str, str, str, float, float]]) -> dict:
+    """bench/make_train.py's records of a made-up class: name -> (sampler, commit, date, steps,
+    held-out greedy after)."""
+    out = {}
+    for name, (sampler, commit_, date, steps, after) in runs.items():
+        repeats = {
+            "steps": [steps],
+            "late_step_s": [3.0],
+            "late_sample_s": [2.0],
+            "late_train_s": [1.0],
+            "wall_s": [550.0],
+            "greedy_before": [0.02],
+            "greedy_after": [after],
+        }
+        machine = engine_result()["runs"]["SmolLM2 float32"]["machine"]
+        out[name] = {
+            "command": "python bench/make_train.py runs/arithmetic",
+            "commit": commit_,
+            "date": date,
+            "machine": machine,
+            "settings": {"model_name": "SmolLM2", "batch_size": 64, "sampler_precision": sampler},
+            "repeats": repeats,
+            "median": common.medians(repeats),
+        }
+    return {"bench": "make_train", "machine_class": "cpu-amd-avx2-4c", "runs": out}
+
+
+def test_make_train_runs_are_summarised_per_class_and_sampler(tmp_path):
+    runs = {
+        "a": ("bfloat16", "aaaaaaa", "2026-12-01", 100, 0.80),
+        "b": ("bfloat16", "bbbbbbb", "2026-12-03", 140, 0.90),
+        "c": ("bfloat16", "ccccccc", "2026-12-02", 120, 0.84),
+        "d": ("matched", "ddddddd", "2026-12-03", 90, 0.86),
+    }
+    path = tmp_path / "make_train" / "cpu-amd-avx2-4c.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(make_train_result(runs)))
+    summary = next(t for t in report.TABLES if t.block == "make_train")
+    rows = summary.markdown(tmp_path).splitlines()
+    assert (
+        "| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | 3 | 120 (100-140) | 3.00 (3.00-3.00) | 0.84 (0.80-0.90) | no eval"
+        " | 9m10s | bbbbbbb | 2026-12-01 to 2026-12-03 |" in rows
+    )
+    assert (
+        "| `cpu-amd-avx2-4c` | SmolLM2 | matched | 1 | 90 | 3.00 | 0.86 | no eval | 9m10s | ddddddd | 2026-12-03 |"
+        in rows
+    )
+    every_run = next(t for t in report.TABLES if t.block == "make_train_runs").markdown(tmp_path)
+    assert sum(line.startswith("| `cpu-amd-avx2-4c`") for line in every_run.splitlines()) == 4
+    current = report.current_block(tmp_path).splitlines()
+    assert (
+        "| `cpu-amd-avx2-4c` | `make train`, bfloat16 sampler (median of 3 runs) | 120 steps in the budget,"
+        " held-out greedy 0.02 -> 0.84, late steps 3.00 s/step | bbbbbbb | 2026-12-01 to 2026-12-03 |" in current
+    )
+    assert len([line for line in current if line.startswith("| `")]) == 2  # one row per sampler
+    # runs of another model are never pooled with the default model's
+    doc = make_train_result(runs)
+    doc["runs"]["c"]["settings"]["model_name"] = "OtherLM"
+    path.write_text(json.dumps(doc))
+    rows = summary.markdown(tmp_path).splitlines()
+    assert (
+        "| `cpu-amd-avx2-4c` | OtherLM | bfloat16 | 1 | 120 | 3.00 | 0.84 | no eval | 9m10s | ccccccc | 2026-12-02 |"
+        in rows
+    )
+    assert any(line.startswith("| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | 2 | 120 (100-140) |") for line in rows)
+    assert any(
+        "| `make train`, OtherLM, bfloat16 sampler (1 run) |" in line
+        for line in report.current_block(tmp_path).splitlines()
+    )
+
+
+# --- the doc as a reference ----------------------------------------------------------------
+
+
+def sections(text: str) -> dict[str, str]:
+    """performance.md's `## ` sections: heading -> body."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_performance_doc_is_a_short_reference_with_the_current_figures_first():
+    text = PERFORMANCE.read_text()
+    assert len(text.splitlines()) <= 500
+    blocks = [m.group("name") for m in report.BLOCK.finditer(text)]
+    first_section = text.index("\n## ")
+    assert blocks[0] == "current" and text.index("<!-- generated: current -->") < text.index("\n## ", first_section + 1)
+    # every headline benchmark with results has its classes in the current figures
+    current = next(m.group("body") for m in report.BLOCK.finditer(text) if m.group("name") == "current")
+    for bench in report.HEADLINE_BENCHES:
+        for result in (report.RESULTS_DIR / bench).glob("*.json"):
+            assert f"| `{result.stem}` |" in current, (bench, result.stem)
+    assert "notebook.md" in text  # where the per-run figures went
+
+
+def test_every_benchmark_has_a_section_with_its_command():
+    text = PERFORMANCE.read_text()
+    command = re.compile(r"`(?:python bench/\w+\.py|bash bench/\w+\.sh|make [\w-]+)")
+    for heading, body in sections(text).items():
+        if heading != "Current figures by machine class":
+            assert command.search(body), f"section {heading!r} names no command"
+    scripts = [p for p in sorted((ROOT / "bench").glob("*.py")) + sorted((ROOT / "bench").glob("*.sh"))]
+    for script in scripts:
+        if script.name not in ("common.py", "report.py"):
+            assert f"bench/{script.name}" in text, f"bench/{script.name} has no place in docs/performance.md"
+    # every benchmark table is rendered into one of the docs (report.py checks exactly one)
+    blocks = {m.group("name") for doc in (PERFORMANCE, NOTEBOOK) for m in report.BLOCK.finditer(doc.read_text())}
+    assert {b.block for b in report.BLOCKS} <= blocks
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_references_to_its_sections_resolve():
+    """The docs, configs and code point into performance.md by section title ("Decode step") or
+    anchor (#make-train-agent): each must name a section it has."""
+    headings = list(sections(PERFORMANCE.read_text()))
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "configs").glob("*.yaml")]
+    files += [*(ROOT / "bench").glob("*.py"), *(ROOT / "tinkrl").rglob("*.py"), *(ROOT / "tinkrl").rglob("*.c")]
+    found = 0
+    for path in files:
+        text = re.sub(r"\s+", " ", path.read_text())
+        for m in re.finditer(r"performance\.md\)?,? (?:\"([^\"]+)\"|(`[^`]+`))", text):
+            title = m.group(1) or m.group(2)
+            assert any(h.startswith(title) for h in headings), f"{path.name} points at {title!r}"
+            found += 1
+        for m in re.finditer(r"performance\.md#([\w-]+)", text):
+            assert m.group(1) in map(slug, headings), f"{path.name} links #{m.group(1)}"
+            found += 1
+    assert found >= 10
+
+
+FIGURE = re.compile(
+    r"~\s*\d|\d+(?:\.\d+)?\s*(?:%|(?:ms|s|x|GB|MB|GiB|MiB|tok/s)\b)|\d+(?:\.\d+)?-\d+(?:\.\d+)?\s*(?:steps|tokens)\b"
+)
+
+
+def test_config_comments_hold_no_measured_figures():
+    """A setting's comment says what it does and why; what it measured is in bench/results and
+    docs/performance.md (a measured figure in a comment goes stale with the next kernel change)."""
+    files = [*(ROOT / "configs").glob("*.yaml"), *(ROOT / "deploy").rglob("*.yaml")]
+    assert len(files) >= 5
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            assert not FIGURE.search(comment), f"{path.relative_to(ROOT)}:{n}: {comment.strip()}"
+    assert FIGURE.search(" torch.compile: ~1.5x faster steps after ~40 s of compiling")
+    assert FIGURE.search(" ~150-200 steps on a 2-core CPU") and FIGURE.search(" about 30% slower")
 
 
 def test_write_result_keeps_one_record_per_workload(tmp_path):
