@@ -426,6 +426,20 @@ VS_VLLM_COLUMNS = (
 )
 
 
+PATH_VARIANTS = ("plan", "op by op", "oneDNN products", "fp32 head", "reference prefill")
+
+
+def sampler_paths_rows(r: Record) -> list[list[str]]:
+    """One row per sampler and workload: the reference's seconds a call with its spread between rounds
+    ((max - min) / median), and each variant's speed against it (reference median / variant median);
+    a variant the plan has no part for is "-"."""
+    ref = r.repeats["reference"]
+    spread = (max(ref) - min(ref)) / statistics.median(ref)
+    cells = [ratio(r.median["reference"], r.median[v]) if v in r.median else "-" for v in PATH_VARIANTS]
+    sampler, _, workload = r.workload.partition(" ")
+    return [[sampler, workload, f"{r.median['reference']:.2f} (spread {spread:.0%})", *cells, r.settings["plan"]]]
+
+
 def vs_vllm_cells(records: list[Record]) -> list[list[str]]:
     """One row per workload and one for start-up; a column per (side, precision), then tinkrl's
     best over vLLM at its default (bf16): tokens/s over tokens/s, or for start-up vLLM's seconds
@@ -542,6 +556,20 @@ TABLES = (
         sweep_rows,
         (),
         (GPU_REFERENCE,),
+    ),
+    Table(
+        "sampler_paths",
+        "python bench/sampler_paths.py",
+        (
+            "sampler",
+            "workload",
+            "reference s/call (spread)",
+            *(f"{v} vs reference" for v in PATH_VARIANTS),
+            "the plan here",
+        ),
+        sampler_paths_rows,
+        ("plan", "reference"),
+        per_class=False,
     ),
     Table(
         "vs_vllm",

@@ -220,16 +220,15 @@ def make_service_client(config: BackendConfig | None = None, *, api_key: str | N
     raise ConfigError(f"backend must be 'local' or 'tinker', got {config.backend!r}")
 
 
-def local_compute(training_client: Any) -> str | None:
-    """How the embedded engine behind a local training client computes, for a run's first lines
-    ("cpu, float32, sampler bfloat16": the device, the trainer's precision and the sampler's, each
-    as given or as the hardware class's measured default); None for the Tinker service's clients."""
+def local_compute(training_client: Any) -> dict | None:
+    """The compute plan of the embedded engine behind a local training client (`tinkrl.local.plan`:
+    device, precisions and the sampler's paths, each with its reason), for a run's first lines and
+    its run.json; None for the Tinker service's clients."""
     from tinkrl.local.service import TrainingClient
 
     if not isinstance(training_client, TrainingClient):
         return None
-    engine = training_client.engine
-    return f"{engine.device.type}, {str(engine.dtype).removeprefix('torch.')}, sampler {engine.sampler}"
+    return training_client.engine.plan.as_dict()
 
 
 def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:

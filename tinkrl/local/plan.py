@@ -278,17 +278,18 @@ class ComputePlan:
 
     def line(self) -> str:
         """The plan in one line, for a run's first lines."""
-        parts = [f"{name} {getattr(self, name).path}" for name in ("decode", "prefill", "cache")]
+        parts = [f"decode {self.decode.path}", f"prefill {self.prefill.path}", f"KV cache {self.cache.path}"]
         if self.sampler.path == "bfloat16":
             parts += [f"projections {self.projections.path}", f"logits {self.logits.path}"]
+        cpu = f", {self.cpu}" if self.cpu else ""
         return (
-            f"{self.device}{f' ({self.cpu})' if self.cpu else ''}, {self.precision.path} ({self.products.path}), "
-            f"sampler {self.sampler.path}: {', '.join(parts)}"
+            f"{self.device}{cpu}, {self.precision.path} with {self.products.path} products; sampling: "
+            f"{', '.join(parts)}, sampler {self.sampler.path}"
         )
 
     def as_dict(self) -> dict:
-        """The plan as JSON-able data, every decision with its reason."""
-        return asdict(self)
+        """The plan as JSON-able data, every decision with its reason, and its `line`."""
+        return {**asdict(self), "line": self.line()}
 
 
 def make_plan(

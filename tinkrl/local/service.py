@@ -30,7 +30,7 @@ from tinkrl.local.training import Trainer
 
 class ServiceClient:
     """`tinker.ServiceClient` for the embedded engine. `device`, `dtype` and `sampler_precision` ("matched"
-    or "bfloat16", see precision.py) default to the hardware class's measured rules.
+    or "bfloat16") default to the hardware class's rules (plan.py).
 
     `compile=True` torch.compiles the training clients' forward (faster steps after a
     one-time compile; see transformer.compile_layers). Sampling always runs eager.
@@ -114,6 +114,10 @@ class ServiceClient:
 
     async def create_sampling_client_async(self, *args, **kwargs) -> SamplingClient:
         return await asyncio.to_thread(self.create_sampling_client, *args, **kwargs)
+
+    def compute_plans(self) -> dict[str, dict]:
+        """How each engine of this process computes (`plan.ComputePlan.as_dict()`), by model and device."""
+        return {f"{e.model_name} on {e.device}": e.plan.as_dict() for e in list(Engine._engines.values())}
 
     def close(self, status: str = "success", detail: str | None = None) -> LocalFuture:
         """The SDK's `close(status, detail)`, already done: there is no session to finish and nothing to

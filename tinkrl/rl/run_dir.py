@@ -112,6 +112,15 @@ def check_run_dir(config: TrainConfig) -> RunRecord | None:
     return record
 
 
+def record_compute(run_dir: Path, compute: dict[str, Any]) -> None:
+    """Keep in run.json how the embedded engine computed this run (its compute plan; the latest start's)."""
+    path = run_dir / RUN_FILE
+    with writing(path):
+        data = json.loads(path.read_text())
+        data["compute"] = compute
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def claim_run_dir(config: TrainConfig) -> RunRecord:
     """The run directory's record, made (with a fresh run id) when the run is new; see `check_run_dir`."""
     record = check_run_dir(config)

@@ -33,7 +33,7 @@ from tinkrl.rl.data import add_kl_penalty, add_observation_logprobs, build_seque
 from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollout_rows, summary_line, timed
 from tinkrl.rl.rollouts import sample_groups
-from tinkrl.rl.run_dir import claim_run_dir, new_run_hint
+from tinkrl.rl.run_dir import claim_run_dir, new_run_hint, record_compute
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
@@ -112,8 +112,11 @@ async def train(
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
     sc_step = start  # the optimizer step whose weights `sc` samples
     compute = local_compute(tc)
+    if compute:
+        record_compute(c.run_dir, compute)
+    how = f" ({compute['line']})" if compute else ""
     print(
-        f"run {c.run_dir}: {c.model_name} on {c.backend}{f' ({compute})' if compute else ''}, "
+        f"run {c.run_dir}: {c.model_name} on {c.backend}{how}, "
         f"steps {start}..{c.max_steps}, "
         f"{sum(n * c.group_size_for(k) for k, n in c.groups_per_env().items())} rollouts/step, "
         f"ready in {time.time() - t0:.1f}s"

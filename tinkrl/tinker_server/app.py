@@ -183,7 +183,9 @@ class TinkerServer:
         return web.json_response(DYNAMIC_CONFIG)
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        """ok, and on the embedded engine how each of its engines computes (their compute plans)."""
+        plans = getattr(self.engine, "compute_plans", None)
+        return web.json_response({"status": "ok", **({"compute": plans()} if callable(plans) else {})})
 
     async def server_capabilities(self, request: web.Request) -> web.Response:
         getter = getattr(self.engine, "get_server_capabilities", None)
@@ -267,6 +269,9 @@ class TinkerServer:
             info = await asyncio.to_thread(info.result)
         payload = wire.to_json(info)
         payload["model_id"] = model.model_id
+        engine = getattr(model.client, "engine", None)  # the embedded engine's: how it computes
+        if engine is not None and hasattr(engine, "plan"):
+            payload["compute"] = engine.plan.as_dict()
         # The SDK's get_tokenizer() loads `tokenizer_id` with AutoTokenizer; point it at the
         # engine's local tokenizer files so it works offline for any model the engine has.
         tokenizer_dir = await asyncio.to_thread(_local_tokenizer_dir, model.client)
