@@ -9,13 +9,15 @@ not on this machine; else the local engine.
 service, or to `tinkrl serve tinker` when `base_url`/`TINKER_BASE_URL` points there. Both hand
 out the same clients, so nothing above this module knows which one it got.
 
-Two things differ between them, and are settled here once:
-- The SDK's `create_*_client` calls return client futures; `TinkerService` waits for them, so
-  every caller gets a client, as from the local engine.
+Two things differ between them, and are settled here once, by adapters that hold the SDK's objects
+(`TinkerService`, `TinkerTrainingClient`, `TinkerSamplingClient`; every other attribute is the
+SDK's own, and the SDK's objects are never changed):
+- The SDK's `create_*_client` and `save_weights_and_get_sampling_client` calls return client futures;
+  the adapters wait for them, so every caller gets a client, as from the local engine.
 - The SDK's `get_tokenizer` downloads the tokenizer from the Hugging Face hub by model name
-  (retrying for a minute when offline); the clients handed out here read a local copy first.
+  (retrying for a minute when offline); the adapted clients read a local copy first.
 
-Both are context managers, and both have `close(status="success", detail=None)` returning a future.
+Both service clients are context managers, and both have `close(status="success", detail=None)` returning a future.
 On the Tinker service, leaving the `with` block finishes the SDK session with the run's outcome
 (`exit_status`: success, errored, interrupted) so the service records how the run ended; the wait is
 bounded (`FINISH_TIMEOUT_S`), since the SDK retries an unreachable service for minutes: past it, one
@@ -247,13 +249,26 @@ def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:
     return dict(getattr(run, "user_metadata", None) or {})
 
 
-class TinkerService:
-    """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
-    is read from a local copy when there is one, and finishing its session in bounded time on leaving
-    a `with` block. Everything else is the SDK's own."""
+class SdkAdapter:
+    """An SDK object held as `sdk`: what a subclass defines is tinkrl's, every other attribute the SDK
+    object's own. The SDK object itself is never changed."""
 
     def __init__(self, sdk: Any):
         self.sdk = sdk
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sdk" or name.startswith("__"):  # not set yet (copy, unpickling), or a protocol lookup
+            raise AttributeError(name)
+        return getattr(self.sdk, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.sdk!r})"
+
+
+class TinkerService(SdkAdapter):
+    """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
+    is read from a local copy when there is one, and finishing its session in bounded time on leaving
+    a `with` block. Everything else is the SDK's own."""
 
     def __enter__(self) -> TinkerService:
         self.sdk.__enter__()  # the SDK refuses a closed client here
@@ -267,40 +282,50 @@ class TinkerService:
         close does nothing, as the service keeps the first reason."""
         return self.sdk.close(status, detail)
 
-    def create_lora_training_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_lora_training_client(*args, **kwargs))
+    def create_lora_training_client(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's new LoRA training client, finished (its future waited for) and adapted."""
+        return TinkerTrainingClient(self.sdk.create_lora_training_client(*args, **kwargs).result())
 
-    def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_training_client_from_state(*args, **kwargs))
+    def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's training client with a checkpoint's weights, finished and adapted."""
+        return TinkerTrainingClient(self.sdk.create_training_client_from_state(*args, **kwargs).result())
 
-    def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs))
+    def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's training client with a checkpoint's weights and optimizer state, finished and adapted."""
+        return TinkerTrainingClient(self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs).result())
 
-    def create_sampling_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_sampling_client(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sdk, name)
-
-
-def _ready(client_future: Any) -> Any:
-    """The finished client of an SDK client future, its tokenizer read locally first."""
-    return _with_local_tokenizer(client_future.result())
+    def create_sampling_client(self, *args: Any, **kwargs: Any) -> TinkerSamplingClient:
+        """The SDK's sampling client (a base model or a checkpoint), finished and adapted."""
+        return TinkerSamplingClient(self.sdk.create_sampling_client(*args, **kwargs).result())
 
 
-def _with_local_tokenizer(client: Any) -> Any:
-    """`client.get_tokenizer()` reads the model's tokenizer from a local copy (the engine's model
-    cache, the HF cache) before the SDK's download; a training client's sampling clients too."""
-    base_model = _base_model(client)
-    client.get_tokenizer = functools.partial(_local_tokenizer_first, base_model, client.get_tokenizer)
-    make_sampler = getattr(client, "save_weights_and_get_sampling_client", None)
-    if make_sampler is not None:
+class TinkerClient(SdkAdapter):
+    """An SDK training or sampling client whose `get_tokenizer` reads the model's tokenizer from a local
+    copy (the engine's model cache, the HF cache) before the SDK's download, which retries for a minute
+    offline."""
 
-        def save_weights_and_get_sampling_client(*args: Any, **kwargs: Any) -> Any:
-            return _ready(make_sampler(*args, **kwargs))
+    def __init__(self, sdk: Any):
+        super().__init__(sdk)
+        self.base_model = _base_model(sdk)
 
-        client.save_weights_and_get_sampling_client = save_weights_and_get_sampling_client
-    return client
+    def get_tokenizer(self) -> Any:
+        """The base model's tokenizer: a local copy when there is one, else the SDK's."""
+        return _local_tokenizer_first(self.base_model, self.sdk.get_tokenizer)
+
+
+class TinkerSamplingClient(TinkerClient):
+    """An SDK sampling client (`sample`, `compute_logprobs`, `get_base_model`: the SDK's own), with the
+    local-first tokenizer."""
+
+
+class TinkerTrainingClient(TinkerClient):
+    """An SDK training client with the local-first tokenizer, whose `save_weights_and_get_sampling_client`
+    returns the finished sampling client (not the SDK's future of it), adapted likewise, as the embedded
+    engine's does."""
+
+    def save_weights_and_get_sampling_client(self, *args: Any, **kwargs: Any) -> TinkerSamplingClient:
+        """Save the current weights for sampling; a sampling client for them, once it is ready."""
+        return TinkerSamplingClient(self.sdk.save_weights_and_get_sampling_client(*args, **kwargs).result())
 
 
 def _base_model(client: Any) -> str | None:
