@@ -1,8 +1,9 @@
 """The Tinker API seam: `make_service_client(config)` gives the local engine or the Tinker service.
 
-`backend: auto` (the default) is settled by `choose_backend`: the Tinker service when
-`base_url` is set, or when TINKER_API_KEY is set and either TINKER_BASE_URL is or the model is
-not on this machine; else the local engine.
+`backend: auto` (the default) is settled by `choose_backend`, the one place that decides it for
+every command: the Tinker service when `base_url` is set, or when TINKER_API_KEY is set and either
+TINKER_BASE_URL is or the model (or the checkpoint to load) is not on this machine; else the local
+engine.
 
 `backend: local` is the embedded engine in this process (`tinkrl.local.ServiceClient`).
 `backend: tinker` is the official SDK (`tinker.ServiceClient`) talking HTTP to the hosted
@@ -37,7 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
@@ -171,12 +172,17 @@ def _short(text: str, limit: int = 200) -> str:
 # The options of the embedded engine only.
 LOCAL_ONLY = ("device", "precision", "sampler_precision", "compile")
 
+Config = TypeVar("Config", bound=BackendConfig)
 
-def choose_backend(config: BackendConfig) -> tuple[str, str]:
-    """(local or tinker, why) for a config. `auto`: tinker when `base_url` is set, local when a local-engine
-    option (`LOCAL_ONLY`) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL is or the
-    model is not on this machine; else local. Reads only files and the environment: no service is
-    contacted, nothing is downloaded."""
+
+def choose_backend(config: BackendConfig, checkpoint: str | None = None) -> tuple[str, str]:
+    """(local or tinker, why) for a config, and for the checkpoint to be loaded when there is one: the one
+    place `backend: auto` is settled (`tinkrl train`'s plan and loop, `tinkrl eval`, `make_service_client`).
+    `auto`: tinker when `base_url` is set, local when a local-engine option (`LOCAL_ONLY`) is; for a
+    checkpoint, local when it is on this machine (`checkpoint_paths.is_local_checkpoint`), else tinker
+    when TINKER_API_KEY is set; without one, tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
+    is or the model is not on this machine; else local. Reads only files and the environment: no
+    service is contacted, nothing is downloaded, torch is not loaded."""
     if config.backend != "auto":
         return config.backend, "set in the config"
     if config.base_url:
@@ -184,8 +190,15 @@ def choose_backend(config: BackendConfig) -> tuple[str, str]:
     local_only = [n for n in LOCAL_ONLY if n in config.model_fields_set]
     if local_only:
         return "local", f"{local_only[0]} is set (an option of the local engine)"
+    if checkpoint is not None:
+        from tinkrl.local.checkpoint_paths import is_local_checkpoint
+
+        if is_local_checkpoint(checkpoint):
+            return "local", f"{checkpoint} is on this machine"
     if not os.environ.get("TINKER_API_KEY"):
         return "local", "TINKER_API_KEY is not set"
+    if checkpoint is not None:
+        return "tinker", f"TINKER_API_KEY is set and {checkpoint} is not on this machine"
     if os.environ.get("TINKER_BASE_URL"):
         return "tinker", "TINKER_API_KEY and TINKER_BASE_URL are set"
     from tinkrl.local.model_files import find_local_model
@@ -195,12 +208,18 @@ def choose_backend(config: BackendConfig) -> tuple[str, str]:
     return "local", f"{config.model_name} is on this machine (backend=tinker trains it on the Tinker service)"
 
 
+def with_backend_chosen(config: Config) -> Config:
+    """`config` with `backend: auto` replaced by `choose_backend`'s choice (`config` itself when it names
+    a backend): for callers that record or print the backend they run on, and for `make_service_client`."""
+    if config.backend != "auto":
+        return config
+    return config.model_copy(update={"backend": choose_backend(config)[0]})
+
+
 def make_service_client(config: BackendConfig | None = None, *, api_key: str | None = None) -> Any:
-    """A ServiceClient for `config.backend` (`auto` resolved by `choose_backend`); for `tinker`, checked
+    """A ServiceClient for `config.backend` (`auto` settled by `choose_backend`); for `tinker`, checked
     to be reachable with the key."""
-    config = config or BackendConfig()
-    if config.backend == "auto":
-        config = config.model_copy(update={"backend": choose_backend(config)[0]})
+    config = with_backend_chosen(config or BackendConfig())
     if config.backend == "local":
         from tinkrl.local import ServiceClient
 
