@@ -159,3 +159,32 @@ def test_a_checkpoint_policy_ends_its_session_with_the_episode(engine):
         with policy:  # no sample, no session
             pass
     assert finish_reasons(server) == ["success", "errored"]
+
+
+def test_sdk_clients_are_wrapped_not_patched(engine):
+    """backend=tinker hands out adapters holding the SDK's own clients: the tokenizer comes from the local
+    copy, `save_weights_and_get_sampling_client` gives a finished sampling client, everything else is the
+    SDK's, and no attribute of an SDK object is replaced."""
+    import tinker
+
+    replaced = {"get_tokenizer", "save_weights_and_get_sampling_client", "create_sampling_client", "close"}
+    with serve_in_thread(engine) as url:
+        with make_service_client(BackendConfig(backend="tinker", base_url=url), api_key="tml-local") as service:
+            tc = service.create_lora_training_client(base_model=TINY_MODEL, rank=4, seed=0)
+            sc = tc.save_weights_and_get_sampling_client()
+            base = service.create_sampling_client(base_model=TINY_MODEL)
+            assert isinstance(service.sdk, tinker.ServiceClient)
+            assert isinstance(tc, backends.TinkerTrainingClient) and isinstance(tc.sdk, tinker.TrainingClient)
+            for client in (sc, base):
+                assert isinstance(client, backends.TinkerSamplingClient)
+                assert isinstance(client.sdk, tinker.SamplingClient)
+            for sdk in (service.sdk, tc.sdk, sc.sdk, base.sdk):
+                assert not replaced & set(vars(sdk)), type(sdk)
+            local = backends._cached_local_tokenizer(TINY_MODEL)
+            assert tc.get_tokenizer() is sc.get_tokenizer() is base.get_tokenizer() is local
+            # the rest is the SDK's: its info, its futures, its samples
+            assert tc.get_info().model_data.model_name == TINY_MODEL == sc.get_base_model()
+            prompt = tinker.ModelInput.from_ints(local.encode("hello"))
+            out = sc.sample(prompt, 1, tinker.SamplingParams(max_tokens=2, temperature=1.0)).result()
+            assert len(out.sequences) == 1 and out.sequences[0].tokens
+            assert tc.save_weights_for_sampler("adapted").result().path.startswith("tinker://")

@@ -1,21 +1,24 @@
 """The Tinker API seam: `make_service_client(config)` gives the local engine or the Tinker service.
 
-`backend: auto` (the default) is settled by `choose_backend`: the Tinker service when
-`base_url` is set, or when TINKER_API_KEY is set and either TINKER_BASE_URL is or the model is
-not on this machine; else the local engine.
+`backend: auto` (the default) is settled by `choose_backend`, the one place that decides it for
+every command: the Tinker service when `base_url` is set, or when TINKER_API_KEY is set and either
+TINKER_BASE_URL is or the model (or the checkpoint to load) is not on this machine; else the local
+engine.
 
 `backend: local` is the embedded engine in this process (`tinkrl.local.ServiceClient`).
 `backend: tinker` is the official SDK (`tinker.ServiceClient`) talking HTTP to the hosted
 service, or to `tinkrl serve tinker` when `base_url`/`TINKER_BASE_URL` points there. Both hand
 out the same clients, so nothing above this module knows which one it got.
 
-Two things differ between them, and are settled here once:
-- The SDK's `create_*_client` calls return client futures; `TinkerService` waits for them, so
-  every caller gets a client, as from the local engine.
+Two things differ between them, and are settled here once, by adapters that hold the SDK's objects
+(`TinkerService`, `TinkerTrainingClient`, `TinkerSamplingClient`; every other attribute is the
+SDK's own, and the SDK's objects are never changed):
+- The SDK's `create_*_client` and `save_weights_and_get_sampling_client` calls return client futures;
+  the adapters wait for them, so every caller gets a client, as from the local engine.
 - The SDK's `get_tokenizer` downloads the tokenizer from the Hugging Face hub by model name
-  (retrying for a minute when offline); the clients handed out here read a local copy first.
+  (retrying for a minute when offline); the adapted clients read a local copy first.
 
-Both are context managers, and both have `close(status="success", detail=None)` returning a future.
+Both service clients are context managers, and both have `close(status="success", detail=None)` returning a future.
 On the Tinker service, leaving the `with` block finishes the SDK session with the run's outcome
 (`exit_status`: success, errored, interrupted) so the service records how the run ended; the wait is
 bounded (`FINISH_TIMEOUT_S`), since the SDK retries an unreachable service for minutes: past it, one
@@ -35,7 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
@@ -169,12 +172,17 @@ def _short(text: str, limit: int = 200) -> str:
 # The options of the embedded engine only.
 LOCAL_ONLY = ("device", "precision", "sampler_precision", "compile")
 
+Config = TypeVar("Config", bound=BackendConfig)
 
-def choose_backend(config: BackendConfig) -> tuple[str, str]:
-    """(local or tinker, why) for a config. `auto`: tinker when `base_url` is set, local when a local-engine
-    option (`LOCAL_ONLY`) is; else tinker when TINKER_API_KEY is set and either TINKER_BASE_URL is or the
-    model is not on this machine; else local. Reads only files and the environment: no service is
-    contacted, nothing is downloaded."""
+
+def choose_backend(config: BackendConfig, checkpoint: str | None = None) -> tuple[str, str]:
+    """(local or tinker, why) for a config, and for the checkpoint to be loaded when there is one: the one
+    place `backend: auto` is settled (`tinkrl train`'s plan and loop, `tinkrl eval`, `make_service_client`).
+    `auto`: tinker when `base_url` is set, local when a local-engine option (`LOCAL_ONLY`) is; for a
+    checkpoint, local when it is on this machine (`checkpoint_paths.is_local_checkpoint`), else tinker
+    when TINKER_API_KEY is set; without one, tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
+    is or the model is not on this machine; else local. Reads only files and the environment: no
+    service is contacted, nothing is downloaded, torch is not loaded."""
     if config.backend != "auto":
         return config.backend, "set in the config"
     if config.base_url:
@@ -182,8 +190,15 @@ def choose_backend(config: BackendConfig) -> tuple[str, str]:
     local_only = [n for n in LOCAL_ONLY if n in config.model_fields_set]
     if local_only:
         return "local", f"{local_only[0]} is set (an option of the local engine)"
+    if checkpoint is not None:
+        from tinkrl.local.checkpoint_paths import is_local_checkpoint
+
+        if is_local_checkpoint(checkpoint):
+            return "local", f"{checkpoint} is on this machine"
     if not os.environ.get("TINKER_API_KEY"):
         return "local", "TINKER_API_KEY is not set"
+    if checkpoint is not None:
+        return "tinker", f"TINKER_API_KEY is set and {checkpoint} is not on this machine"
     if os.environ.get("TINKER_BASE_URL"):
         return "tinker", "TINKER_API_KEY and TINKER_BASE_URL are set"
     from tinkrl.local.model_files import find_local_model
@@ -193,12 +208,18 @@ def choose_backend(config: BackendConfig) -> tuple[str, str]:
     return "local", f"{config.model_name} is on this machine (backend=tinker trains it on the Tinker service)"
 
 
+def with_backend_chosen(config: Config) -> Config:
+    """`config` with `backend: auto` replaced by `choose_backend`'s choice (`config` itself when it names
+    a backend): for callers that record or print the backend they run on, and for `make_service_client`."""
+    if config.backend != "auto":
+        return config
+    return config.model_copy(update={"backend": choose_backend(config)[0]})
+
+
 def make_service_client(config: BackendConfig | None = None, *, api_key: str | None = None) -> Any:
-    """A ServiceClient for `config.backend` (`auto` resolved by `choose_backend`); for `tinker`, checked
+    """A ServiceClient for `config.backend` (`auto` settled by `choose_backend`); for `tinker`, checked
     to be reachable with the key."""
-    config = config or BackendConfig()
-    if config.backend == "auto":
-        config = config.model_copy(update={"backend": choose_backend(config)[0]})
+    config = with_backend_chosen(config or BackendConfig())
     if config.backend == "local":
         from tinkrl.local import ServiceClient
 
@@ -246,13 +267,26 @@ def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:
     return dict(getattr(run, "user_metadata", None) or {})
 
 
-class TinkerService:
-    """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
-    is read from a local copy when there is one, and finishing its session in bounded time on leaving
-    a `with` block. Everything else is the SDK's own."""
+class SdkAdapter:
+    """An SDK object held as `sdk`: what a subclass defines is tinkrl's, every other attribute the SDK
+    object's own. The SDK object itself is never changed."""
 
     def __init__(self, sdk: Any):
         self.sdk = sdk
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "sdk" or name.startswith("__"):  # not set yet (copy, unpickling), or a protocol lookup
+            raise AttributeError(name)
+        return getattr(self.sdk, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.sdk!r})"
+
+
+class TinkerService(SdkAdapter):
+    """The SDK's ServiceClient, handing out finished clients (not client futures) whose tokenizer
+    is read from a local copy when there is one, and finishing its session in bounded time on leaving
+    a `with` block. Everything else is the SDK's own."""
 
     def __enter__(self) -> TinkerService:
         self.sdk.__enter__()  # the SDK refuses a closed client here
@@ -266,40 +300,50 @@ class TinkerService:
         close does nothing, as the service keeps the first reason."""
         return self.sdk.close(status, detail)
 
-    def create_lora_training_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_lora_training_client(*args, **kwargs))
+    def create_lora_training_client(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's new LoRA training client, finished (its future waited for) and adapted."""
+        return TinkerTrainingClient(self.sdk.create_lora_training_client(*args, **kwargs).result())
 
-    def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_training_client_from_state(*args, **kwargs))
+    def create_training_client_from_state(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's training client with a checkpoint's weights, finished and adapted."""
+        return TinkerTrainingClient(self.sdk.create_training_client_from_state(*args, **kwargs).result())
 
-    def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs))
+    def create_training_client_from_state_with_optimizer(self, *args: Any, **kwargs: Any) -> TinkerTrainingClient:
+        """The SDK's training client with a checkpoint's weights and optimizer state, finished and adapted."""
+        return TinkerTrainingClient(self.sdk.create_training_client_from_state_with_optimizer(*args, **kwargs).result())
 
-    def create_sampling_client(self, *args: Any, **kwargs: Any) -> Any:
-        return _ready(self.sdk.create_sampling_client(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sdk, name)
-
-
-def _ready(client_future: Any) -> Any:
-    """The finished client of an SDK client future, its tokenizer read locally first."""
-    return _with_local_tokenizer(client_future.result())
+    def create_sampling_client(self, *args: Any, **kwargs: Any) -> TinkerSamplingClient:
+        """The SDK's sampling client (a base model or a checkpoint), finished and adapted."""
+        return TinkerSamplingClient(self.sdk.create_sampling_client(*args, **kwargs).result())
 
 
-def _with_local_tokenizer(client: Any) -> Any:
-    """`client.get_tokenizer()` reads the model's tokenizer from a local copy (the engine's model
-    cache, the HF cache) before the SDK's download; a training client's sampling clients too."""
-    base_model = _base_model(client)
-    client.get_tokenizer = functools.partial(_local_tokenizer_first, base_model, client.get_tokenizer)
-    make_sampler = getattr(client, "save_weights_and_get_sampling_client", None)
-    if make_sampler is not None:
+class TinkerClient(SdkAdapter):
+    """An SDK training or sampling client whose `get_tokenizer` reads the model's tokenizer from a local
+    copy (the engine's model cache, the HF cache) before the SDK's download, which retries for a minute
+    offline."""
 
-        def save_weights_and_get_sampling_client(*args: Any, **kwargs: Any) -> Any:
-            return _ready(make_sampler(*args, **kwargs))
+    def __init__(self, sdk: Any):
+        super().__init__(sdk)
+        self.base_model = _base_model(sdk)
 
-        client.save_weights_and_get_sampling_client = save_weights_and_get_sampling_client
-    return client
+    def get_tokenizer(self) -> Any:
+        """The base model's tokenizer: a local copy when there is one, else the SDK's."""
+        return _local_tokenizer_first(self.base_model, self.sdk.get_tokenizer)
+
+
+class TinkerSamplingClient(TinkerClient):
+    """An SDK sampling client (`sample`, `compute_logprobs`, `get_base_model`: the SDK's own), with the
+    local-first tokenizer."""
+
+
+class TinkerTrainingClient(TinkerClient):
+    """An SDK training client with the local-first tokenizer, whose `save_weights_and_get_sampling_client`
+    returns the finished sampling client (not the SDK's future of it), adapted likewise, as the embedded
+    engine's does."""
+
+    def save_weights_and_get_sampling_client(self, *args: Any, **kwargs: Any) -> TinkerSamplingClient:
+        """Save the current weights for sampling; a sampling client for them, once it is ready."""
+        return TinkerSamplingClient(self.sdk.save_weights_and_get_sampling_client(*args, **kwargs).result())
 
 
 def _base_model(client: Any) -> str | None:

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from tinkrl.errors import TinkrlError
 
 if TYPE_CHECKING:
-    from tinkrl.config import SandboxConfig
+    from tinkrl.config import BackendConfig, SandboxConfig
 
 # the agents `--agent` names: terminal-bench's name for a Terminus agent sampling through Tinker is tinkrl's own
 AGENTS = {"terminus-tinker": "tinkrl's agent, sampling through the Tinker API (or --base-url)"}
@@ -184,26 +183,25 @@ def _apply_agent_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParse
         parser.error("--base-url evaluates a served model: no --model/--checkpoint/model_name/checkpoint_path")
 
 
-def _backend(args: argparse.Namespace) -> tuple[str, str]:
-    """(local or tinker, why) for --model/--checkpoint under --backend."""
-    from tinkrl.backends import choose_backend
+def _backend_config(args: argparse.Namespace) -> BackendConfig:
+    """The backend the flags name for --model/--checkpoint: --backend, --device when given, and the model
+    (--model, else model_name given with a checkpoint, else the default model)."""
     from tinkrl.config import BackendConfig
-    from tinkrl.local.model_files import tinkrl_home
 
-    if args.backend != "auto":
-        return args.backend, "--backend"
+    fields: dict[str, Any] = {"backend": args.backend}
     if args.device:
-        return "local", "--device is an option of the embedded engine"
-    if args.checkpoint:
-        path = args.checkpoint
-        local = tinkrl_home() / "checkpoints" / path[len("tinker://") :] if path.startswith("tinker://") else None
-        if local is None or local.is_dir():
-            return "local", f"{path} is on this machine"
-        if os.environ.get("TINKER_API_KEY"):
-            return "tinker", f"TINKER_API_KEY is set and {path} is not on this machine"
-        return "local", "TINKER_API_KEY is not set"
-    model = args.model or args.base_model or BackendConfig().model_name
-    return choose_backend(BackendConfig(model_name=model))
+        fields["device"] = args.device
+    if args.model or args.base_model:
+        fields["model_name"] = args.model or args.base_model
+    return BackendConfig(**fields)
+
+
+def _backend(args: argparse.Namespace) -> tuple[str, str]:
+    """(local or tinker, why) for --model/--checkpoint: the seam's one choice (`backends.choose_backend`),
+    which asks the checkpoint path map whether --checkpoint is on this machine."""
+    from tinkrl.backends import choose_backend
+
+    return choose_backend(_backend_config(args), args.checkpoint)
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -273,14 +271,11 @@ async def _main(args: argparse.Namespace) -> int:
             model_label = model_name
         else:
             from tinkrl.backends import checkpoint_metadata, make_service_client
-            from tinkrl.config import BackendConfig
             from tinkrl.renderers import get_renderer
 
             chosen, why = _backend(args)
             print(f"tinkrl eval: backend {chosen} ({why})", file=sys.stderr)
-            backend = BackendConfig(backend=chosen, device=args.device)
-            if args.model or args.base_model:
-                backend.model_name = args.model or args.base_model
+            backend = _backend_config(args).model_copy(update={"backend": chosen})
             # Leaving the stack finishes the service's session with the evaluation's outcome.
             service = cleanup.enter_context(make_service_client(backend))
             if args.checkpoint:

@@ -131,7 +131,7 @@ def cli_main(argv: list[str]) -> int:
         print(f"{plan['log_path']}: {plan['start']} (raise max_steps to train it further)")
         return 0
     try:
-        run(config.model_copy(update={"backend": plan["backend"]}))
+        run(config)
     except ConfigError as e:
         print(f"tinkrl train: error: {e}", file=sys.stderr)
         return 2

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from tinkrl.errors import TinkrlError
+from tinkrl.local.checkpoint_paths import checkpoint_dir
+from tinkrl.local.checkpoint_paths import checkpoints_root as _root
 from tinkrl.local.lora import LoraSpec
-from tinkrl.local.model_files import tinkrl_home
 from tinkrl.local.models import load_model, load_tokenizer
 
 META = "tinkrl_meta.json"
@@ -29,13 +30,10 @@ class CheckpointNotFound(TinkrlError):
     """A checkpoint path that names no checkpoint, or a checkpoint without the state asked for."""
 
 
-def _root() -> Path:
-    return tinkrl_home() / "checkpoints"
-
-
 def resolve_path(path: str) -> Path:
-    """`tinker://<run>/<kind>/<name>` or an absolute directory -> the checkpoint directory."""
-    local = _root() / path[len("tinker://") :] if path.startswith("tinker://") else Path(path).expanduser()
+    """`tinker://<run>/<kind>/<name>` or an absolute directory -> the checkpoint directory (the path map of
+    `checkpoint_paths.checkpoint_dir`), which must hold a complete checkpoint."""
+    local = checkpoint_dir(path)
     if not (local / META).is_file():
         raise CheckpointNotFound(f"checkpoint {path!r} not found (looked for {local}/{META})")
     return local

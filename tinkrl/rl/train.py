@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tinkrl.backends import choose_backend, local_compute, make_service_client
+from tinkrl.backends import local_compute, make_service_client, with_backend_chosen
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
@@ -52,8 +52,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
 
     t0 = time.time()
     torch.manual_seed(config.seed)
-    if config.backend == "auto":
-        config = config.model_copy(update={"backend": choose_backend(config)[0]})
+    config = with_backend_chosen(config)  # the run directory records the backend it runs on
     run_dir = config.run_dir
     record = claim_run_dir(config)  # a directory of another run stops here, before any work
     with writing(run_dir / "config.yaml"):
