@@ -100,15 +100,15 @@ SEED_001 = {
 }
 
 
-# the renderer each seed model is trained with: the model family's own chat format
+# the renderer each seed model is trained with: tinker-cookbook's recommendation (a base model's is role_colon)
 RENDERERS = {
-    "meta-llama/Llama-3.2-1B": "llama3",
+    "meta-llama/Llama-3.2-1B": "role_colon",
     "meta-llama/Llama-3.1-8B-Instruct": "llama3",
     "Qwen/Qwen3-4B-Instruct-2507": "qwen3_instruct",
     "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3_instruct",
     "Qwen/Qwen3-8B": "qwen3",
     "Qwen/Qwen3-30B-A3B": "qwen3",
-    "openai/gpt-oss-20b": "gpt_oss",
+    "openai/gpt-oss-20b": "gpt_oss_no_sysprompt",
 }
 
 
@@ -213,7 +213,7 @@ def test_seed_002_config_as_written(capsys, in_tmp, monkeypatch):
     assert env["type"] == "openreward" and env["group_size"] == 16 and env["max_failing_rollouts"] == 2
     assert (plan["loss_fn"], plan["learning_rate"], plan["lora_rank"]) == ("ppo", 1e-5, 8)
     # the trainer's own defaults: no thinking, centered_normalized advantages, 4096 tokens per reply
-    assert plan["renderer"] == "qwen3_no_thinking" and plan["adv_estimator"] == "centered_normalized"
+    assert plan["renderer"] == "qwen3_disable_thinking" and plan["adv_estimator"] == "centered_normalized"
     assert plan["max_tokens"] == 4096
     assert plan["wandb"] == {
         "enabled": True,
@@ -289,7 +289,7 @@ def test_renderer_override(capsys):
     assert plan["renderer"] == "chatml"
     assert tinkrl(["train", "env=arithmetic", "renderer=llama4", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "renderer: unknown renderer 'llama4'" in err and "llama3" in err and "gpt_oss" in err
+    assert "renderer: unknown renderer 'llama4'" in err and "llama3" in err and "gpt_oss_no_sysprompt" in err
 
 
 def test_dialect_errors():

@@ -2,9 +2,11 @@
 several families share (Hermes `<tool_call>` JSON and R2E-Gym's `<function=...>` XML).
 
 A renderer turns OpenAI-style messages into the token ids of one model family's chat format and
-sampled token ids back into a message. Prompts are built so that a multi-turn episode extends
-token for token (the extension property): `prompt_t + action_t + continuation(new_messages)` is
-the next prompt, whatever the family, so a whole trajectory trains as one datum.
+sampled token ids back into a message. An episode's next prompt is `next_prompt(...)`: for a family
+that keeps its past turns as sampled, `prompt_t + action_t + continuation(new_messages)`, so the
+episode extends token for token (the extension property) and trains as one datum; a family that
+rewrites its history (thinking dropped from past turns) gives its own rendering of the conversation,
+and the episode trains as several datums, none with tokens the sampler did not see.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ class Renderer(ABC):
     """Messages <-> tokens for one chat format. Every caller (environments, the trainer, the servers)
     uses only these methods; a family implements the abstract ones.
 
-    Attributes: `name` (the family, one of RENDERER_NAMES), `tokenizer` (the model's HF tokenizer:
-    callers decode with it), `tool_format` ("hermes": the family's own tool-call format, Hermes JSON
-    for ChatML models; "xml": R2E-Gym's `<function=NAME>` text format, where the family supports it),
-    `default_system` (the system turn used when the messages have none).
+    Attributes: `name` (the renderer's canonical name), `tokenizer` (callers decode with it: the
+    model's HF tokenizer, or for tml-renderers families the tokenizer they bundle), `tool_format`
+    ("hermes": the family's own tool-call format, Hermes JSON for ChatML models; "xml": R2E-Gym's
+    `<function=NAME>` text format, where the family supports it), `default_system` (the system turn
+    used when the messages have none).
     """
 
     name: str = ""
     tool_formats: tuple[str, ...] = TOOL_FORMATS
+    keeps_history: bool = True  # past turns render as sampled, so an episode's prompts extend token for token
 
     def __init__(self, tokenizer, default_system: str | None = None, tool_format: str = "hermes"):
         self.tokenizer = tokenizer
@@ -163,6 +167,22 @@ class Renderer(ABC):
             + self.render_messages_no_system(new_messages)
             + self.generation_header()
         )
+
+    def next_prompt(
+        self,
+        prompt: list[int],
+        action: list[int],
+        history: list[Message],
+        new_messages: list[Message],
+        tools: list[dict] | None = None,
+        action_ended_cleanly: bool = True,
+    ) -> list[int]:
+        """The prompt after a sampled action. `history` is the conversation through the parsed action,
+        `new_messages` what came back (tool results, a user turn). Here: `prompt + action +
+        continuation(new_messages)`, the sampled tokens kept as sampled. A family that rewrites its past
+        turns (thinking dropped from history) returns its own rendering of `history + new_messages`
+        instead, which need not extend `prompt + action`: the episode then trains as several datums."""
+        return list(prompt) + list(action) + self.continuation(new_messages, action_ended_cleanly)
 
     # -- parsing ------------------------------------------------------------------------------------
     @abstractmethod
