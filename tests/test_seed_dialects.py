@@ -367,7 +367,24 @@ def test_a_model_the_local_engine_cannot_train_is_a_problem_of_the_plan(capsys):
     plan = dry_run(capsys, "env=arithmetic model_name=openai/gpt-oss-20b")
     assert plan["backend"] == "local"
     [problem] = plan["problems"]
-    assert "cannot train openai/gpt-oss-20b (architecture gpt_oss" in problem and "TINKER_API_KEY" in problem
+    assert "cannot hold openai/gpt-oss-20b: a mixture of experts (gpt_oss)" in problem and "backend=tinker" in problem
     assert tinkrl(["train", "env=arithmetic", "model_name=openai/gpt-oss-20b"]) == 2  # before any download
-    assert "cannot train openai/gpt-oss-20b" in capsys.readouterr().err
+    assert "cannot hold openai/gpt-oss-20b" in capsys.readouterr().err
     assert dry_run(capsys, "env=arithmetic model_name=Qwen/Qwen3-8B")["problems"] == []
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [
+        ("Qwen/Qwen3.5-4B", "hybrid linear/full attention"),
+        ("Qwen/Qwen3.6-35B-A3B", "mixture of experts"),
+        ("Qwen/Qwen3-VL-30B-A3B-Instruct", "vision-language"),
+        ("Qwen/Qwen3-30B-A3B", "mixture of experts"),
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "hybrid Mamba"),
+        ("zai-org/GLM-5.3", "mixture of experts"),
+    ],
+)
+def test_the_embedded_engine_refuses_what_it_cannot_hold_in_one_line(capsys, model, why):
+    [problem] = dry_run(capsys, f"env=arithmetic model_name={model} backend=local")["problems"]
+    assert f"cannot hold {model}: " in problem and why in problem and "backend=tinker" in problem
+    assert "\n" not in problem

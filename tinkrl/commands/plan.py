@@ -53,7 +53,7 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
     wandb = wandb_plan(config)
     problems = [wandb["problem"]] if "problem" in wandb else []
     if backend == "local" and (reason := unsupported_reason(config.model_name)):
-        problems.append(f"{reason}: set TINKER_API_KEY to train it on the Tinker service, or pick another model")
+        problems.append(reason)
     renderer_reason = _renderer_reason(config, renderer)
     if renderer is None and _chatml_on_disk(config.model_name):
         renderer, renderer_reason = "chatml", "no rule names this model; its tokenizer on disk is ChatML"
