@@ -20,6 +20,7 @@ import pytest
 import tinker
 from helpers.chat_tokenizers import harmony_encoding, llama3_tokenizers, missing, qwen3_tokenizer
 from helpers.requirements import unless
+from helpers.tool_replies import broken_call
 
 from tinkrl.local.models import DEFAULT_MODEL, load_tokenizer
 from tinkrl.proxy.capture import AssistantTokens
@@ -502,21 +503,12 @@ def test_a_sampled_reply_parses_back_into_content_reasoning_and_calls(name):
         assert got == want and all(c["id"] and c["type"] == "function" for c in parsed.message.get("tool_calls", []))
 
 
-HAND_REPLIES = {  # name -> (reply text with two calls, malformed reply text)
-    "chatml": (
-        'Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>',
-        '<tool_call>\n{"name": "ls", "arguments": {path: .}}\n</tool_call><|im_end|>',
-    ),
-    "llama3": (
-        '<|python_tag|>{"name": "ls", "parameters": {"path": "."}}; {"name": "cat", "parameters": {"path": "a.txt"}}<|eom_id|>',
-        '{"name": "ls", "parameters": {"path": }<|eot_id|>',
-    ),
-    "role_colon": (
-        ' Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call>\n\nUser:',
-        ' <tool_call>\n{"name": "ls", "arguments": {path: .}}\n</tool_call>\n\nUser:',
-    ),
+HAND_REPLIES = {  # name -> a reply with two calls, as the family writes it
+    "chatml": 'Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>',
+    "llama3": '<|python_tag|>{"name": "ls", "parameters": {"path": "."}}; {"name": "cat", "parameters": {"path": "a.txt"}}<|eom_id|>',
+    "role_colon": ' Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call>\n\nUser:',
 }  # fmt: skip
 HAND_REPLIES["qwen2"] = HAND_REPLIES["smollm2"] = HAND_REPLIES["chatml"]
 
@@ -524,34 +516,16 @@ HAND_REPLIES["qwen2"] = HAND_REPLIES["smollm2"] = HAND_REPLIES["chatml"]
 @pytest.mark.parametrize("name", [pytest.param(n, marks=unless(skip_reason(n))) for n in HAND])
 def test_a_hand_written_familys_reply_with_two_calls_parses(name):
     r = renderer(name)
-    parsed = r.parse_response(r.tokenizer.encode(HAND_REPLIES[name][0], add_special_tokens=False))
+    parsed = r.parse_response(r.tokenizer.encode(HAND_REPLIES[name], add_special_tokens=False))
     assert parsed.ended_cleanly and parsed.tool_call_errors == []
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.message["tool_calls"]]
     assert calls == [("ls", {"path": "."}), ("cat", {"path": "a.txt"})]
 
 
-def malformed_reply(name: str) -> list[int]:
-    """A tool-calling reply in the family's format with its call broken (invalid JSON or an unclosed tag)."""
-    r = renderer(name)
-    if name in HAND_REPLIES:
-        return r.tokenizer.encode(HAND_REPLIES[name][1], add_special_tokens=False)
-    text = r.tokenizer.decode(r.action_tokens(replies_for(name)[0]))
-    for good, bad in [
-        ('{"path": "."}', "{path: .}"),
-        ('{"path":"."}', "{path:.}"),
-        ('<｜DSML｜ invoke name="ls">', "<｜DSML｜ invoke>"),  # DeepSeek V4.1: a call without a name
-        ("</parameter>", ""),
-        ("</arg_value>", ""),
-    ]:
-        if good in text:
-            return r.tokenizer.encode(text.replace(good, bad, 1))
-    raise AssertionError(f"no call to break in {text!r}")
-
-
 @pytest.mark.parametrize("name", ALL)
 def test_a_malformed_tool_call_is_an_error_not_an_exception(name):
     r = renderer(name)
-    parsed = r.parse_response(malformed_reply(name))
+    parsed = r.parse_response(broken_call(r, replies_for(name)[0]))
     assert parsed.ended_cleanly
     assert "tool_calls" not in parsed.message
     assert len(parsed.tool_call_errors) == 1 and parsed.tool_call_errors[0].strip()
