@@ -233,6 +233,36 @@ _XML_FUNC_RE = re.compile(r"<function\s*=\s*([^>]+)>(.*?)</function>", re.DOTALL
 _XML_PARAM_RE = re.compile(r"<parameter\s*=\s*([^>]+)>(.*?)</parameter>", re.DOTALL)
 
 
+class TextToolCalls:
+    """Tool calls written in a reply's text, for the hand-written families with no tool-call tokens of
+    their own (ChatML, role_colon): Hermes `<tool_call>` JSON, or R2E-Gym's `<function=NAME>` text when
+    `tool_format` is "xml". Mixed into a `Renderer`."""
+
+    tool_format: str
+
+    def tools_listing(self, tools: list[dict]) -> str:
+        """The tool schemas and their call syntax, for the system turn."""
+        return xml_tools_text(tools) if self.tool_format == "xml" else hermes_tools_text(tools)
+
+    def with_calls(self, content: str, calls: list[dict]) -> str:
+        """A reply's text with its calls written after it."""
+        render = xml_call_text if self.tool_format == "xml" else hermes_call_text
+        written = "\n".join(render(c) for c in calls)
+        return f"{content}\n{written}" if content and written else content or written
+
+    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
+        """Split text into (content without call markup, well-formed calls, errors for malformed ones)."""
+        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
+
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        """The text a call (to `name`, or any) starts with, for forcing one."""
+        if self.tool_format == "xml":
+            return "<function=" if name is None else f"<function={name}>\n"
+        if name is None:
+            return '<tool_call>\n{"name": "'
+        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+
+
 def assistant_message(content: str, calls: list[dict] | None = None, reasoning: str | None = None) -> Message:
     """A parsed reply as an assistant message; `reasoning_content` and `tool_calls` only when it has them."""
     msg: Message = {"role": "assistant", "content": content}

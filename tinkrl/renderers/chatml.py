@@ -10,24 +10,10 @@ were sampled, so an episode extends token for token.
 
 from __future__ import annotations
 
-import json
-
-from .base import (
-    Message,
-    ParsedResponse,
-    Renderer,
-    assistant_message,
-    content_text,
-    hermes_call_text,
-    hermes_tools_text,
-    parse_hermes_calls,
-    parse_xml_calls,
-    xml_call_text,
-    xml_tools_text,
-)
+from .base import Message, ParsedResponse, Renderer, TextToolCalls, assistant_message, content_text
 
 
-class ChatMLRenderer(Renderer):
+class ChatMLRenderer(TextToolCalls, Renderer):
     """ChatML chat format (SmolLM2, Qwen2.5, any ChatML model) with Hermes or R2E-XML tool calls."""
 
     def __init__(
@@ -50,20 +36,11 @@ class ChatMLRenderer(Renderer):
     def turn_separator(self) -> list[int]:
         return self._encode("\n")
 
-    def _tool_system_text(self, tools: list[dict]) -> str:
-        return xml_tools_text(tools) if self.tool_format == "xml" else hermes_tools_text(tools)
-
-    def _render_tool_calls(self, calls: list[dict]) -> str:
-        render = xml_call_text if self.tool_format == "xml" else hermes_call_text
-        return "\n".join(render(c) for c in calls)
-
     def message_text(self, msg: Message) -> tuple[str, str]:
         """(role used in the template, body text) for one message."""
         role, content = msg["role"], content_text(msg.get("content"))
-        if role == "assistant":
-            if msg.get("tool_calls"):
-                calls = self._render_tool_calls(msg["tool_calls"])
-                content = f"{content}\n{calls}" if content else calls
+        if role == "assistant" and msg.get("tool_calls"):
+            content = self.with_calls(content, msg["tool_calls"])
         if role == "tool":
             return "user", f"<tool_response>\n{content}\n</tool_response>"
         return role, content
@@ -86,7 +63,7 @@ class ChatMLRenderer(Renderer):
         while i < len(msgs):
             role, body = self.message_text(msgs[i])
             if i == 0 and msgs[i]["role"] == "system" and tools:
-                body = (body + "\n\n" if body else "") + self._tool_system_text(tools)
+                body = (body + "\n\n" if body else "") + self.tools_listing(tools)
             if msgs[i]["role"] == "tool":
                 bodies = [body]
                 while i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":
@@ -111,16 +88,3 @@ class ChatMLRenderer(Renderer):
         text, ended = self.reply_text(tokens)
         content, calls, errors = self.parse_tool_calls(text)
         return ParsedResponse(assistant_message(content, calls), ended, errors)
-
-    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
-        """Split text into (content without call markup, well-formed calls, errors for malformed ones)."""
-        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
-
-    def tool_call_prefix(self, name: str | None = None) -> str:
-        if self.tool_format == "xml":
-            return "<function=" if name is None else f"<function={name}>\n"
-        return (
-            '<tool_call>\n{"name": "'
-            if name is None
-            else '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
-        )

@@ -16,25 +16,13 @@ system turn, calls are read from the reply text, and results come back as the ne
 
 from __future__ import annotations
 
-from .base import (
-    Message,
-    ParsedResponse,
-    Renderer,
-    assistant_message,
-    content_text,
-    hermes_call_text,
-    hermes_tools_text,
-    parse_hermes_calls,
-    parse_xml_calls,
-    xml_call_text,
-    xml_tools_text,
-)
+from .base import Message, ParsedResponse, Renderer, TextToolCalls, assistant_message, content_text
 
 STOP = "\n\nUser:"
 _PREFIX, _SUFFIX = " ", "\n\n"
 
 
-class RoleColonRenderer(Renderer):
+class RoleColonRenderer(TextToolCalls, Renderer):
     """`User:` / `Assistant:` text turns for base models (see the module docstring)."""
 
     name = "role_colon"
@@ -76,9 +64,7 @@ class RoleColonRenderer(Renderer):
     def _body(self, msg: Message) -> str:
         content = content_text(msg.get("content"))
         if msg["role"] == "assistant" and msg.get("tool_calls"):
-            render = xml_call_text if self.tool_format == "xml" else hermes_call_text
-            calls = "\n".join(render(c) for c in msg["tool_calls"])
-            content = f"{content}\n{calls}" if content else calls
+            content = self.with_calls(content, msg["tool_calls"])
         if msg["role"] == "tool":
             content = f"<tool_response>\n{content}\n</tool_response>"
         return _PREFIX + content + _SUFFIX
@@ -92,9 +78,8 @@ class RoleColonRenderer(Renderer):
         if (not msgs or msgs[0]["role"] != "system") and (self.default_system is not None or tools):
             msgs.insert(0, {"role": "system", "content": self.default_system or ""})
         if tools:
-            listing = xml_tools_text(tools) if self.tool_format == "xml" else hermes_tools_text(tools)
             system = content_text(msgs[0].get("content"))
-            msgs[0] = {"role": "system", "content": (system + "\n\n" if system else "") + listing}
+            msgs[0] = {"role": "system", "content": (system + "\n\n" if system else "") + self.tools_listing(tools)}
         return self._bos + self.render_messages_no_system(msgs)
 
     def render_messages_no_system(self, messages: list[Message]) -> list[int]:
@@ -146,6 +131,3 @@ class RoleColonRenderer(Renderer):
         text, ended = self.reply_text(list(tokens))
         content, calls, errors = self.parse_tool_calls(text.removeprefix(_PREFIX).removesuffix(_SUFFIX))
         return ParsedResponse(assistant_message(content, calls), ended, errors)
-
-    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
-        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
