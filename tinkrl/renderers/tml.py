@@ -135,14 +135,18 @@ class TmlRenderer(Renderer):
         self._call_markers = self._tool_call_markers()
         self.keeps_history = self._writes_past_turns_as_sampled()
 
+    def _probe_reply(self) -> Message:
+        """A plain reply, with reasoning where the variant thinks."""
+        reply: Message = {"role": "assistant", "content": _PROBE}
+        if self.spec.thinks:
+            reply["reasoning_content"] = _PROBE
+        return reply
+
     def _writes_past_turns_as_sampled(self) -> bool:
         """Whether a reply (with its thinking, where the variant thinks) stays in the next prompt as sampled
         once a user turn follows it, its closing token aside (GLM closes a past turn with the next role
         token): then an episode's prompts extend token for token."""
-        user = {"role": "user", "content": _PROBE}
-        reply: Message = {"role": "assistant", "content": _PROBE}
-        if self.spec.thinks:
-            reply["reasoning_content"] = _PROBE
+        user, reply = {"role": "user", "content": _PROBE}, self._probe_reply()
         body = self.action_tokens(reply)[:-1]
         prompt = self.prompt_tokens([user])
         return self.prompt_tokens([user, reply, user])[: len(prompt) + len(body)] == prompt + body
@@ -150,10 +154,7 @@ class TmlRenderer(Renderer):
     def _tool_call_markers(self) -> list[str]:
         """The special tokens (as text) a tool call is written with and a plain reply is not."""
         call = self.action_tokens({"role": "assistant", "content": "", "tool_calls": [tool_call("ls", {})]})
-        reply: Message = {"role": "assistant", "content": _PROBE}
-        if self.spec.thinks:
-            reply["reasoning_content"] = _PROBE
-        plain = set(self.action_tokens(reply))
+        plain = set(self.action_tokens(self._probe_reply()))
         special = set(self.tokenizer.all_special_ids) - plain - set(self._stops)
         return sorted({self.tokenizer.decode([t]) for t in call if t in special})
 
