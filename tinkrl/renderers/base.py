@@ -2,9 +2,11 @@
 several families share (Hermes `<tool_call>` JSON and R2E-Gym's `<function=...>` XML).
 
 A renderer turns OpenAI-style messages into the token ids of one model family's chat format and
-sampled token ids back into a message. Prompts are built so that a multi-turn episode extends
-token for token (the extension property): `prompt_t + action_t + continuation(new_messages)` is
-the next prompt, whatever the family, so a whole trajectory trains as one datum.
+sampled token ids back into a message. An episode's next prompt is `next_prompt(...)`: for a family
+that keeps its past turns as sampled, `prompt_t + action_t + continuation(new_messages)`, so the
+episode extends token for token (the extension property) and trains as one datum; a family that
+rewrites its history (thinking dropped from past turns) gives its own rendering of the conversation,
+and the episode trains as several datums, none with tokens the sampler did not see.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ class Renderer(ABC):
     """Messages <-> tokens for one chat format. Every caller (environments, the trainer, the servers)
     uses only these methods; a family implements the abstract ones.
 
-    Attributes: `name` (the family, one of RENDERER_NAMES), `tokenizer` (the model's HF tokenizer:
-    callers decode with it), `tool_format` ("hermes": the family's own tool-call format, Hermes JSON
-    for ChatML models; "xml": R2E-Gym's `<function=NAME>` text format, where the family supports it),
-    `default_system` (the system turn used when the messages have none).
+    Attributes: `name` (the renderer's canonical name), `tokenizer` (callers decode with it: the
+    model's HF tokenizer, or for tml-renderers families the tokenizer they bundle), `tool_format`
+    ("hermes": the family's own tool-call format, Hermes JSON for ChatML models; "xml": R2E-Gym's
+    `<function=NAME>` text format, where the family supports it), `default_system` (the system turn
+    used when the messages have none).
     """
 
     name: str = ""
     tool_formats: tuple[str, ...] = TOOL_FORMATS
+    keeps_history: bool = True  # past turns render as sampled, so an episode's prompts extend token for token
 
     def __init__(self, tokenizer, default_system: str | None = None, tool_format: str = "hermes"):
         self.tokenizer = tokenizer
@@ -164,6 +168,22 @@ class Renderer(ABC):
             + self.generation_header()
         )
 
+    def next_prompt(
+        self,
+        prompt: list[int],
+        action: list[int],
+        history: list[Message],
+        new_messages: list[Message],
+        tools: list[dict] | None = None,
+        action_ended_cleanly: bool = True,
+    ) -> list[int]:
+        """The prompt after a sampled action. `history` is the conversation through the parsed action,
+        `new_messages` what came back (tool results, a user turn). Here: `prompt + action +
+        continuation(new_messages)`, the sampled tokens kept as sampled. A family that rewrites its past
+        turns (thinking dropped from history) returns its own rendering of `history + new_messages`
+        instead, which need not extend `prompt + action`: the episode then trains as several datums."""
+        return list(prompt) + list(action) + self.continuation(new_messages, action_ended_cleanly)
+
     # -- parsing ------------------------------------------------------------------------------------
     @abstractmethod
     def parse_response(self, tokens: list[int]) -> ParsedResponse:
@@ -211,6 +231,36 @@ _THINK_SPLIT_RE = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _XML_FUNC_RE = re.compile(r"<function\s*=\s*([^>]+)>(.*?)</function>", re.DOTALL)
 _XML_PARAM_RE = re.compile(r"<parameter\s*=\s*([^>]+)>(.*?)</parameter>", re.DOTALL)
+
+
+class TextToolCalls:
+    """Tool calls written in a reply's text, for the hand-written families with no tool-call tokens of
+    their own (ChatML, role_colon): Hermes `<tool_call>` JSON, or R2E-Gym's `<function=NAME>` text when
+    `tool_format` is "xml". Mixed into a `Renderer`."""
+
+    tool_format: str
+
+    def tools_listing(self, tools: list[dict]) -> str:
+        """The tool schemas and their call syntax, for the system turn."""
+        return xml_tools_text(tools) if self.tool_format == "xml" else hermes_tools_text(tools)
+
+    def with_calls(self, content: str, calls: list[dict]) -> str:
+        """A reply's text with its calls written after it."""
+        render = xml_call_text if self.tool_format == "xml" else hermes_call_text
+        written = "\n".join(render(c) for c in calls)
+        return f"{content}\n{written}" if content and written else content or written
+
+    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
+        """Split text into (content without call markup, well-formed calls, errors for malformed ones)."""
+        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
+
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        """The text a call (to `name`, or any) starts with, for forcing one."""
+        if self.tool_format == "xml":
+            return "<function=" if name is None else f"<function={name}>\n"
+        if name is None:
+            return '<tool_call>\n{"name": "'
+        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
 
 
 def assistant_message(content: str, calls: list[dict] | None = None, reasoning: str | None = None) -> Message:

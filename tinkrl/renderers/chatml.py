@@ -1,63 +1,26 @@
-"""ChatML (`<|im_start|>role\\n…<|im_end|>\\n`): SmolLM2, Qwen2.5 and Qwen3, written by hand.
+"""ChatML (`<|im_start|>role\\n…<|im_end|>\\n`) for SmolLM2, Qwen2.5 and any ChatML model, written by
+hand (tml-renderers has no ChatML family of its own; Qwen3 and later are tml-renderers' `tml.py`).
 
-Tools as Qwen2.5 and Qwen3 render them (Hermes): schemas in the system turn inside
-`<tools></tools>`, calls as `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, results
-as one user turn of `<tool_response>` blocks. SmolLM2's own template has no tool syntax; it gets
-this one. `xml` tool calls (R2E-Gym's `<function=NAME>` text) work for every ChatML model.
-
-Qwen3 thinks in `<think>…</think>` at the start of a reply: the parser moves it to the message's
-`reasoning_content`, and an assistant message with `reasoning_content` renders it back in the same
-place, so a parsed reply re-renders to the tokens that were sampled (thinking is kept in history,
-unlike Qwen3's HF template, which drops it before the last user turn). `qwen3_no_thinking` opens
-each reply with an empty think block, as the HF template does with `enable_thinking=False`, and
-keeps that block in past assistant turns (the HF template drops it there).
+Tools as Qwen2.5 renders them (Hermes): schemas in the system turn inside `<tools></tools>`, calls
+as `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`, results as one user turn of
+`<tool_response>` blocks. SmolLM2's own template has no tool syntax; it gets this one. `xml` tool
+calls (R2E-Gym's `<function=NAME>` text) work for every ChatML model. Past turns render as they
+were sampled, so an episode extends token for token.
 """
 
 from __future__ import annotations
 
-import json
-import re
-
-from .base import (
-    Message,
-    ParsedResponse,
-    Renderer,
-    assistant_message,
-    content_text,
-    hermes_call_text,
-    hermes_tools_text,
-    parse_hermes_calls,
-    parse_xml_calls,
-    xml_call_text,
-    xml_tools_text,
-)
-
-_THINK_RE = re.compile(r"\s*<think>(.*?)(?:</think>|$)", re.DOTALL)
-_EMPTY_THINK = "<think>\n\n</think>\n\n"
+from .base import Message, ParsedResponse, Renderer, TextToolCalls, assistant_message, content_text
 
 
-class ChatMLRenderer(Renderer):
-    """ChatML chat format (SmolLM2, Qwen2.5, Qwen3) with Hermes or R2E-XML tool calls.
-
-    `thinking`: None (no `<think>` handling), "think" (Qwen3: replies may open with a think
-    block, parsed into `reasoning_content`), "no_think" (Qwen3 with thinking off: the generation
-    header carries an empty think block).
-    """
+class ChatMLRenderer(TextToolCalls, Renderer):
+    """ChatML chat format (SmolLM2, Qwen2.5, any ChatML model) with Hermes or R2E-XML tool calls."""
 
     def __init__(
-        self,
-        tokenizer,
-        default_system: str | None = None,
-        tool_format: str = "hermes",
-        *,
-        name: str = "chatml",
-        thinking: str | None = None,
+        self, tokenizer, default_system: str | None = None, tool_format: str = "hermes", *, name: str = "chatml"
     ):
         self.name = name
         super().__init__(tokenizer, default_system, tool_format)
-        if thinking not in (None, "think", "no_think"):
-            raise ValueError(f"thinking must be None, 'think' or 'no_think', got {thinking!r}")
-        self.thinking = thinking
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if self.im_end is None or self.im_end == tokenizer.unk_token_id:
@@ -73,22 +36,11 @@ class ChatMLRenderer(Renderer):
     def turn_separator(self) -> list[int]:
         return self._encode("\n")
 
-    def _tool_system_text(self, tools: list[dict]) -> str:
-        return xml_tools_text(tools) if self.tool_format == "xml" else hermes_tools_text(tools)
-
-    def _render_tool_calls(self, calls: list[dict]) -> str:
-        render = xml_call_text if self.tool_format == "xml" else hermes_call_text
-        return "\n".join(render(c) for c in calls)
-
     def message_text(self, msg: Message) -> tuple[str, str]:
         """(role used in the template, body text) for one message."""
         role, content = msg["role"], content_text(msg.get("content"))
-        if role == "assistant":
-            if msg.get("tool_calls"):
-                calls = self._render_tool_calls(msg["tool_calls"])
-                content = f"{content}\n{calls}" if content else calls
-            if self.thinking == "think" and msg.get("reasoning_content") is not None:
-                content = "<think>\n" + msg["reasoning_content"].strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+        if role == "assistant" and msg.get("tool_calls"):
+            content = self.with_calls(content, msg["tool_calls"])
         if role == "tool":
             return "user", f"<tool_response>\n{content}\n</tool_response>"
         return role, content
@@ -111,21 +63,19 @@ class ChatMLRenderer(Renderer):
         while i < len(msgs):
             role, body = self.message_text(msgs[i])
             if i == 0 and msgs[i]["role"] == "system" and tools:
-                body = (body + "\n\n" if body else "") + self._tool_system_text(tools)
+                body = (body + "\n\n" if body else "") + self.tools_listing(tools)
             if msgs[i]["role"] == "tool":
                 bodies = [body]
                 while i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":
                     i += 1
                     bodies.append(self.message_text(msgs[i])[1])
                 body = "\n".join(bodies)
-            if self.thinking == "no_think" and role == "assistant":
-                body = _EMPTY_THINK + body  # what its generation header held
             tokens += self._turn(role, body)
             i += 1
         return tokens
 
     def generation_header(self) -> list[int]:
-        return [self.im_start] + self._encode("assistant\n" + (_EMPTY_THINK if self.thinking == "no_think" else ""))
+        return [self.im_start] + self._encode("assistant\n")
 
     def render_messages_no_system(self, messages: list[Message]) -> list[int]:
         return self._turns(list(messages))
@@ -136,23 +86,5 @@ class ChatMLRenderer(Renderer):
     # -- parsing -----------------------------------------------------------------------------------
     def parse_response(self, tokens: list[int]) -> ParsedResponse:
         text, ended = self.reply_text(tokens)
-        reasoning = None
-        if self.thinking == "think":
-            m = _THINK_RE.match(text)
-            if m:
-                reasoning, text = m.group(1).strip("\n"), text[m.end() :].lstrip("\n")
         content, calls, errors = self.parse_tool_calls(text)
-        return ParsedResponse(assistant_message(content, calls, reasoning), ended, errors)
-
-    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
-        """Split text into (content without call markup, well-formed calls, errors for malformed ones)."""
-        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
-
-    def tool_call_prefix(self, name: str | None = None) -> str:
-        if self.tool_format == "xml":
-            return "<function=" if name is None else f"<function={name}>\n"
-        return (
-            '<tool_call>\n{"name": "'
-            if name is None
-            else '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
-        )
+        return ParsedResponse(assistant_message(content, calls), ended, errors)

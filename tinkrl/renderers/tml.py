@@ -1,40 +1,47 @@
-"""gpt-oss (harmony), Kimi K2 and DeepSeek V3.1 through tml-renderers, Thinking Machines' renderers.
+"""Every family tml-renderers ships (Qwen3, Qwen3.5/3.6, Qwen3.8, DeepSeek V3.1 and V4.1, GLM-5.3,
+gpt-oss, Kimi K2/K2.5/K2.6, Nemotron 3, TML v0) behind tinkrl's `Renderer` interface.
 
-tml-renderers renders a whole conversation (`render_for_completion`) and parses sampled tokens into
-messages; it has no per-message rendering. This adapter gets the extension property from it by
-difference: the tokens after a sampled action are those that follow an assistant turn in a short
-anchor conversation (a user turn, then an assistant turn carrying the same tool-call ids and
-names) rendered with the new messages, less that anchor rendered alone. Only the tokens after an
-assistant turn's end token are taken, so what the family does to past assistant turns (harmony
-drops past analysis, DeepSeek drops past thinking) never reaches a continuation; a sampled action
-stays in the next prompt exactly as sampled.
+tml-renderers is Thinking Machines' own implementation, tokenizer included (built into the
+package, so these renderers work offline). It renders a whole conversation
+(`render_for_completion`), lays out what a model samples for a turn (`render_for_sft`, the
+weighted tokens) and parses sampled tokens back into messages; this adapter turns those into the
+interface's pieces:
 
-- gpt_oss: harmony. Replies: `<|channel|>analysis<|message|>…<|end|>` (reasoning_content) then
-  `<|start|>assistant<|channel|>final<|message|>…<|return|>` (content), or a tool call
-  `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{…}<|call|>`. Tools are
-  declared in the developer message as TypeScript; results are `functions.NAME to=assistant` turns.
-  A final answer ends with `<|return|>`, which the next prompt keeps (the template would write
-  `<|end|>` when it re-renders the history). The system turn carries today's date, as the HF
-  template's does.
-- kimi_k2: Kimi K2 Thinking, thinking kept in history (`<think>…</think>` before the reply),
-  calls in `<|tool_calls_section_begin|>` blocks whose ids (`functions.NAME:i`) the results quote.
-- deepseek_v3 / deepseek_v3_thinking: DeepSeek V3.1 without / with thinking. tml-renderers declares
-  no tools for DeepSeek; the V3.1 template's own tool section is written into the system turn here,
-  and the end-of-sentence token tml-renderers 0.2.1 puts between an assistant's text and its tool
-  calls is taken out (the model writes the calls right after the text). With thinking on, past
-  turns lose their thinking (`</think>` opens them), so a re-rendered history differs from the
-  prompts an episode built; the episode's own prompts still extend token for token.
+- `prompt_tokens`: the family's rendering, token for token.
+- `action_tokens`: what the model samples for an assistant message (end-of-turn token included).
+- `next_prompt`: the family's rendering of the episode so far. Where the family keeps past turns
+  as they were sampled this extends the previous prompt + action token for token; where it
+  rewrites them (past thinking dropped or emptied, harmony's past analysis dropped) it does not,
+  and the trajectory trains as several datums (`rl/data.py`), as in tinker-cookbook.
+- `continuation`: the tokens that follow a sampled action for new messages, by difference: an
+  anchor conversation (a user turn and an assistant turn carrying the same tool-call ids) rendered
+  with the new messages, less the anchor alone.
+
+What tinkrl adds to tml-renderers 0.2.1, each for a name whose format it has no switch for:
+- DeepSeek V3.1 declares no tools there: the V3.1 chat template's tool section is written into
+  the system turn, and the end-of-sentence token tml-renderers puts between an assistant's text
+  and its tool calls is taken out (the model, and the template, write the calls right after it).
+- `gpt_oss_no_sysprompt` is `GptOss` without harmony's system message (model identity, date,
+  reasoning effort), as tinker-cookbook renders it; with tools, that message keeps only its line
+  about the tool channel.
+- `deepseekv4_1_preserve_thinking` is `DeepSeekV41` with past assistant turns written as they
+  were sampled, thinking included (`TmlBuild.keep_history`).
+- `kimi_k26*` are `KimiK25` on Kimi K2.6's tokenizer, whose ids are K2.5's (as tinker-cookbook builds them).
 
 Only the family's own tool-call format is offered (tool_format "hermes" means that); "xml" is refused.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 from .base import Message, ParsedResponse, Renderer, assistant_message, content_text, tool_call
+from .bundled_tokenizers import BundledTokenizer
+from .registry import RendererSpec, TmlBuild
 
+_PROBE = "·"  # a one-token message text for the probe conversations
 _DEEPSEEK_TOOLS_INTRO = "\n\n## Tools\nYou have access to the following tools:\n"
 _DEEPSEEK_TOOLS_OUTRO = (
     "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
@@ -45,6 +52,7 @@ _DEEPSEEK_TOOLS_OUTRO = (
     "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
     "- For multiple tool calls, chain them directly without separators or spaces\n"
 )
+_TOOL_CHANNEL_LINE = "Calls to these tools must go to the commentary channel: 'functions'."
 
 
 def deepseek_tools_text(tools: list[dict]) -> str:
@@ -59,33 +67,40 @@ def deepseek_tools_text(tools: list[dict]) -> str:
     return text + _DEEPSEEK_TOOLS_OUTRO
 
 
-# name -> (tml-renderers constructor, generation header as (kind, value) pieces, closing token, tool declaration)
-_FAMILIES: dict[str, tuple[Any, list[tuple[str, str]], str, str]] = {
-    "gpt_oss": (lambda r: r.GptOss(), [("special", "start"), ("text", "assistant")], "end", "declare"),
-    "kimi_k2": (
-        lambda r: r.KimiK2(strip_thinking_from_history=False),
-        [("special", "im_assistant"), ("text", "assistant"), ("special", "im_middle")],
-        "im_end",
-        "declare",
-    ),
-    "deepseek_v3": (
-        lambda r: r.DeepSeekV31(),
-        [("special", "Assistant"), ("special", "</think>")],
-        "end_of_sentence",
-        "system",
-    ),
-    "deepseek_v3_thinking": (
-        lambda r: r.DeepSeekV31.thinking(),
-        [("special", "Assistant"), ("special", "<think>")],
-        "end_of_sentence",
-        "system",
-    ),
-}
-TML_RENDERER_NAMES = tuple(_FAMILIES)
+@functools.cache
+def build_tml(build: TmlBuild) -> Any:
+    """The tml-renderers renderer object a `TmlBuild` describes (made once; it keeps no state between calls)."""
+    try:
+        from tml_renderers import renderers, tokenizers, v0
+    except ImportError as e:  # a compiled extension: it needs torch>=2.10 beside it
+        raise ImportError(f"this renderer needs tml-renderers (pip install tml-renderers): {e}") from e
+    if build.cls == "v0":
+        return v0.Renderer(tokenizers.O200kBaseChatTokenizer())
+    cls = getattr(renderers, build.cls)
+    return (getattr(cls, build.method) if build.method else cls)(**dict(build.kwargs))
+
+
+@functools.cache
+def bundled_tokenizer_of(build: TmlBuild) -> BundledTokenizer:
+    """The tokenizer tml-renderers bundles for a `TmlBuild`, behind the HF tokenizer methods (made once)."""
+    if build.tokenizer:
+        from tml_renderers import tokenizers
+
+        return BundledTokenizer(getattr(tokenizers, build.tokenizer)())
+    return BundledTokenizer(build_tml(build).tokenizer)
 
 
 def _flat(spans) -> list[int]:
     return [t for s in spans for t in s.span.tokens]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class TmlRenderer(Renderer):
@@ -93,39 +108,66 @@ class TmlRenderer(Renderer):
 
     tool_formats = ("hermes",)
 
-    def __init__(self, tokenizer, default_system: str | None = None, tool_format: str = "hermes", *, name: str):
-        if name not in _FAMILIES:
-            raise ValueError(f"no tml-renderers family {name!r}; known: {', '.join(_FAMILIES)}")
-        self.name = name
-        super().__init__(tokenizer, default_system, tool_format)
-        try:
-            from tml_renderers import chat, renderers
-        except ImportError as e:  # a compiled extension: it needs torch>=2.10 beside it
-            raise ImportError(f"the {name} renderer needs tml-renderers (pip install tml-renderers): {e}") from e
+    def __init__(self, spec: RendererSpec, model_tokenizer: Any = None, tool_format: str = "hermes"):
+        if spec.tml is None:
+            raise ValueError(f"renderer {spec.name!r} is not a tml-renderers family")
+        self.name = spec.name
+        self.spec = spec
+        self._build = spec.tml
+        self._tml = build_tml(spec.tml)
+        super().__init__(bundled_tokenizer_of(spec.tml), None, tool_format)
+        from tml_renderers import chat
 
         self._chat = chat
-        factory, header, close, self._tool_mode = _FAMILIES[name]
-        self._tml = factory(renderers)
-        tok = self._tml.tokenizer
-        self._stops = list(self._tml.stop())
-        self._close = [tok.encode_special(close)]
-        self._header = [
-            t
-            for kind, value in header
-            for t in ([tok.encode_special(value)] if kind == "special" else tok.encode_ordinary(value))
-        ]
-        self._turn_ends = set(self._stops) | set(self._close)
-        self._calls_begin = tok.encode_special("tool_calls_begin") if name.startswith("deepseek") else None
-        for tid in self._stops + self._close:  # the model's tokenizer must agree with the family's ids
-            text = tok.decode([tid])
-            got = tokenizer.convert_tokens_to_ids(text)
+        self._stops = [int(t) for t in self._tml.stop()]
+        self._calls_begin = (
+            self.tokenizer.specials.get("<｜tool▁calls▁begin｜>") if spec.tml.cls == "DeepSeekV31" else None
+        )
+        if model_tokenizer is not None:
+            self._check_tokenizer(model_tokenizer)
+        probe = self._render([{"role": "user", "content": _PROBE}])
+        mark = self.tokenizer.encode(_PROBE)
+        at = max(i for i in range(len(probe)) if probe[i : i + len(mark)] == mark) + len(mark)
+        self._user_close = probe[at]  # what ends a user turn: a past turn's end where no stop token ends it
+        ends = [i for i, t in enumerate(probe) if t in self._stops or t == self._user_close]
+        self._header = probe[ends[-1] + 1 :] if ends else []
+        self._close = self._turn_closing([{"role": "user", "content": _PROBE}])[0]
+        self._call_markers = self._tool_call_markers()
+        self.keeps_history = self._writes_past_turns_as_sampled()
+
+    def _probe_reply(self) -> Message:
+        """A plain reply, with reasoning where the variant thinks."""
+        reply: Message = {"role": "assistant", "content": _PROBE}
+        if self.spec.thinks:
+            reply["reasoning_content"] = _PROBE
+        return reply
+
+    def _writes_past_turns_as_sampled(self) -> bool:
+        """Whether a reply (with its thinking, where the variant thinks) stays in the next prompt as sampled
+        once a user turn follows it, its closing token aside (GLM closes a past turn with the next role
+        token): then an episode's prompts extend token for token."""
+        user, reply = {"role": "user", "content": _PROBE}, self._probe_reply()
+        body = self.action_tokens(reply)[:-1]
+        prompt = self.prompt_tokens([user])
+        return self.prompt_tokens([user, reply, user])[: len(prompt) + len(body)] == prompt + body
+
+    def _tool_call_markers(self) -> list[str]:
+        """The special tokens (as text) a tool call is written with and a plain reply is not."""
+        call = self.action_tokens({"role": "assistant", "content": "", "tool_calls": [tool_call("ls", {})]})
+        plain = set(self.action_tokens(self._probe_reply()))
+        special = set(self.tokenizer.all_special_ids) - plain - set(self._stops)
+        return sorted({self.tokenizer.decode([t]) for t in call if t in special})
+
+    def _check_tokenizer(self, model_tokenizer: Any) -> None:
+        """The model's own tokenizer must give the family's stop tokens their ids (else it is another family)."""
+        for tid in self._stops:
+            text = self.tokenizer.decode([tid])
+            got = model_tokenizer.convert_tokens_to_ids(text)
             if got != tid:
                 raise ValueError(
-                    f"tokenizer does not match the {name} renderer: {text!r} is token {got} there, {tid} in the format"
+                    f"the model's tokenizer does not match the {self.name} renderer: {text!r} is token {got} "
+                    f"there, {tid} in the format (choose the model's renderer with renderer=NAME)"
                 )
-        probe = self.prompt_tokens([{"role": "user", "content": "·"}])
-        if probe[-len(self._header) :] != self._header:
-            raise RuntimeError(f"tml-renderers' {name} prompt does not end with the expected assistant header")
 
     # -- turn ends ----------------------------------------------------------------------------------
     def end_of_turn_tokens(self) -> list[int]:
@@ -155,12 +197,7 @@ class TmlRenderer(Renderer):
                     {
                         "id": c.get("id") or f"call_{i}",
                         "type": "function",
-                        "function": {
-                            "name": c["function"]["name"],
-                            "arguments": a
-                            if isinstance(a := c["function"].get("arguments", "{}"), str)
-                            else json.dumps(a),
-                        },
+                        "function": {"name": c["function"]["name"], "arguments": _arguments_json(c)},
                     }
                     for i, c in enumerate(m["tool_calls"])
                 ]
@@ -176,62 +213,122 @@ class TmlRenderer(Renderer):
 
     def _to_tml(self, messages: list[Message], tools: list[dict] | None) -> list[dict]:
         msgs = list(messages)
-        system = self.default_system
+        system = None
         if msgs and msgs[0]["role"] == "system":
             system = content_text(msgs.pop(0).get("content"))
-        if tools and self._tool_mode == "system":
+        declare = []
+        if tools and self._calls_begin is not None:  # DeepSeek V3.1: the template's tool section
             system = (system or "") + deepseek_tools_text(tools)
-        out = [] if system is None else [{"role": "system", "content": system}]
-        if tools and self._tool_mode == "declare":
-            out.append({"role": "tool_declare", "content": json.dumps(tools, ensure_ascii=False)})
-        return out + [self._tml_message(m) for m in msgs]
+        elif tools:
+            declare = [{"role": "tool_declare", "content": json.dumps(tools, ensure_ascii=False)}]
+        head = [] if system is None else [{"role": "system", "content": system}]
+        return head + declare + [self._tml_message(m) for m in msgs]
 
-    def _render(self, oss: list[dict]) -> list[int]:
-        spans, _parser = self._tml.render_for_completion(self._chat.OpenAIMessage.from_oss_messages(oss))
-        tokens = _flat(spans)
+    def _render(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """tml-renderers' completion prompt for OpenAI-style messages, with the adjustments of the module docstring."""
+        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(messages, tools))
+        tokens = _flat(self._tml.render_for_completion(oss)[0])
         if self._calls_begin is not None:
-            # tml-renderers 0.2.1 closes a DeepSeek assistant's text with <｜end▁of▁sentence｜> before its
-            # tool calls; the model (and V3.1's template) writes the calls right after the text.
             eos = self._stops[0]
             tokens = [
                 t for i, t in enumerate(tokens) if not (t == eos and tokens[i + 1 : i + 2] == [self._calls_begin])
             ]
+        if self._build.no_system:
+            tokens = self._without_system_message(tokens)
         return tokens
+
+    def _without_system_message(self, tokens: list[int]) -> list[int]:
+        """Harmony tokens with the leading system message dropped (its tool-channel line kept, when tools)."""
+        t = self.tokenizer.specials
+        start, end = t["<|start|>"], t["<|end|>"]
+        head = [start] + self.tokenizer.encode("system") + [t["<|message|>"]]
+        if tokens[: len(head)] != head:
+            return tokens
+        stop = tokens.index(end)
+        body = self.tokenizer.decode(tokens[len(head) : stop])
+        kept = head + self.tokenizer.encode(_TOOL_CHANNEL_LINE) + [end] if _TOOL_CHANNEL_LINE in body else []
+        return kept + tokens[stop + 1 :]
 
     # -- rendering ----------------------------------------------------------------------------------
     def prompt_tokens(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
-        return self._render(self._to_tml(messages, tools))
+        if self._build.keep_history and any(m["role"] == "assistant" for m in messages):
+            return self._render_as_sampled(list(messages), tools)
+        return self._render(messages, tools)
+
+    def _render_as_sampled(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        """The prompt with every past assistant turn written as sampled (thinking kept): the first turns as
+        the family renders them, then each assistant turn's action tokens and the continuation after it."""
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        tokens = self._render(messages[:first], tools)
+        i = first
+        while i < len(messages):
+            j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
+            tokens += self.action_tokens(messages[i]) + self._after_anchor(messages[i + 1 : j])
+            i = j
+        return tokens
+
+    def next_prompt(
+        self,
+        prompt: list[int],
+        action: list[int],
+        history: list[Message],
+        new_messages: list[Message],
+        tools: list[dict] | None = None,
+        action_ended_cleanly: bool = True,
+    ) -> list[int]:
+        """The family's rendering of the episode so far when it extends `prompt + action`, or when the family
+        rewrites past turns; a family that keeps them as sampled keeps the sampled tokens (re-tokenised
+        text, or a reply a client sent back without its thinking, would differ): `prompt + action +
+        continuation`."""
+        rendered = self.prompt_tokens(list(history) + list(new_messages), tools)
+        sampled = list(prompt) + list(action)
+        if rendered[: len(sampled)] == sampled or not self.keeps_history:
+            return rendered
+        return sampled + self.continuation(new_messages, action_ended_cleanly)
 
     def _strip_header(self, tokens: list[int]) -> list[int]:
         n = len(self._header)
-        return tokens[:-n] if tokens[-n:] == self._header else tokens
+        return tokens[:-n] if n and tokens[-n:] == self._header else tokens
 
     def render_messages(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         return self._strip_header(self.prompt_tokens(messages, tools))
 
-    def _turns_end(self, tokens: list[int]) -> int:
-        """Index just past the last turn-end token."""
-        return max(i for i, t in enumerate(tokens) if t in self._turn_ends) + 1
-
-    def _after_anchor(self, new_messages: list[Message]) -> list[int]:
-        """The tokens the family puts after a closed assistant turn for `new_messages`, next header included."""
+    def _anchor(self, new_messages: list[Message]) -> list[Message]:
+        """A user turn and an assistant turn that the new messages may follow (carrying their tool-call ids)."""
         calls = []
         for m in new_messages:
             if m["role"] != "tool":
                 break
             if m.get("tool_call_id"):
                 calls.append(tool_call(m.get("name") or "tool", {}, m["tool_call_id"]))
-        anchor = [{"role": "user", "content": "·"}, {"role": "assistant", "content": "" if calls else "·"}]
+        assistant: Message = {"role": "assistant", "content": "" if calls else _PROBE}
         if calls:
-            anchor[1]["tool_calls"] = calls
-        alone = self._render(self._to_tml(anchor, None))
-        alone = alone[: self._turns_end(alone)]
-        full = self._render(self._to_tml(anchor + list(new_messages), None))
-        if full[: len(alone)] != alone:
-            raise RuntimeError(
-                f"tml-renderers' {self.name} renders an assistant turn differently once messages follow it"
-            )
-        return full[len(alone) :]
+            assistant["tool_calls"] = calls
+        return [{"role": "user", "content": _PROBE}, assistant]
+
+    def _turn_closing(self, new_messages: list[Message]) -> tuple[list[int], list[int]]:
+        """(what closes the anchor's assistant turn when it was cut, the tokens after a finished one) for the
+        anchor followed by `new_messages`. Where history writes the turn otherwise than sampled: a closing
+        token that is not a stop (harmony's `<|end|>` for a sampled `<|return|>`) stands for the sampled end;
+        a stop token other than the sampled one is the next turn's opening (GLM's `<|user|>`) and stays."""
+        anchor = self._anchor(new_messages)
+        prompt = self._render(anchor[:1])
+        action = self.action_tokens(anchor[1])
+        full = self._render(anchor + list(new_messages))
+        if full[: len(prompt) + len(action)] == prompt + action:  # the family keeps the turn as sampled
+            return action[-1:], full[len(prompt) + len(action) :]
+        start = _common_prefix(full, prompt + action)
+        ends = [i for i in range(start, len(full)) if full[i] in self._stops]
+        ends = ends or [i for i in range(start, len(full)) if full[i] == self._user_close]
+        if not ends:
+            raise RuntimeError(f"tml-renderers' {self.name}: no end of the assistant turn in {full[start:]}")
+        j = ends[0]
+        if full[j] in self._stops and full[j] != action[-1]:
+            return [], full[j:]
+        return [full[j]], full[j + 1 :]
+
+    def _after_anchor(self, new_messages: list[Message]) -> list[int]:
+        return self._turn_closing(new_messages)[1]
 
     def render_messages_no_system(self, messages: list[Message]) -> list[int]:
         return self._strip_header(self._after_anchor(messages))
@@ -240,27 +337,27 @@ class TmlRenderer(Renderer):
         return self.after_action(action_ended_cleanly) + self._after_anchor(new_messages)
 
     def action_tokens(self, message: Message) -> list[int]:
-        user = [{"role": "user", "content": "·"}]
-        prompt = self.prompt_tokens(user)
-        full = self._render(self._to_tml(user + [message], None))
-        action = full[len(prompt) : self._turns_end(full)]
-        if full[: len(prompt)] != prompt and self.name == "deepseek_v3_thinking":
-            # a past turn opens with </think> and no thinking; sampled, the thinking comes before that </think>
-            tok = self._tml.tokenizer
-            action = (
-                tok.encode_ordinary(message.get("reasoning_content") or "") + [tok.encode_special("</think>")] + action
-            )
-        if action[-1] not in self._stops:  # a past final answer ends with <|end|>; sampled, it ends with a stop
-            action[-1] = self._stops[0]
+        """What the model samples for `message` after a user turn: tml-renderers' trained (weighted) tokens."""
+        msgs = [{"role": "user", "content": _PROBE}, message]
+        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(msgs, None))
+        example = self._tml.render_for_sft(oss)[-1]
+        tokens = _flat(example.input_token_spans)
+        weights = list(example.per_token_loss_weight_unshifted)
+        first = weights.index(next(w for w in weights if w))
+        action = tokens[first:]
+        if self._calls_begin is not None:
+            eos = self._stops[0]
+            action = [
+                t for i, t in enumerate(action) if not (t == eos and action[i + 1 : i + 2] == [self._calls_begin])
+            ]
         return action
 
     # -- parsing ------------------------------------------------------------------------------------
     def parse_response(self, tokens: list[int]) -> ParsedResponse:
         tokens = list(tokens)
         ended = self.ends_turn(tokens)
-        _spans, parser = self._tml.render_for_completion(
-            self._chat.OpenAIMessage.from_oss_messages([{"role": "user", "content": "·"}])
-        )
+        oss_prompt = self._chat.OpenAIMessage.from_oss_messages([{"role": "user", "content": _PROBE}])
+        _spans, parser = self._tml.render_for_completion(oss_prompt)
         try:
             parsed = parser.parse_tokens(tokens)
         except ValueError as e:
@@ -283,11 +380,23 @@ class TmlRenderer(Renderer):
             for c in m.get("tool_calls") or []:
                 calls.append(tool_call(c["function"]["name"], c["function"].get("arguments") or "{}", c.get("id")))
         reasoning = "".join(thoughts) if thoughts else None
-        return ParsedResponse(assistant_message("".join(texts).strip(), calls, reasoning), ended)
+        errors = [] if calls else self._unread_calls(tokens, reasoning)
+        return ParsedResponse(assistant_message("".join(texts).strip(), calls, reasoning), ended, errors)
+
+    def _unread_calls(self, tokens: list[int], reasoning: str | None) -> list[str]:
+        """An error when a reply without a well-formed call still writes tool-call markup outside its
+        reasoning (the parser let the broken call through as text, or dropped it)."""
+        text, _ = self.reply_text(tokens)
+        if reasoning:
+            text = text.replace(reasoning, "", 1)
+        found = [m for m in self._call_markers if m in text]
+        if not found:
+            return []
+        return [f"the reply writes a tool call ({found[0]}) that is not well formed: {text.strip()[:200]}"]
 
     def parse_text(self, text: str) -> ParsedResponse:
         """Reply text (special tokens written out) parsed as the family's tokens would be."""
-        return self.parse_response(self.tokenizer.encode(text, add_special_tokens=False) + self._stops[:1])
+        return self.parse_response(self.tokenizer.encode(text) + self._stops[:1])
 
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
         parsed = self.parse_text(text)
@@ -296,3 +405,8 @@ class TmlRenderer(Renderer):
     def split_reasoning(self, text: str) -> tuple[str | None, str]:
         parsed = self.parse_text(text)
         return parsed.message.get("reasoning_content"), parsed.message["content"]
+
+
+def _arguments_json(call: dict) -> str:
+    args = call["function"].get("arguments", "{}")
+    return args if isinstance(args, str) else json.dumps(args)

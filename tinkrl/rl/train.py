@@ -69,7 +69,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
         tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
         try:
             name = choose_renderer(config.model_name, config.renderer, config.thinking)
-            renderer = get_renderer(tc.get_tokenizer(), config.model_name, name=name)
+            renderer = get_renderer(tc.get_tokenizer, config.model_name, name=name)  # loaded only if needed
         except ValueError as e:
             raise ConfigError(str(e)) from None
         envs = make_envs(renderer, run_dir)
@@ -86,7 +86,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
                 sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
                 await warm_start(config, tc, renderer, envs, sc, logger, t0)
                 checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
-            return await train(config, service, tc, start, envs, logger, checkpointer, t0)
+            return await train(config, service, tc, start, envs, logger, checkpointer, t0, renderer.tokenizer)
         finally:
             for env in envs.values():
                 if env.close is not None:
@@ -103,9 +103,10 @@ async def train(
     logger: RunLogger,
     checkpointer: Checkpointer,
     t0: float,
+    tokenizer: Any,
 ) -> Metrics:
-    """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics."""
-    tokenizer = tc.get_tokenizer()
+    """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics.
+    `tokenizer` (the renderer's) decodes the rollouts for the logs."""
     semaphore = asyncio.Semaphore(c.max_concurrent_rollouts)
     reference = await asyncio.to_thread(kl_reference_client, c, service, checkpointer) if c.kl_penalty_coef else None
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)

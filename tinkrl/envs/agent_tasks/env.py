@@ -12,8 +12,11 @@ Two layers, so the loop exists once:
   grading, metrics. The OpenAI-endpoint evaluator (`tinkrl eval --base-url`) and the ORS task
   server drive it directly.
 - `TaskEnv` is the token-in/token-out `Env` over a session: it parses sampled tokens with the
-  renderer and appends the rendered results, so every observation extends the previous
-  prompt + action token for token (never re-tokenised).
+  renderer (each family's own tool-call format; a malformed call comes back as an error
+  observation) and gets the next prompt from `renderer.next_prompt`: the previous prompt + action,
+  token for token, with the rendered results, where the family keeps its past turns as sampled;
+  the family's own rendering of the conversation where it rewrites them (past thinking dropped),
+  so the episode trains as several datums, each on tokens the sampler saw.
 
 What the policy causes shapes or ends the episode and is trained on (see the session); only
 infrastructure failures raise `InfraFailure`, so the rollout leaves the episode out of its group.
@@ -70,13 +73,14 @@ def renderer_for(renderer, tool_format: str):
 
 
 class TaskEnv(Env):
-    """A `TaskSession` driven by sampled tokens; each observation extends prompt + action exactly."""
+    """A `TaskSession` driven by sampled tokens; each observation is the renderer's `next_prompt`."""
 
     def __init__(self, session: TaskSession, renderer, max_tokens_per_turn: int | None = None):
         self.session = session
         self.renderer = renderer
         self.max_tokens_per_turn = max_tokens_per_turn
-        self.tokens: list[int] = []  # the current prompt: everything so far, action tokens as sampled
+        self.tokens: list[int] = []  # the current prompt
+        self.history: list[dict] = []  # the conversation it renders: replies as parsed, observations
         self._stop: StopCondition = renderer.stop_sequences()
 
     @property
@@ -85,6 +89,7 @@ class TaskEnv(Env):
 
     async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
         messages = await self.session.start()
+        self.history = list(messages)
         self.tokens = self.renderer.build_generation_prompt(messages, self.session.tools).to_ints()
         if len(self.tokens) + MIN_ACTION_TOKENS > self.max_context_tokens:
             raise InfraFailure(
@@ -100,20 +105,24 @@ class TaskEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         action = list(action)
+        parsed = self.renderer.parse_response(action)
+        ended = parsed.ended_cleanly
         if self.session.shell:
-            text, ended = self.renderer.reply_text(action)
+            text, _ = self.renderer.reply_text(action)
             _, visible = self.renderer.split_reasoning(text)
+            reply = {k: v for k, v in parsed.message.items() if k != "tool_calls"}
             observations, done = await self.session.act_text(text, not ended, len(action), visible)
         else:
-            parsed = self.renderer.parse_response(action)
-            ended = parsed.ended_cleanly
+            reply = parsed.message
             raw = self.renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
             calls = parsed.message.get("tool_calls", [])
             observations, done = await self.session.act(
                 {"role": "assistant", "content": raw}, calls, parsed.tool_call_errors, not ended, len(action)
             )
         if not done:
-            nxt = self.tokens + action + self.renderer.continuation(observations, ended)
+            self.history += [reply]
+            nxt = self.renderer.next_prompt(self.tokens, action, self.history, observations, self.session.tools, ended)
+            self.history += observations
             if len(nxt) + MIN_ACTION_TOKENS <= self.max_context_tokens:
                 self.tokens = nxt
                 return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop, metrics={}, logs={})

@@ -189,7 +189,10 @@ class OpenRewardEnv(Env):
 
         done = self.finished or self.turns >= cfg.max_turns
         if not done:
-            next_tokens = self.tokens + list(action) + renderer.continuation(new_messages, parsed.ended_cleanly)
+            history = self.messages[: len(self.messages) - len(new_messages)]
+            next_tokens = renderer.next_prompt(
+                self.tokens, list(action), history, new_messages, self.tools or None, parsed.ended_cleanly
+            )
             if cfg.max_total_tokens is not None and len(next_tokens) + 8 > cfg.max_total_tokens:
                 done = True  # no room left for a meaningful next action
             else:

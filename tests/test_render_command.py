@@ -1,0 +1,189 @@
+"""Which renderer a model gets, as a user sees it: `tinkrl train --dry-run` for every model hosted
+Tinker serves names tinker-cookbook's first recommendation (this test keeps its own copy of the
+cookbook's model_info), a model no rule names is a plan problem listing the choices, and `tinkrl
+render` prints the prompt tokens a sampler gets, offline, as the README's table shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers.chat_tokenizers import llama3_tokenizers, missing
+from helpers.requirements import unless
+
+from tinkrl import renderers
+from tinkrl.cli import main as tinkrl
+from tinkrl.renderers import RENDERERS, get_renderer
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_LLAMA = missing("llama_models", "tiktoken")
+
+# tinker-cookbook 0.5.8, tinker_cookbook/model_info.py: each model's first recommended renderer
+COOKBOOK_FIRST = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama/Llama-3.2-1B": "role_colon",
+    "meta-llama/Llama-3.2-3B": "role_colon",
+    "meta-llama/Llama-3.1-8B": "role_colon",
+    "meta-llama/Llama-3.1-70B": "role_colon",
+    "meta-llama/Llama-3.3-70B-Instruct": "llama3",
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": "qwen3_vl_instruct",
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": "qwen3_vl_instruct",
+    "Qwen/Qwen3-8B-Base": "role_colon",
+    "Qwen/Qwen3-30B-A3B-Base": "role_colon",
+    "Qwen/Qwen3-8B": "qwen3",
+    "Qwen/Qwen3-32B": "qwen3",
+    "Qwen/Qwen3-30B-A3B": "qwen3",
+    "Qwen/Qwen3-4B-Instruct-2507": "qwen3_instruct",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3_instruct",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3_instruct",
+    "Qwen/Qwen3.5-4B": "qwen3_5",
+    "Qwen/Qwen3.5-9B": "qwen3_5",
+    "Qwen/Qwen3.5-9B-Base": "role_colon",
+    "Qwen/Qwen3.5-27B": "qwen3_5",
+    "Qwen/Qwen3.5-35B-A3B": "qwen3_5",
+    "Qwen/Qwen3.5-35B-A3B-Base": "role_colon",
+    "Qwen/Qwen3.5-397B-A17B": "qwen3_5",
+    "Qwen/Qwen3.6-27B": "qwen3_5",
+    "Qwen/Qwen3.6-35B-A3B": "qwen3_5",
+    "Qwen/Qwen3.8-27B": "qwen3_8_xhigh_reasoning",
+    "deepseek-ai/DeepSeek-V3.1": "deepseekv3",
+    "deepseek-ai/DeepSeek-V3.1-Base": "role_colon",
+    "deepseek-ai/DeepSeek-V4.1-Flash": "deepseekv4_1",
+    "deepseek-ai/DeepSeek-V4.1-Flash-1017": "deepseekv4_1",
+    "openai/gpt-oss-20b": "gpt_oss_no_sysprompt",
+    "openai/gpt-oss-120b": "gpt_oss_no_sysprompt",
+    "moonshotai/Kimi-K2-Thinking": "kimi_k2",
+    "moonshotai/Kimi-K2.5": "kimi_k25",
+    "moonshotai/Kimi-K2.6": "kimi_k26",
+    "zai-org/GLM-5.3": "glm5_3_max_reasoning",
+    "zai-org/GLM-5.3-Flash": "glm5_3_max_reasoning",
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nemotron3",
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": "nemotron3",
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron3_ultra",
+    "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": "nemotron3_ultra",
+    "nvidia/NVIDIA-Nemotron-3.5-Super-VL-120B-A12B-BF16": "nemotron3_ultra",
+    "thinkingmachines/Inkling": "tml_v0",
+    "thinkingmachines/Inkling-Small": "tml_v0",
+}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, isolated_home):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def dry_run(capsys, *args: str) -> dict:
+    assert tinkrl(["train", "env=arithmetic", *args, "--dry-run"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_test_copy_has_all_44_hosted_models():
+    assert len(COOKBOOK_FIRST) == 44
+
+
+@pytest.mark.parametrize("model,expected", COOKBOOK_FIRST.items())
+def test_dry_run_names_the_cookbooks_renderer_for_every_hosted_model(capsys, monkeypatch, model, expected):
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")  # a new user's setup: the model trains on the service
+    plan = dry_run(capsys, f"model_name={model}")
+    assert (plan["renderer"], plan["backend"], plan["problems"]) == (expected, "tinker", [])
+    assert plan["renderer_reason"] == "tinker-cookbook's recommendation for this model"
+
+
+def test_thinking_and_renderer_override_show_in_the_plan(capsys):
+    plan = dry_run(capsys, "model_name=Qwen/Qwen3.5-4B", "thinking=false", "backend=tinker")
+    assert plan["renderer"] == "qwen3_5_disable_thinking" and plan["renderer_reason"].endswith("thinking=false")
+    plan = dry_run(capsys, "model_name=Qwen/Qwen3.5-4B", "renderer=qwen3_5_preserve_thinking", "backend=tinker")
+    assert (plan["renderer"], plan["renderer_reason"]) == ("qwen3_5_preserve_thinking", "set in the config")
+
+
+def test_a_model_no_rule_names_is_a_plan_problem_listing_the_choices(capsys, tmp_path):
+    plan = dry_run(capsys, "model_name=acme/mystery-7b", "backend=tinker")
+    [problem] = plan["problems"]
+    assert plan["renderer"] is None and "acme/mystery-7b" in problem and "renderer=NAME" in problem
+    assert "qwen3_5" in problem and "role_colon" in problem and "\n" not in problem
+    assert tinkrl(["train", "env=arithmetic", "model_name=acme/mystery-7b", "backend=tinker"]) == 2
+    assert "no renderer for model 'acme/mystery-7b'" in capsys.readouterr().err
+    # a local model whose tokenizer is ChatML renders as ChatML
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    plan = dry_run(capsys, f"model_name={model}", "backend=tinker")
+    assert plan["renderer"] == "chatml" and plan["problems"] == []
+
+
+def readme_render_section() -> tuple[list[dict], list[tuple[str, str, str]]]:
+    """The README's example conversation and its table: (example model, renderer, end of the prompt)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Chat formats (`tinkrl render`)") :]
+    section = section[: section.index("\n## ", 10)]
+    chat = json.loads(re.search(r"cat > chat.json <<'EOF'\n(.*?)\nEOF", section, re.S).group(1))
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 5 and cells[1].startswith("`") and cells[2].startswith("`"):
+            end = cells[4].strip("`").replace("\\|", "|").replace("\\n", "\n")
+            rows.append((cells[1].strip("`"), cells[2].strip("`"), end))
+    return chat, rows
+
+
+def test_the_readme_table_has_one_model_per_family():
+    _, rows = readme_render_section()
+    assert len(rows) == 18 and len({r for _, r, _ in rows}) == 18
+
+
+ROWS = [
+    pytest.param(row, marks=unless(NO_LLAMA) if row[1] == "llama3" else (), id=row[1])
+    for row in readme_render_section()[1]
+]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_tinkrl_render_prints_the_readmes_prompts(row, tmp_path, capsys, monkeypatch):
+    model, name, end = row
+    if name == "llama3":  # Llama's tokenizer is not bundled: the test reads Meta's from llama-models
+        monkeypatch.setattr("tinkrl.renderers.load_tokenizer", lambda *a: llama3_tokenizers()[0])
+    chat, _ = readme_render_section()
+    (tmp_path / "chat.json").write_text(json.dumps(chat))
+    assert tinkrl(["render", model, "--messages", str(tmp_path / "chat.json")]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["renderer"] == name and out["text"].endswith(end)
+    hand = RENDERERS[name].hand is not None
+    r = get_renderer(renderers.load_tokenizer(model) if hand else None, model)
+    assert out["tokens"] == r.prompt_tokens(chat) and out["text"] == r.tokenizer.decode(out["tokens"])
+    assert "You are terse." in out["text"] and "What is 2+2?" in out["text"]
+
+
+def test_render_takes_tools_a_renderer_and_tells_bad_input_in_one_line(tmp_path, capsys):
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "What is here?"}]}))
+    tools = tmp_path / "tools.json"
+    schema = {"name": "ls", "description": "List files.", "parameters": {"type": "object", "properties": {}}}
+    tools.write_text(json.dumps([{"type": "function", "function": schema}]))
+    argv = [
+        "render",
+        "Qwen/Qwen3.5-4B",
+        "--messages",
+        str(chat),
+        "--tools",
+        str(tools),
+        "--renderer",
+        "qwen3_5_disable_thinking",
+    ]
+    assert tinkrl(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["renderer"] == "qwen3_5_disable_thinking" and "<function=example_function_name>" in out["text"]
+    assert out["tokens"][0] == 248045  # Qwen3.5's own <|im_start|>, not Qwen3's 151644
+    assert tinkrl(["render", "Qwen/Qwen3.5-4B", "--messages", str(chat), "--renderer", "vicuna"]) == 2
+    assert "unknown renderer 'vicuna'; choose one of: role_colon" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("[{")
+    assert tinkrl(["render", "Qwen/Qwen3.5-4B", "--messages", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tinkrl render: error: --messages") and "not JSON" in err and err.count("\n") == 1
+    assert tinkrl(["render", "meta-llama/Llama-3.2-1B", "--messages", str(chat)]) == 1  # offline, not on disk
+    err = capsys.readouterr().err
+    assert "meta-llama/Llama-3.2-1B" in err and err.count("\n") == 1
