@@ -426,18 +426,30 @@ VS_VLLM_COLUMNS = (
 )
 
 
-PATH_VARIANTS = ("plan", "op by op", "oneDNN products", "fp32 head", "reference prefill")
+# A part of the plan, and the variant that hands it back to the reference's way (bench/sampler_paths.py).
+PATH_PARTS = (
+    ("one call a layer", "op by op"),
+    ("kernel products", "oneDNN products"),
+    ("bf16 head", "fp32 head"),
+    ("kernel prefill", "reference prefill"),
+)
+
+
+def paired(r: Record, slower: str, faster: str) -> str:
+    """How much faster `faster` ran than `slower`, round by round (both ran in every round): the median
+    of the rounds' ratios and their lowest and highest, "pays" where it was faster in every round."""
+    ratios = [a / b for a, b in zip(r.repeats[slower], r.repeats[faster])]
+    verdict = ", pays" if min(ratios) > 1 else ""
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}{verdict})"
 
 
 def sampler_paths_rows(r: Record) -> list[list[str]]:
-    """One row per sampler and workload: the reference's seconds a call with its spread between rounds
-    ((max - min) / median), and each variant's speed against it (reference median / variant median);
-    a variant the plan has no part for is "-"."""
-    ref = r.repeats["reference"]
-    spread = (max(ref) - min(ref)) / statistics.median(ref)
-    cells = [ratio(r.median["reference"], r.median[v]) if v in r.median else "-" for v in PATH_VARIANTS]
+    """One row per sampler and workload: the reference's seconds a call, the plan's speed against the
+    reference, and each part's: the plan against the plan with that part handed back ("-" where the
+    plan has no such part), each round by round (`paired`)."""
     sampler, _, workload = r.workload.partition(" ")
-    return [[sampler, workload, f"{r.median['reference']:.2f} (spread {spread:.0%})", *cells, r.settings["plan"]]]
+    parts = [paired(r, variant, "plan") if variant in r.repeats else "-" for _, variant in PATH_PARTS]
+    return [[sampler, workload, f"{r.median['reference']:.2f}", paired(r, "reference", "plan"), *parts]]
 
 
 def vs_vllm_cells(records: list[Record]) -> list[list[str]]:
@@ -563,9 +575,9 @@ TABLES = (
         (
             "sampler",
             "workload",
-            "reference s/call (spread)",
-            *(f"{v} vs reference" for v in PATH_VARIANTS),
-            "the plan here",
+            "reference s/call",
+            "plan vs reference",
+            *(f"{part}" for part, _ in PATH_PARTS),
         ),
         sampler_paths_rows,
         ("plan", "reference"),

@@ -149,13 +149,16 @@ def test_only_the_bf16_sampler_multiplies_its_head_in_bf16(bf16_service, prompts
     assert calls == ([1, 2, 2, 1, 2, 2] if applies else [])  # the prompt's last position, then 2 rows
 
 
-def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(bf16_service, prompts, monkeypatch):
-    """The bf16 sampler's prefill (base and merged trees) runs `DecoderLayer.prefill`: its norms and
-    SiLU in the decode kernels, their bf16 outputs straight into the products. Its prompt logprobs
-    stay within bf16 rounding of `forward`'s on the same tree. A matched sampler's prefill stays
-    `forward`, the trainer's own arithmetic."""
-    if "rms_norm" not in probe().kernels:
-        pytest.skip(f"the kernels are not built here ({probe().kernels_why}): every prefill runs `forward`")
+def test_only_the_bf16_samplers_prefill_runs_in_the_kernels(prompts, monkeypatch, fake_cpu):
+    """The bf16 sampler's prefill (base and merged trees) runs in the kernels where its plan says so (on
+    Intel's CPUs with AVX512-BF16, faked here through the probe): its norms and SiLU in the decode
+    kernels, their bf16 outputs straight into the products. Its prompt logprobs stay within bf16
+    rounding of `forward`'s on the same tree. A matched sampler's prefill stays `forward`, the
+    trainer's own arithmetic."""
+    if "linear_bf16" not in probe().kernels:
+        pytest.skip(f"no bf16 products in the kernels here ({probe().kernels_why or 'no AVX512-BF16'})")
+    fake_cpu(" ".join(sorted(probe().flags)), "GenuineIntel")  # this CPU's flags, as an Intel Xeon's
+    bf16_service = ServiceClient(device="cpu", dtype="float32", sampler_precision="bfloat16")
     calls, real = [], paths.CpuKernels.prefill_layer
     monkeypatch.setattr(
         paths.CpuKernels, "prefill_layer", lambda self, layer, x, *a: calls.append(x.shape) or real(self, layer, x, *a)

@@ -50,20 +50,23 @@ class Rule:
     measured: str
 
 
-_FIGURES = "docs/performance.md"
+_TRAIN = "docs/performance.md, `make train`"  # where the figures behind the rules are
+_PATHS = 'docs/performance.md, "Sampler paths"'
 CPU_RULES: dict[CpuClass, Rule] = {
-    "amx_bf16": Rule("float32", f"the bf16 math mode gained no speed and broke the agreement bound ({_FIGURES})"),
+    "amx_bf16": Rule(
+        "float32", "the bf16 math mode gained no speed and broke the agreement bound (docs/engine.md, Precision)"
+    ),
     "avx512_bf16": Rule("float32", "oneDNN keeps fp32 kernels under the bf16 math mode without AMX (docs/engine.md)"),
     "other": Rule("float32", "no bf16 matrix instructions"),
 }
 CUDA_RULE = Rule("bfloat16", "TF32 products with fp32 activations stay within the agreement bound")
 CUDA_NO_BF16_RULE = Rule("float32", "a GPU without bf16 support")
 CPU_SAMPLER_RULES: dict[SamplerClass, Rule] = {
-    "amx_bf16": Rule("bfloat16", f"bf16 sampling in AMX tiles learned as well as matched, in more steps ({_FIGURES})"),
+    "amx_bf16": Rule("bfloat16", f"bf16 sampling in AMX tiles learned as well as matched, in more steps ({_TRAIN})"),
     "avx512_bf16_intel": Rule(
-        "bfloat16", f"bf16 sampling in dot products learned as well as matched, in more steps ({_FIGURES})"
+        "bfloat16", f"bf16 sampling in dot products learned as well as matched, in more steps ({_TRAIN})"
     ),
-    "avx512_bf16": Rule("matched", f"bf16 sampling learned less than matched in the same budget ({_FIGURES})"),
+    "avx512_bf16": Rule("matched", f"bf16 sampling learned less than matched in the same budget ({_TRAIN})"),
     "other": Rule("matched", "no bf16 products faster than fp32 here"),
 }
 CUDA_SAMPLER_RULE = Rule("matched", "the trainer's TF32 products are already fast on GPUs")
@@ -330,7 +333,10 @@ def make_plan(
     if not bf16:
         return ComputePlan(device_type, cpu, precision, products, sampler, cache, decode, same, same, same)
     cache = Choice("bfloat16", "half the bytes a decode step's attention reads, in a sampler off-policy anyway")
-    prefill = Choice("kernels", "the norms and SiLU in the kernels feed bf16 products without fp32 copies")
+    if machine.vendor == "intel" and "linear_bf16" in machine.kernels:
+        prefill = Choice("kernels", "the norms and SiLU in the kernels feed bf16 products without fp32 copies")
+    else:  # on AMD's EPYC the kernels' prefill paid nothing measurable
+        prefill = Choice("reference", f"the kernels' prefill pays only on Intel's CPUs ({_PATHS})")
     dots = DOTS_BY_VENDOR[machine.vendor]
     fallback = "oneDNN's bf16 product" if machine.onednn_bf16 else "torch's bf16 product (oneDNN has no bf16 here)"
     if machine.amx_lent and "linear_bf16" in machine.kernels:
