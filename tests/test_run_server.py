@@ -13,7 +13,7 @@ from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
 from tinkrl.proxy.run_server import RunServer
 from tinkrl.rl.evaluation import evaluate
-from tinkrl.rl.rollouts import do_group_rollout
+from tinkrl.rl.rollouts import do_group_rollout, gather_rollouts
 from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset, SamplingSettings, Trajectory
 
 
@@ -57,7 +57,8 @@ class AgentGroup(EnvGroupBuilder):
         def broken(session) -> None:
             raise RuntimeError("the agent program crashed")
 
-        rollouts = await settings.gather_rollouts(  # the run's max_concurrent_rollouts, as the real builders
+        rollouts = await gather_rollouts(  # the run's max_concurrent_rollouts, as the real builders
+            settings,
             self.size,
             lambda i: runner.run(broken if (self.fail_first and i == 0) else agent, grader=lambda: 0.0),
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from tinker import types
 
@@ -29,6 +31,20 @@ from tinkrl.rl.types import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def gather_rollouts(settings: SamplingSettings, count: int, rollout: Callable[[int], Awaitable[T]]) -> list[T]:
+    """`rollout(0)` .. `rollout(count - 1)` at once, each holding a slot of the run's cap on rollouts at
+    once (`settings.slots`): how a group runs its rollouts, also a group that runs them itself."""
+
+    async def one(i: int) -> T:
+        if settings.slots is None:
+            return await rollout(i)
+        async with settings.slots:
+            return await rollout(i)
+
+    return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
 async def do_rollout(env: Env, sampling_client, max_tokens: int, temperature: float, top_p: float = 1.0) -> Trajectory:
@@ -87,8 +103,8 @@ async def do_group_rollout(
             envs, trajectories = [], own
         else:
             envs = await builder.make_envs()
-            trajectories = await settings.gather_rollouts(
-                len(envs), lambda i: do_rollout(envs[i], sampling_client, max_tokens, temperature, top_p)
+            trajectories = await gather_rollouts(
+                settings, len(envs), lambda i: do_rollout(envs[i], sampling_client, max_tokens, temperature, top_p)
             )
         ok = [t for t in trajectories if t.failure_mode is None]
         failed = [t for t in trajectories if t.failure_mode is not None]

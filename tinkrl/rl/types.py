@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import tinker
-
-T = TypeVar("T")
 
 Action = list[int]
 StopCondition = list[str] | list[int]
@@ -118,25 +115,6 @@ class SamplingSettings:
     temperature: float
     top_p: float = 1.0
     slots: asyncio.Semaphore | None = None
-
-    @contextlib.asynccontextmanager
-    async def rollout_slot(self) -> AsyncIterator[None]:
-        """Held while one rollout runs, so a group that runs its own rollouts keeps the run's cap."""
-        if self.slots is None:
-            yield
-            return
-        async with self.slots:
-            yield
-
-    async def gather_rollouts(self, count: int, rollout: Callable[[int], Awaitable[T]]) -> list[T]:
-        """`rollout(0)` .. `rollout(count - 1)` at once, each holding a slot of the run's cap: how a
-        group that runs its own rollouts runs them."""
-
-        async def one(i: int) -> T:
-            async with self.rollout_slot():
-                return await rollout(i)
-
-        return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
 class EnvGroupBuilder(abc.ABC):

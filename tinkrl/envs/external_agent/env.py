@@ -38,6 +38,7 @@ from tinkrl.envs.external_agent.config import ExternalAgentEnvConfig
 from tinkrl.errors import ConfigError
 from tinkrl.proxy.external_agents import CommandAgent, ExternalRollout
 from tinkrl.proxy.run_server import RunServer
+from tinkrl.rl.rollouts import gather_rollouts
 from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, SamplingSettings, Trajectory
 from tinkrl.sandbox import LazyProvider
 from tinkrl.taskdirs import Task
@@ -168,7 +169,8 @@ class AgentGroupBuilder(EnvGroupBuilder):
         runner = self.server.runner(sampling_client)
         agent = make_agent(self.cfg, settings)
         provider = await asyncio.to_thread(self.provider.get)
-        rollouts = await settings.gather_rollouts(
+        rollouts = await gather_rollouts(
+            settings,
             self.group_size,
             lambda _: runner.run_task(agent, self.task, provider, timeout_s=self.cfg.timeout_s, log_root=self.log_dir),
         )

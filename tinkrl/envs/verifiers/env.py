@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tinkrl.envs.verifiers.config import DEFAULT_HARNESS, VerifiersEnvConfig
 from tinkrl.errors import ConfigError
 from tinkrl.proxy.run_server import RunServer
+from tinkrl.rl.rollouts import gather_rollouts
 from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset, SamplingSettings, Trajectory
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class VerifiersGroupBuilder(EnvGroupBuilder):
 
     async def run_group(self, sampling_client: Any, settings: SamplingSettings) -> list[Trajectory]:
         runner = self.server.runner(sampling_client)
-        return await settings.gather_rollouts(self.group_size, lambda _: self._one(runner, settings))
+        return await gather_rollouts(settings, self.group_size, lambda _: self._one(runner, settings))
 
     async def _one(self, runner: Any, settings: SamplingSettings) -> Trajectory:
         vf = import_verifiers()
