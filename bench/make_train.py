@@ -60,11 +60,13 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def run_sampler(config: dict) -> str:
-    """How the run's sampler computed: its config's `sampler_precision`, else the default of this machine's
-    class for the run's device (`local/precision.py`), as the engine resolved it."""
+def run_sampler(config: dict, compute: dict | None) -> str:
+    """How the run's sampler computed: as its run.json's compute plan records it, else its config's
+    `sampler_precision`, else the default of this machine's class for the run's device (`local/plan.py`)."""
     from tinkrl.local.models import default_sampler_precision, pick_device
 
+    if compute:
+        return compute["sampler"]["path"]
     chosen = config.get("sampler_precision") or "auto"
     return default_sampler_precision(pick_device(config.get("device"))) if chosen == "auto" else chosen
 
@@ -88,7 +90,11 @@ def main() -> None:
     figures = run_figures(rows)
     print(json.dumps({k: v if len(v) == 1 else f"{len(v)} steps" for k, v in figures.items()}))
     settings = {k: config.get(k) for k in SETTINGS} | {"environments": sorted(config.get("environments") or {})}
-    settings["sampler_precision"] = run_sampler(config)
+    run_json = args.run_dir / "run.json"
+    compute = json.loads(run_json.read_text()).get("compute") if run_json.is_file() else None
+    settings["sampler_precision"] = run_sampler(config, compute)
+    if compute:
+        settings["plan"] = compute["line"]
     command = f"{args.train_command} && {command_line()}"
     write_result(
         "make_train", args.run_dir.name, settings, figures, args.results, device=run_device(config), command=command

@@ -82,7 +82,8 @@ def test_what_the_kernels_do_not_handle_is_an_error_or_the_reference():
         with pytest.raises(ValueError, match="positions must be contiguous"):
             layout = cache.transpose(2, 3).contiguous().transpose(2, 3)
             ops.rope_decode_attention(q, kv, kv, step, layout, layout.clone(), torch.float32)
-    machine = Machine("amd", frozenset(), frozenset({"rope_decode_attention", "rms_norm", "silu_mul"}), "", False)
+    built = frozenset({"rope_decode_attention", "rms_norm", "silu_mul"})
+    machine = Machine("amd", frozenset({"avx512f"}), built, "", False)
     fp32 = Choice("float32", "as asked")
     assert make_plan(machine, "cpu", fp32, Choice("matched", ""), head_dim=16).decode.path == "kernels"
     plan = make_plan(machine, "cpu", fp32, Choice("matched", ""), head_dim=8)
@@ -254,7 +255,7 @@ def test_dot_products_multiply_the_vendors_way():
     Xeons, the bf16 dot-product instruction elsewhere; with AMX lent, tiles (dot products below)."""
     built = frozenset({"rope_decode_attention", "rms_norm", "silu_mul", "head_bf16", "linear_bf16"})
     fp32, bf16 = Choice("float32", ""), Choice("bfloat16", "")
-    flags = frozenset({"avx512_bf16", "avx512bw", "avx512vl", "avx512dq"})
+    flags = frozenset({"avx512f", "avx512_bf16", "avx512bw", "avx512vl", "avx512dq"})
     for vendor, way in (("intel", "fma"), ("amd", "dpbf16"), ("other", "dpbf16")):
         plan = make_plan(Machine(vendor, flags, built, "", False), "cpu", fp32, bf16, head_dim=64)
         assert (plan.projections.path, plan.logits.path, plan.dots) == (f"dots {way}", f"dots {way}", way)

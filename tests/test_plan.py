@@ -27,15 +27,15 @@ LAPTOP = "fpu sse4_2 avx avx2 fma f16c"
 
 
 @pytest.mark.parametrize(
-    "flags, vendor_id, matched_decode, bf16_decode, projections, prefill",
+    "flags, vendor_id, matched_decode, bf16_decode, projections, prefill, cache",
     [
-        (ZEN4, "AuthenticAMD", "kernels", "one call", "dots dpbf16", "reference"),
-        (ZEN4, "GenuineIntel", "kernels", "one call", "dots fma", "kernels"),
-        (LAPTOP, "AuthenticAMD", "kernels", "kernels", "torch bf16", "reference"),
+        (ZEN4, "AuthenticAMD", "kernels", "one call", "dots dpbf16", "reference", "bfloat16"),
+        (ZEN4, "GenuineIntel", "kernels", "one call", "dots fma", "kernels", "bfloat16"),
+        (LAPTOP, "AuthenticAMD", "reference", "reference", "torch bf16", "reference", "float32"),
     ],
 )
 def test_each_class_gets_the_paths_its_flags_allow(
-    fake_cpu, flags, vendor_id, matched_decode, bf16_decode, projections, prefill
+    fake_cpu, flags, vendor_id, matched_decode, bf16_decode, projections, prefill, cache
 ):
     machine = fake_cpu(flags, vendor_id)
     fp32 = Choice("float32", "as asked")
@@ -47,9 +47,10 @@ def test_each_class_gets_the_paths_its_flags_allow(
                 assert choice["path"] and choice["why"], name  # every decision says why
     bf16 = make_plan(machine, "cpu", fp32, Choice("bfloat16", ""), head_dim=64)
     assert bf16.projections.path == projections
-    assert bf16.cache.path == "bfloat16" and bf16.prefill.path == prefill
+    assert bf16.cache.path == cache and bf16.prefill.path == prefill
     qwen3 = make_plan(machine, "cpu", fp32, Choice("bfloat16", ""), head_dim=128, qk_norm=True)
-    assert qwen3.decode.path == "kernels" and qwen3.one_call_rows == 0  # q/k norms: op by op
+    assert qwen3.decode.path == ("kernels" if bf16_decode == "one call" else bf16_decode)  # q/k norms: op by op
+    assert qwen3.one_call_rows == 0
 
 
 def test_the_bf16_math_mode_is_set_only_where_it_multiplies_in_bf16(fake_cpu):

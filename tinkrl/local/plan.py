@@ -321,12 +321,15 @@ def make_plan(
         products = Choice("fp32", "without AMX oneDNN multiplies fp32 under the bf16 math mode, so it stays off")
     else:
         products = Choice("fp32", "the precision")
+    fallback = "oneDNN's bf16 product" if machine.onednn_bf16 else "torch's bf16 product (oneDNN has no bf16 here)"
+    products_fallback = Choice("onednn bf16" if machine.onednn_bf16 else "torch bf16", fallback)
     kernels = {"rope_decode_attention", "rms_norm", "silu_mul"} <= machine.kernels
-    if not kernels or head_dim % _LANES:
+    if not kernels or head_dim % _LANES or "avx512f" not in machine.flags:
         why = machine.kernels_why if not kernels else f"head_dim {head_dim} is not a multiple of {_LANES}"
-        onednn = "onednn bf16" if machine.onednn_bf16 else "torch bf16"
+        if kernels and "avx512f" not in machine.flags:  # the kernels pay only where they were measured to
+            why = f"without AVX-512 the kernels ran slower than the reference ({_PATHS})"
         return ComputePlan(device_type, cpu, precision, products, sampler, Choice("float32", why),
-                           Choice("reference", why), same, Choice(onednn if bf16 else "reference", why),
+                           Choice("reference", why), same, products_fallback if bf16 else same,
                            Choice("fp32", why))  # fmt: skip
     decode = Choice("kernels", "the work between a decode step's products in the kernels, in few calls")
     cache = Choice("float32", "the trainer's arithmetic")
@@ -338,7 +341,6 @@ def make_plan(
     else:  # on AMD's EPYC the kernels' prefill paid nothing measurable
         prefill = Choice("reference", f"the kernels' prefill pays only on Intel's CPUs ({_PATHS})")
     dots = DOTS_BY_VENDOR[machine.vendor]
-    fallback = "oneDNN's bf16 product" if machine.onednn_bf16 else "torch's bf16 product (oneDNN has no bf16 here)"
     if machine.amx_lent and "linear_bf16" in machine.kernels:
         rows, layer_rows = AMX_PRODUCT_ROWS, AMX_LAYER_ROWS
         projections = Choice("amx", f"AMX tiles up to {rows} rows read the weights faster; above, {fallback}")
