@@ -1,6 +1,6 @@
 """Building and loading the sampler's C kernels (`kernels.c`), without torch.
 
-The library is compiled once per machine by `make install` (`prepare`), or on first use, with the
+The library is compiled once per machine by `make install` (through the plan's `probe`), or on first use, with the
 machine's C compiler and OpenMP (torch's own runtime, so both share one thread pool), for the
 instruction set the plan's probe reports (`-march=native`, or an older x86-64 level where
 `ONEDNN_MAX_CPU_ISA` caps what the libraries may use), into `$TINKRL_KERNEL_CACHE` (default
