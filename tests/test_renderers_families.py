@@ -24,7 +24,7 @@ from helpers.tool_replies import broken_call
 
 from tinkrl.local.models import DEFAULT_MODEL, load_tokenizer
 from tinkrl.proxy.capture import AssistantTokens
-from tinkrl.proxy.openai_api import build_chat_prompt
+from tinkrl.proxy.openai_api import build_chat_prompt, sample_to_message
 from tinkrl.renderers import (
     ALIASES,
     HOSTED_MODELS,
@@ -539,6 +539,88 @@ def test_llama3_reply_that_is_not_a_call_is_content():
         assert parsed.message == {"role": "assistant", "content": text} and parsed.tool_call_errors == []
 
 
+# -- tool-call arguments keep their JSON types ------------------------------------------------------------
+TYPED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "Takes typed arguments.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "s": {"type": "string"},
+                "j": {"type": "string"},
+                "flag": {"type": "boolean"},
+                "off": {"type": "boolean"},
+                "n": {"type": "integer"},
+                "x": {"type": ["number", "null"]},
+            },
+        },
+    },
+}
+TYPED_ARGS = {"s": "5", "j": '{"a":1}', "flag": True, "off": False, "n": 3, "x": None}
+# the families whose formats write every argument as text (key/value pairs), so that only the tool schemas
+# tell the string "5" from the number 5 (and Qwen3.5 and Nemotron 3 write a bool as `True`, null as `None`)
+UNTYPED = ["qwen3_5", "qwen3_5_disable_thinking", "qwen3_8_xhigh_reasoning", "glm5_3_max_reasoning", "nemotron3"]
+UNTYPED += ["nemotron3_ultra"]
+
+
+def typed_call_tokens(r) -> list[int]:
+    reply = {"role": "assistant", "content": "", "tool_calls": [tool_call("f", TYPED_ARGS, "functions.f:0")]}
+    return r.action_tokens(reply)
+
+
+def call_args(message: dict) -> dict:
+    return json.loads(message["tool_calls"][0]["function"]["arguments"])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tool_call_arguments_parse_back_with_their_json_types(name):
+    """A string that reads as a number or as JSON stays a string, a bool a bool, null null, given the tools."""
+    r = renderer(name)
+    parsed = r.parse_response(typed_call_tokens(r), [TYPED_TOOL])
+    assert parsed.tool_call_errors == [] and call_args(parsed.message) == TYPED_ARGS
+
+
+@pytest.mark.parametrize("name", UNTYPED)
+def test_key_value_formats_need_the_tools_to_type_arguments(name):
+    """Why every caller passes the episode's tools: without them the same reply reads otherwise."""
+    r = renderer(name)
+    assert call_args(r.parse_response(typed_call_tokens(r)).message) != TYPED_ARGS
+    text = r.tokenizer.decode(typed_call_tokens(r)[:-1])
+    assert call_args(r.parse_text(text, [TYPED_TOOL]).message) == TYPED_ARGS
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "nemotron3", "glm5_3_max_reasoning"])
+def test_the_openai_proxy_and_the_tasks_env_parse_by_the_episodes_tools(name):
+    import asyncio
+
+    from tinkrl.envs.agent_tasks.env import TaskEnv
+
+    r = renderer(name)
+    choice = sample_to_message(r, "", typed_call_tokens(r), "stop", [], parse_tools=True, tools=[TYPED_TOOL])
+    assert choice.finish_reason == "tool_calls" and call_args(choice.message) == TYPED_ARGS
+
+    class Session:  # what TaskEnv asks of a TaskSession, recording the calls it is handed
+        tools, shell, done = [TYPED_TOOL], False, True
+
+        async def act(self, reply, calls, errors, cut, n):
+            self.calls = calls
+            return [], True
+
+        async def finish(self):
+            return 0.0
+
+        def metrics(self):
+            return {}
+
+        task, end_reason, grade_detail, messages = type("T", (), {"id": "t"}), "", "", []
+
+    session = Session()
+    asyncio.run(TaskEnv(session, r).step(typed_call_tokens(r)))  # type: ignore[arg-type]
+    assert call_args({"tool_calls": session.calls}) == TYPED_ARGS
+
+
 # -- episodes: three tool turns, then a follow-up --------------------------------------------------------
 def play(r, clean: bool = True):
     """An episode as an env plays it: three tool-calling replies, a final answer, a user's follow-up.
@@ -560,7 +642,7 @@ def play(r, clean: bool = True):
         if not clean:
             action = action[:-1]  # cut by max_tokens just before its end-of-turn token
         transitions.append((prompt, action))
-        parsed = r.parse_response(action)
+        parsed = r.parse_response(action, TOOLS)
         assert parsed.ended_cleanly == clean
         if clean and turn < 3:
             call = parsed.message["tool_calls"][0]

@@ -186,8 +186,10 @@ class Renderer(ABC):
 
     # -- parsing ------------------------------------------------------------------------------------
     @abstractmethod
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
-        """Sampled tokens as an assistant message; malformed tool calls become errors, never exceptions."""
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
+        """Sampled tokens as an assistant message; malformed tool calls become errors, never exceptions.
+        `tools` are the schemas the prompt declared: where a format writes arguments as untyped text, they
+        give each argument its JSON type (a string "5" stays a string)."""
 
     @abstractmethod
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
@@ -204,9 +206,9 @@ class Renderer(ABC):
         m = _THINK_SPLIT_RE.match(text)
         return (m.group(1).strip(), text[m.end() :]) if m else (None, text)
 
-    def parse_text(self, text: str) -> ParsedResponse:
+    def parse_text(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
         """Reply text (special tokens written out, end-of-turn token left off) parsed like sampled tokens:
-        reasoning, content and tool calls."""
+        reasoning, content and tool calls (`tools` as for `parse_response`)."""
         reasoning, rest = self.split_reasoning(text)
         content, calls, errors = self.parse_tool_calls(rest)
         return ParsedResponse(assistant_message(content, calls, reasoning), True, errors)

@@ -105,7 +105,7 @@ class TaskEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         action = list(action)
-        parsed = self.renderer.parse_response(action)
+        parsed = self.renderer.parse_response(action, self.session.tools)
         ended = parsed.ended_cleanly
         if self.session.shell:
             text, _ = self.renderer.reply_text(action)
