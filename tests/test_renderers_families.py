@@ -702,6 +702,34 @@ def test_families_that_drop_past_thinking_split_the_episode_after_the_follow_up(
         assert "Thought 3." not in r.tokenizer.decode(last), name  # the past thinking is gone, as at inference
 
 
+# -- GLM-5.3: a turn ends with the next turn's role token ------------------------------------------------
+def test_glm_lays_out_turns_as_tml_renderers_whole_conversation():
+    """GLM-5.3 ends a turn with the next turn's role token (`<|observation|>` before tool results, `<|user|>`
+    before a user turn): an episode's last prompt is tml-renderers' own rendering of the conversation."""
+
+    from tml_renderers import chat, renderers
+
+    glm, r = renderers.Glm53(clear_thinking=False), renderer("glm5_3_max_reasoning")
+    transitions, last, history = play(r)
+    whole, _ = glm.render_for_completion(chat.OpenAIMessage.from_oss_messages(tml_oss(history, TOOLS)))
+    assert last == [t for s in whole for t in s.span.tokens] and len(datums(transitions)) == 1
+    assert "<|endoftext|>" not in r.tokenizer.decode(last)
+
+
+def test_glm_sampling_endoftext_after_a_call_starts_a_new_datum():
+    """`<|endoftext|>` is a GLM stop token that its rendering never writes before a next turn: the next prompt
+    is the family's own rendering, never `...</tool_call><|endoftext|><|observation|>...`."""
+    r = renderer("glm5_3_max_reasoning")
+    _, _, history = play(r)
+    eot = r.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    prompt = r.prompt_tokens(history[:2], TOOLS)
+    action = r.action_tokens(history[2])[:-1] + [eot]
+    assert r.parse_response(action, TOOLS).message["tool_calls"]
+    nxt = r.next_prompt(prompt, action, history[:3], history[3:4], TOOLS)
+    assert nxt == r.prompt_tokens(history[:4], TOOLS) and not extends(nxt, prompt, action)
+    assert "<|endoftext|>" not in r.tokenizer.decode(nxt)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_a_cut_action_is_closed_before_the_next_turn(name):
     r = renderer(name)

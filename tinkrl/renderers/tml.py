@@ -8,11 +8,17 @@ weighted tokens) and parses sampled tokens back into messages; this adapter turn
 interface's pieces:
 
 - `prompt_tokens`: the family's rendering, token for token.
-- `action_tokens`: what the model samples for an assistant message (end-of-turn token included).
+- `action_tokens`: what the model samples for an assistant message (end-of-turn token included),
+  ended as the family ends a turn that something follows: GLM-5.3 ends it with the next turn's
+  role token (`<|observation|>` before tool results, `<|user|>` before a user turn), as
+  tml-renderers' whole-conversation layout and tinker-cookbook do, not with the `<|endoftext|>`
+  that ends a conversation.
 - `next_prompt`: the family's rendering of the episode so far. Where the family keeps past turns
   as they were sampled this extends the previous prompt + action token for token; where it
-  rewrites them (past thinking dropped or emptied, harmony's past analysis dropped) it does not,
-  and the trajectory trains as several datums (`rl/data.py`), as in tinker-cookbook.
+  rewrites them (past thinking dropped or emptied, harmony's past analysis dropped), or where the
+  action ended with a stop token the family does not write there (GLM's `<|endoftext|>` before a
+  next turn), it does not, and the trajectory trains as several datums (`rl/data.py`), as in
+  tinker-cookbook.
 - `parse_response(tokens, tools)`: tml-renderers' parser for a prompt declaring the episode's
   tools (made once per tool set), so arguments keep the types their schemas declare where the
   format writes them as text; what it still reads otherwise (Nemotron 3 reads a string "5" as 5,
@@ -137,6 +143,7 @@ class TmlRenderer(Renderer):
         ends = [i for i, t in enumerate(probe) if t in self._stops or t == self._user_close]
         self._header = probe[ends[-1] + 1 :] if ends else []
         self._parsers: dict[str, Any] = {}  # parse_response's parser, by the tools its prompt declares
+        self._followed_end = {calls: self._end_when_followed(calls) for calls in (False, True)}
         self._close = self._turn_closing([{"role": "user", "content": _PROBE}])[0]
         self._call_markers = self._tool_call_markers()
         self._untyped_arguments = self._writes_arguments_as_text()
@@ -148,6 +155,28 @@ class TmlRenderer(Renderer):
         if self.spec.thinks:
             reply["reasoning_content"] = _PROBE
         return reply
+
+    def _end_when_followed(self, calls: bool) -> int | None:
+        """The stop token that ends a reply (with tool calls, or plain) when a turn follows it, where tml-renderers
+        writes another there than at a conversation's end (GLM: the next turn's role token, `<|observation|>`
+        before tool results and `<|user|>` before a user turn, for `<|endoftext|>`); None where it does not."""
+        user = {"role": "user", "content": _PROBE}
+        reply = self._probe_reply()
+        follower: Message = user
+        if calls:
+            reply = {**reply, "tool_calls": [tool_call("ls", {}, "call_0")]}
+            follower = {"role": "tool", "tool_call_id": "call_0", "name": "ls", "content": _PROBE}
+        last = self._sft_action([user, reply])
+        example = self._sft_example([user, reply, follower])
+        if example is None:
+            return None
+        tokens, weights = _flat(example.input_token_spans), list(example.per_token_loss_weight_unshifted)
+        first = next((i for i, w in enumerate(weights) if w), len(weights))
+        end = next((i for i in range(first, len(weights)) if not weights[i]), len(weights))
+        run = tokens[first:end]  # the reply's weighted tokens, its end included
+        if run and run[:-1] == last[:-1] and run[-1] in self._stops and run[-1] != last[-1]:
+            return run[-1]
+        return None
 
     def _writes_arguments_as_text(self) -> bool:
         """Whether the family writes tool-call arguments as untyped text (key/value formats: a string "5" and
@@ -292,14 +321,19 @@ class TmlRenderer(Renderer):
         action_ended_cleanly: bool = True,
     ) -> list[int]:
         """The family's rendering of the episode so far when it extends `prompt + action`, or when the family
-        rewrites past turns; a family that keeps them as sampled keeps the sampled tokens (re-tokenised
+        rewrites past turns, or when the action ended with a stop token the family does not write there (GLM
+        writes the next turn's role token where the model may sample `<|endoftext|>`): then a new datum
+        starts. Otherwise a family that keeps past turns as sampled keeps the sampled tokens (re-tokenised
         text, or a reply a client sent back without its thinking, would differ): `prompt + action +
         continuation`."""
         rendered = self.prompt_tokens(list(history) + list(new_messages), tools)
         sampled = list(prompt) + list(action)
         if rendered[: len(sampled)] == sampled or not self.keeps_history:
             return rendered
-        return sampled + self.continuation(new_messages, action_ended_cleanly)
+        close, after = self._turn_closing(new_messages)
+        if action_ended_cleanly and close[-1:] != action[-1:] and close[-1] in self._stops:
+            return rendered
+        return sampled + (after if action_ended_cleanly else close + after)
 
     def _strip_header(self, tokens: list[int]) -> list[int]:
         n = len(self._header)
@@ -322,10 +356,10 @@ class TmlRenderer(Renderer):
         return [{"role": "user", "content": _PROBE}, assistant]
 
     def _turn_closing(self, new_messages: list[Message]) -> tuple[list[int], list[int]]:
-        """(what closes the anchor's assistant turn when it was cut, the tokens after a finished one) for the
-        anchor followed by `new_messages`. Where history writes the turn otherwise than sampled: a closing
-        token that is not a stop (harmony's `<|end|>` for a sampled `<|return|>`) stands for the sampled end;
-        a stop token other than the sampled one is the next turn's opening (GLM's `<|user|>`) and stays."""
+        """(the token that ends the anchor's assistant turn in the family's rendering, the tokens after it) for
+        the anchor followed by `new_messages`. Where history writes the turn otherwise than sampled, that is
+        the first stop token after the point where the two differ (or, where none is, the token that closes a
+        user turn: harmony's `<|end|>` for a sampled `<|return|>`)."""
         anchor = self._anchor(new_messages)
         prompt = self._render(anchor[:1])
         action = self.action_tokens(anchor[1])
@@ -338,8 +372,6 @@ class TmlRenderer(Renderer):
         if not ends:
             raise RuntimeError(f"tml-renderers' {self.name}: no end of the assistant turn in {full[start:]}")
         j = ends[0]
-        if full[j] in self._stops and full[j] != action[-1]:
-            return [], full[j:]
         return [full[j]], full[j + 1 :]
 
     def _after_anchor(self, new_messages: list[Message]) -> list[int]:
@@ -349,13 +381,26 @@ class TmlRenderer(Renderer):
         return self._strip_header(self._after_anchor(messages))
 
     def continuation(self, new_messages: list[Message], action_ended_cleanly: bool = True) -> list[int]:
-        return self.after_action(action_ended_cleanly) + self._after_anchor(new_messages)
+        close, after = self._turn_closing(new_messages)
+        return after if action_ended_cleanly else close + after
 
     def action_tokens(self, message: Message) -> list[int]:
-        """What the model samples for `message` after a user turn: tml-renderers' trained (weighted) tokens."""
-        msgs = [{"role": "user", "content": _PROBE}, message]
-        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(msgs, None))
-        example = self._tml.render_for_sft(oss)[-1]
+        """What the model samples for `message` after a user turn: tml-renderers' trained (weighted) tokens, ended
+        as the family ends a turn that something follows (tool results after calls, else a user turn)."""
+        action = self._sft_action([{"role": "user", "content": _PROBE}, message])
+        end = self._followed_end[bool(message.get("tool_calls"))]
+        return action if end is None else action[:-1] + [end]
+
+    def _sft_example(self, messages: list[Message]) -> Any:
+        """tml-renderers' last training example for `messages` (None when it makes none: Kimi K2 makes none for a
+        conversation that does not end with an assistant turn)."""
+        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(messages, None))
+        examples = self._tml.render_for_sft(oss)
+        return examples[-1] if examples else None
+
+    def _sft_action(self, messages: list[Message]) -> list[int]:
+        """The weighted tokens of tml-renderers' layout of `messages`, which end with the assistant turn."""
+        example = self._sft_example(messages)
         tokens = _flat(example.input_token_spans)
         weights = list(example.per_token_loss_weight_unshifted)
         first = weights.index(next(w for w in weights if w))
