@@ -38,6 +38,7 @@ from tinkrl.renderers import (
 )
 from tinkrl.renderers.bundled_tokenizers import BundledTokenizer
 from tinkrl.rl.data import trajectory_to_sequences
+from tinkrl.rl.supervised import conversation_datums
 from tinkrl.rl.types import Trajectory, Transition
 
 NO_LLAMA = missing("llama_models", "tiktoken")
@@ -666,6 +667,19 @@ def datums(transitions) -> list:
     return trajectory_to_sequences(traj, 1.0)
 
 
+# Families whose replies, as tml-renderers trains them (`action_tokens`), tokenize a reply's text apart from
+# its tool call ("." "\n" where the whole conversation's rendering has ".\n"): a prompt keeps the sampled
+# tokens there, so it matches the family's rendering as text, not token for token.
+SPLIT_REPLY_TOKENS = {"qwen3_instruct", "qwen3_vl_instruct"}
+
+
+def assert_is_the_familys_rendering(r, prompts: list[list[int]], rendered: list[list[int]]) -> None:
+    if r.name in SPLIT_REPLY_TOKENS:
+        assert [r.tokenizer.decode(p) for p in prompts] == [r.tokenizer.decode(p) for p in rendered]
+    else:
+        assert prompts == rendered
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled_tokens(name):
     r = renderer(name)
@@ -702,17 +716,91 @@ def test_families_that_drop_past_thinking_split_the_episode_after_the_follow_up(
         assert "Thought 3." not in r.tokenizer.decode(last), name  # the past thinking is gone, as at inference
 
 
+# -- supervised datums: laid out as episodes are sampled ------------------------------------------------------
+def sft_conversation(r) -> list[dict]:
+    """An episode's conversation (three tool turns, an answer, a follow-up) and the answer to the follow-up."""
+    _, _, history = play(r)
+    final: dict = {"role": "assistant", "content": "b is empty."}
+    if thinks(r.name):
+        final["reasoning_content"] = "Nothing in b."
+    return history + [final]
+
+
+def weighted_runs(weights: list[float]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, w in enumerate([*weights, 0.0]):
+        if w and start is None:
+            start = i
+        elif not w and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_sft_datums_train_each_turn_on_the_familys_own_prompt_for_it(name):
+    """No datum holds a token the family's prompt for a trained turn would not: where the family drops past
+    thinking, a later turn trains on a new datum, not on a context that still holds it."""
+    r = renderer(name)
+    conv = sft_conversation(r)
+    turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+    datums_ = conversation_datums(r, conv, TOOLS)
+    trained = []
+    for tokens, weights in datums_:
+        assert len(tokens) == len(weights)
+        for a, b in weighted_runs(weights):
+            j = turns[len(trained)]
+            assert tokens[a:b] == r.action_tokens(conv[j])
+            assert_is_the_familys_rendering(r, [tokens[:a]], [r.prompt_tokens(conv[:j], TOOLS)])
+            trained.append(j)
+    assert trained == turns
+    if not r.keeps_history:  # the follow-up at least starts a new datum, and it holds no past thinking
+        assert len(datums_) > 1
+        if thinks(name) and "preserve" not in name:
+            assert "Thought 3." not in r.tokenizer.decode(datums_[-1][0])
+    else:
+        assert len(datums_) == 1
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=unless(skip_reason(n))) for n in RENDERERS])
+def test_sft_keeps_one_sequence_where_the_family_keeps_its_past_turns(name):
+    """For a family that keeps its past turns as sampled, the layout is the first prompt, then each action
+    (weight 1) and the continuation to the next turn (weight 0): one sequence, the sampled episode's."""
+    r = renderer(name)
+    if not r.keeps_history:
+        pytest.skip("rewrites its past turns")
+    conv = sft_conversation(r)
+    turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+    tokens = r.prompt_tokens(conv[: turns[0]], TOOLS)
+    weights = [0.0] * len(tokens)
+    for j, k in zip(turns, [*turns[1:], None]):
+        action = r.action_tokens(conv[j])
+        tokens, weights = tokens + action, weights + [1.0] * len(action)
+        if k is not None:
+            between = r.continuation(conv[j + 1 : k])
+            tokens, weights = tokens + between, weights + [0.0] * len(between)
+    assert conversation_datums(r, conv, TOOLS) == [(tokens, weights)]
+
+
 # -- GLM-5.3: a turn ends with the next turn's role token ------------------------------------------------
 def test_glm_lays_out_turns_as_tml_renderers_whole_conversation():
     """GLM-5.3 ends a turn with the next turn's role token (`<|observation|>` before tool results, `<|user|>`
-    before a user turn): an episode's last prompt is tml-renderers' own rendering of the conversation."""
-
+    before a user turn): an episode's last prompt is tml-renderers' own rendering of the conversation, and
+    its warm-start datum tml-renderers' own training layout, weight for weight, but for the very last token,
+    where a whole conversation ends with `<|endoftext|>` and a turn that a user turn follows with `<|user|>`."""
     from tml_renderers import chat, renderers
 
     glm, r = renderers.Glm53(clear_thinking=False), renderer("glm5_3_max_reasoning")
     transitions, last, history = play(r)
     whole, _ = glm.render_for_completion(chat.OpenAIMessage.from_oss_messages(tml_oss(history, TOOLS)))
     assert last == [t for s in whole for t in s.span.tokens] and len(datums(transitions)) == 1
+    final = {"role": "assistant", "content": "b is empty.", "reasoning_content": "Nothing in b."}
+    example = glm.render_for_sft(chat.OpenAIMessage.from_oss_messages(tml_oss(history + [final], TOOLS)))[-1]
+    want = [t for s in example.input_token_spans for t in s.span.tokens]
+    want_weights = [float(w) for w in example.per_token_loss_weight_unshifted]
+    [(tokens, weights)] = conversation_datums(r, history + [final], TOOLS)
+    assert tokens[:-1] == want[:-1] and weights == want_weights
+    assert r.tokenizer.decode(want[-1:] + tokens[-1:]) == "<|endoftext|><|user|>"
     assert "<|endoftext|>" not in r.tokenizer.decode(last)
 
 
