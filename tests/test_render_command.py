@@ -187,3 +187,35 @@ def test_render_takes_tools_a_renderer_and_tells_bad_input_in_one_line(tmp_path,
     assert tinkrl(["render", "meta-llama/Llama-3.2-1B", "--messages", str(chat)]) == 1  # offline, not on disk
     err = capsys.readouterr().err
     assert "meta-llama/Llama-3.2-1B" in err and err.count("\n") == 1
+
+
+def test_a_tool_format_the_renderer_cannot_write_is_a_plan_problem_and_a_config_error(capsys, tmp_path):
+    """A tml-renderers family writes only its own tool calls: tool_format=xml stops the run before any work,
+    in one line, both in the plan and where an environment builds its renderer."""
+
+    def plan(*args: str) -> dict:
+        assert tinkrl(["train", "env=shell", "env.tool_format=xml", *args, "--dry-run"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    [problem] = plan("model_name=Qwen/Qwen3.5-4B", "backend=tinker")["problems"]
+    assert problem == (
+        "environments.shell: the qwen3_5 renderer speaks only its family's own tool-call format: "
+        "use tool_format=hermes (not tool_format=xml)"
+    )
+    assert plan("model_name=tinkrl/tiny-llama")["problems"] == []  # ChatML writes R2E-Gym's XML calls
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs import EnvContext
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+    from tinkrl.envs.agent_tasks.env import build_datasets as tasks_datasets
+    from tinkrl.envs.shell.config import ShellEnvConfig
+    from tinkrl.envs.shell.env import build_datasets as shell_datasets
+    from tinkrl.errors import ConfigError
+
+    r = get_renderer(None, "Qwen/Qwen3.5-4B")
+    for key, build, cfg in [
+        ("shell", shell_datasets, ShellEnvConfig(tool_format="xml")),
+        ("tasks", tasks_datasets, TasksEnvConfig(path=str(tmp_path / "none"), tool_format="xml")),
+    ]:
+        ctx = EnvContext(key, EnvEntry(), r, "Qwen/Qwen3.5-4B", 2, 2, 32, tmp_path, seed=0)
+        with pytest.raises(ConfigError, match=f"^environments.{key}: the qwen3_5 renderer speaks only its"):
+            build(cfg, ctx)  # before loading a task (there are none) or starting a sandbox

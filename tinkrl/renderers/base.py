@@ -36,6 +36,14 @@ class ParsedResponse:
     tool_call_errors: list[str] = field(default_factory=list)  # malformed calls, one line each
 
 
+def own_format_only(name: str, tool_format: str, own: str = "hermes") -> str:
+    """The one-line refusal of a tool-call format by a renderer that speaks only its family's own."""
+    return (
+        f"the {name} renderer speaks only its family's own tool-call format: "
+        f"use tool_format={own} (not tool_format={tool_format})"
+    )
+
+
 def _call_id() -> str:
     return "call_" + uuid.uuid4().hex[:12]
 
@@ -86,6 +94,8 @@ class Renderer(ABC):
         self._check_tool_format(tool_format)
 
     def _check_tool_format(self, tool_format: str) -> None:
+        if tool_format not in self.tool_formats and len(self.tool_formats) == 1:
+            raise ValueError(own_format_only(self.name or type(self).__name__, tool_format, self.tool_formats[0]))
         if tool_format not in self.tool_formats:
             raise ValueError(
                 f"tool_format must be one of {', '.join(repr(f) for f in self.tool_formats)} for the "
