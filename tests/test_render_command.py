@@ -187,6 +187,12 @@ def test_render_takes_tools_a_renderer_and_tells_bad_input_in_one_line(tmp_path,
     assert tinkrl(["render", "meta-llama/Llama-3.2-1B", "--messages", str(chat)]) == 1  # offline, not on disk
     err = capsys.readouterr().err
     assert "meta-llama/Llama-3.2-1B" in err and err.count("\n") == 1
+    nameless = {"id": "c", "type": "function", "function": {"arguments": "{}"}}  # a tool call without a name
+    chat.write_text(json.dumps([{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [nameless]}]))
+    for model in ("Qwen/Qwen3.5-4B", "openai/gpt-oss-20b"):
+        assert tinkrl(["render", model, "--messages", str(chat)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tinkrl render: error: --messages") and "missing 'name'" in err and err.count("\n") == 1
 
 
 def test_a_tool_format_the_renderer_cannot_write_is_a_plan_problem_and_a_config_error(capsys, tmp_path):
