@@ -258,14 +258,35 @@ def test_a_tool_conversation_renders_to_tml_renderers_tokens(name, upto):
     assert renderer(name).prompt_tokens(messages, TOOLS) == expected
 
 
+# DeepSeek V3.1's chat template (deepseek-ai/DeepSeek-V3.1, assets/chat_template.jinja): its tool section,
+# copied, as the template appends it to the system prompt
+DEEPSEEK_V31_TOOL_SECTION = r"""
+{%- set tool_ns = namespace(text='## Tools\nYou have access to the following tools:\n') %}
+{%- for tool in tools %}
+{%- set tool_ns.text = tool_ns.text + '\n### ' + tool.function.name + '\nDescription: ' + tool.function.description + '\n\nParameters: ' + (tool.function.parameters | tojson) + '\n' %}
+{%- endfor %}
+{%- set tool_ns.text = tool_ns.text + "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces\n" %}
+{{- system_prompt + '\n\n' + tool_ns.text -}}
+"""  # noqa: E501
+
+
+def deepseek_v31_system(system: str, tools: list[dict]) -> str:
+    """The system prompt with tools, as the template's section above renders it (tojson as transformers'
+    chat templates define it)."""
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    return env.from_string(DEEPSEEK_V31_TOOL_SECTION).render(system_prompt=system, tools=tools)
+
+
 @pytest.mark.parametrize("name", ["deepseekv3", "deepseekv3_thinking"])
 def test_deepseek_v31_tools_are_its_templates_system_section(name):
     """tml-renderers declares no tools for V3.1: its chat template's section goes into the system turn,
     and no end-of-sentence token separates a reply's text from its calls."""
-    from tinkrl.renderers.tml import deepseek_tools_text
-
     messages = conversation(thinks(name))[:4]
-    system = [{"role": "system", "content": messages[0]["content"] + deepseek_tools_text(TOOLS)}]
+    system = [{"role": "system", "content": deepseek_v31_system(messages[0]["content"], TOOLS)}]
+    assert system[0]["content"].startswith("You list files.\n\n## Tools\nYou have access to the following tools:\n\n")
     raw = tml_tokens(RENDERERS[name].tml, tml_oss(system + messages[1:], None))
     r = renderer(name)
     eos, begin = r.tokenizer.convert_tokens_to_ids(["<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"])
@@ -273,7 +294,6 @@ def test_deepseek_v31_tools_are_its_templates_system_section(name):
     assert len(expected) == len(raw) - 1
     text = r.tokenizer.decode(r.prompt_tokens(messages, TOOLS))
     assert r.prompt_tokens(messages, TOOLS) == expected and "Let me look.<｜tool▁calls▁begin｜>" in text
-    assert "## Tools\nYou have access to the following tools:\n\n### ls\n" in text
 
 
 @pytest.mark.parametrize("tools", [None, TOOLS], ids=["no-tools", "tools"])
@@ -684,9 +704,11 @@ def assert_is_the_familys_rendering(r, prompts: list[list[int]], rendered: list[
 def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled_tokens(name):
     r = renderer(name)
     transitions, last, history = play(r)
-    if not r.keeps_history:  # every prompt is the family's own rendering of the conversation so far
-        rendered = [r.prompt_tokens(history[: 2 + 2 * i], TOOLS) for i in range(len(transitions))]
-        assert [ob for ob, _ in transitions] == rendered and last == r.prompt_tokens(history, TOOLS)
+    # with the actions the family's own layout gives, every prompt is its rendering of the conversation so far
+    rendered = [r.prompt_tokens(history[: 2 + 2 * i], TOOLS) for i in range(len(transitions))]
+    assert_is_the_familys_rendering(
+        r, [ob for ob, _ in transitions] + [last], rendered + [r.prompt_tokens(history, TOOLS)]
+    )
     text = r.tokenizer.decode(last)
     assert all(f"files of {p}" in text for p in (".", "sub", "sub/c.txt")) and "And in b?" in text
     # a new datum starts exactly where a prompt does not extend the previous prompt + action
@@ -703,7 +725,7 @@ def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled
         assert trained == sum((a for _, a in transitions[lo:hi]), [])
         for o, a in transitions[lo:hi]:
             assert seq.tokens[: len(o) + len(a)] == o + a and all(seq.mask[len(o) : len(o) + len(a)])
-    if r.keeps_history:  # families that keep past turns as sampled
+    if r.keeps_history:  # the family's renderings extend each prompt + action: one datum
         assert breaks == [] and len(seqs) == 1
 
 
