@@ -49,7 +49,7 @@ def make_env(renderer, provider, task="hello-file", capture_patch=False, **cfg):
     task = load_task(TASKS / task) if isinstance(task, str) else task
     return TaskEnv(
         TaskSession(task, config, provider, capture_patch),
-        renderer_for(renderer, config.tool_format),
+        renderer_for(renderer, config.tool_format, "tasks"),
         config.max_tokens_per_turn,
     )
 

@@ -142,6 +142,61 @@ ROWS = [
 ]
 
 
+# the README's "built by" column, as tml-renderers' own calls
+def tml_direct(name: str):
+    from tml_renderers import renderers as tml
+    from tml_renderers import tokenizers, v0
+
+    return {
+        "qwen3": lambda: tml.Qwen3(),
+        "qwen3_instruct": lambda: tml.Qwen3.instruct(),
+        "qwen3_vl_instruct": lambda: tml.Qwen3.vision_instruct(),
+        "qwen3_5": lambda: tml.Qwen35(),
+        "qwen3_8_xhigh_reasoning": lambda: tml.Qwen38.xhigh(),
+        "deepseekv3": lambda: tml.DeepSeekV31(),
+        "deepseekv4_1": lambda: tml.DeepSeekV41(),
+        "glm5_3_max_reasoning": lambda: tml.Glm53(clear_thinking=False),
+        "gpt_oss_no_sysprompt": lambda: tml.GptOss(),
+        "kimi_k2": lambda: tml.KimiK2(),
+        "kimi_k25": lambda: tml.KimiK25(),
+        "kimi_k26": lambda: tml.KimiK25(),
+        "nemotron3": lambda: tml.Nemotron3(),
+        "nemotron3_ultra": lambda: tml.Nemotron3.ultra(),
+        "tml_v0": lambda: v0.Renderer(tokenizers.O200kBaseChatTokenizer()),
+    }[name]()
+
+
+def expected_prompt(name: str, model: str, chat: list[dict]) -> list[int]:
+    """The prompt of `chat` from each family's own reference: tml-renderers called directly (gpt-oss without
+    harmony's system message), the model's HF chat template (SmolLM2), Meta's ChatFormat (Llama 3), the
+    cookbook's role_colon pieces, each encoded alone."""
+    if RENDERERS[name].tml is not None:
+        from tml_renderers import chat as tml_chat
+
+        spans, _ = tml_direct(name).render_for_completion(tml_chat.OpenAIMessage.from_oss_messages(chat))
+        tokens = [t for s in spans for t in s.span.tokens]
+        if name == "gpt_oss_no_sysprompt":  # everything after harmony's system message
+            end = get_renderer(None, model).tokenizer.convert_tokens_to_ids("<|end|>")
+            tokens = tokens[tokens.index(end) + 1 :]
+        return tokens
+    system, user = chat[0]["content"], chat[1]["content"]
+    if name == "llama3":
+        from llama_models.datatypes import RawMessage
+        from llama_models.llama3.chat_format import ChatFormat
+
+        preamble = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+        dialog = [RawMessage(role="system", content=preamble + system), RawMessage(role="user", content=user)]
+        return ChatFormat(llama3_tokenizers()[1]).encode_dialog_prompt(dialog).tokens
+    tok = renderers.load_tokenizer(model)
+    if name == "smollm2":
+        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return tok.encode(text, add_special_tokens=False)
+    assert name == "role_colon"
+    bos = [tok.bos_token_id] if getattr(tok, "bos_token", None) else []
+    pieces = ["System:", f" {system}\n\n", "User:", f" {user}\n\n", "Assistant:"]
+    return bos + [t for p in pieces for t in tok.encode(p, add_special_tokens=False)]
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_tinkrl_render_prints_the_readmes_prompts(row, tmp_path, capsys, monkeypatch):
     model, name, end = row
@@ -152,9 +207,7 @@ def test_tinkrl_render_prints_the_readmes_prompts(row, tmp_path, capsys, monkeyp
     assert tinkrl(["render", model, "--messages", str(tmp_path / "chat.json")]) == 0, capsys.readouterr().err
     out = json.loads(capsys.readouterr().out)
     assert out["renderer"] == name and out["text"].endswith(end)
-    hand = RENDERERS[name].hand is not None
-    r = get_renderer(renderers.load_tokenizer(model) if hand else None, model)
-    assert out["tokens"] == r.prompt_tokens(chat) and out["text"] == r.tokenizer.decode(out["tokens"])
+    assert out["tokens"] == list(expected_prompt(name, model, chat))
     assert "You are terse." in out["text"] and "What is 2+2?" in out["text"]
 
 
@@ -187,3 +240,41 @@ def test_render_takes_tools_a_renderer_and_tells_bad_input_in_one_line(tmp_path,
     assert tinkrl(["render", "meta-llama/Llama-3.2-1B", "--messages", str(chat)]) == 1  # offline, not on disk
     err = capsys.readouterr().err
     assert "meta-llama/Llama-3.2-1B" in err and err.count("\n") == 1
+    nameless = {"id": "c", "type": "function", "function": {"arguments": "{}"}}  # a tool call without a name
+    chat.write_text(json.dumps([{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [nameless]}]))
+    for model in ("Qwen/Qwen3.5-4B", "openai/gpt-oss-20b"):
+        assert tinkrl(["render", model, "--messages", str(chat)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tinkrl render: error: --messages") and "missing 'name'" in err and err.count("\n") == 1
+
+
+def test_a_tool_format_the_renderer_cannot_write_is_a_plan_problem_and_a_config_error(capsys, tmp_path):
+    """A tml-renderers family writes only its own tool calls: tool_format=xml stops the run before any work,
+    in one line, both in the plan and where an environment builds its renderer."""
+
+    def plan(*args: str) -> dict:
+        assert tinkrl(["train", "env=shell", "env.tool_format=xml", *args, "--dry-run"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    [problem] = plan("model_name=Qwen/Qwen3.5-4B", "backend=tinker")["problems"]
+    assert problem == (
+        "environments.shell: the qwen3_5 renderer speaks only its family's own tool-call format: "
+        "use tool_format=hermes (not tool_format=xml)"
+    )
+    assert plan("model_name=tinkrl/tiny-llama")["problems"] == []  # ChatML writes R2E-Gym's XML calls
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs import EnvContext
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+    from tinkrl.envs.agent_tasks.env import build_datasets as tasks_datasets
+    from tinkrl.envs.shell.config import ShellEnvConfig
+    from tinkrl.envs.shell.env import build_datasets as shell_datasets
+    from tinkrl.errors import ConfigError
+
+    r = get_renderer(None, "Qwen/Qwen3.5-4B")
+    for key, build, cfg in [
+        ("shell", shell_datasets, ShellEnvConfig(tool_format="xml")),
+        ("tasks", tasks_datasets, TasksEnvConfig(path=str(tmp_path / "none"), tool_format="xml")),
+    ]:
+        ctx = EnvContext(key, EnvEntry(), r, "Qwen/Qwen3.5-4B", 2, 2, 32, tmp_path, seed=0)
+        with pytest.raises(ConfigError, match=f"^environments.{key}: the qwen3_5 renderer speaks only its"):
+            build(cfg, ctx)  # before loading a task (there are none) or starting a sandbox

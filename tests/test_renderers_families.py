@@ -24,7 +24,7 @@ from helpers.tool_replies import broken_call
 
 from tinkrl.local.models import DEFAULT_MODEL, load_tokenizer
 from tinkrl.proxy.capture import AssistantTokens
-from tinkrl.proxy.openai_api import build_chat_prompt
+from tinkrl.proxy.openai_api import build_chat_prompt, sample_to_message
 from tinkrl.renderers import (
     ALIASES,
     HOSTED_MODELS,
@@ -38,6 +38,7 @@ from tinkrl.renderers import (
 )
 from tinkrl.renderers.bundled_tokenizers import BundledTokenizer
 from tinkrl.rl.data import trajectory_to_sequences
+from tinkrl.rl.supervised import conversation_datums
 from tinkrl.rl.types import Trajectory, Transition
 
 NO_LLAMA = missing("llama_models", "tiktoken")
@@ -257,14 +258,35 @@ def test_a_tool_conversation_renders_to_tml_renderers_tokens(name, upto):
     assert renderer(name).prompt_tokens(messages, TOOLS) == expected
 
 
+# DeepSeek V3.1's chat template (deepseek-ai/DeepSeek-V3.1, assets/chat_template.jinja): its tool section,
+# copied, as the template appends it to the system prompt
+DEEPSEEK_V31_TOOL_SECTION = r"""
+{%- set tool_ns = namespace(text='## Tools\nYou have access to the following tools:\n') %}
+{%- for tool in tools %}
+{%- set tool_ns.text = tool_ns.text + '\n### ' + tool.function.name + '\nDescription: ' + tool.function.description + '\n\nParameters: ' + (tool.function.parameters | tojson) + '\n' %}
+{%- endfor %}
+{%- set tool_ns.text = tool_ns.text + "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them directly without separators or spaces\n" %}
+{{- system_prompt + '\n\n' + tool_ns.text -}}
+"""  # noqa: E501
+
+
+def deepseek_v31_system(system: str, tools: list[dict]) -> str:
+    """The system prompt with tools, as the template's section above renders it (tojson as transformers'
+    chat templates define it)."""
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    return env.from_string(DEEPSEEK_V31_TOOL_SECTION).render(system_prompt=system, tools=tools)
+
+
 @pytest.mark.parametrize("name", ["deepseekv3", "deepseekv3_thinking"])
 def test_deepseek_v31_tools_are_its_templates_system_section(name):
     """tml-renderers declares no tools for V3.1: its chat template's section goes into the system turn,
     and no end-of-sentence token separates a reply's text from its calls."""
-    from tinkrl.renderers.tml import deepseek_tools_text
-
     messages = conversation(thinks(name))[:4]
-    system = [{"role": "system", "content": messages[0]["content"] + deepseek_tools_text(TOOLS)}]
+    system = [{"role": "system", "content": deepseek_v31_system(messages[0]["content"], TOOLS)}]
+    assert system[0]["content"].startswith("You list files.\n\n## Tools\nYou have access to the following tools:\n\n")
     raw = tml_tokens(RENDERERS[name].tml, tml_oss(system + messages[1:], None))
     r = renderer(name)
     eos, begin = r.tokenizer.convert_tokens_to_ids(["<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"])
@@ -272,7 +294,6 @@ def test_deepseek_v31_tools_are_its_templates_system_section(name):
     assert len(expected) == len(raw) - 1
     text = r.tokenizer.decode(r.prompt_tokens(messages, TOOLS))
     assert r.prompt_tokens(messages, TOOLS) == expected and "Let me look.<｜tool▁calls▁begin｜>" in text
-    assert "## Tools\nYou have access to the following tools:\n\n### ls\n" in text
 
 
 @pytest.mark.parametrize("tools", [None, TOOLS], ids=["no-tools", "tools"])
@@ -539,6 +560,88 @@ def test_llama3_reply_that_is_not_a_call_is_content():
         assert parsed.message == {"role": "assistant", "content": text} and parsed.tool_call_errors == []
 
 
+# -- tool-call arguments keep their JSON types ------------------------------------------------------------
+TYPED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "description": "Takes typed arguments.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "s": {"type": "string"},
+                "j": {"type": "string"},
+                "flag": {"type": "boolean"},
+                "off": {"type": "boolean"},
+                "n": {"type": "integer"},
+                "x": {"type": ["number", "null"]},
+            },
+        },
+    },
+}
+TYPED_ARGS = {"s": "5", "j": '{"a":1}', "flag": True, "off": False, "n": 3, "x": None}
+# the families whose formats write every argument as text (key/value pairs), so that only the tool schemas
+# tell the string "5" from the number 5 (and Qwen3.5 and Nemotron 3 write a bool as `True`, null as `None`)
+UNTYPED = ["qwen3_5", "qwen3_5_disable_thinking", "qwen3_8_xhigh_reasoning", "glm5_3_max_reasoning", "nemotron3"]
+UNTYPED += ["nemotron3_ultra"]
+
+
+def typed_call_tokens(r) -> list[int]:
+    reply = {"role": "assistant", "content": "", "tool_calls": [tool_call("f", TYPED_ARGS, "functions.f:0")]}
+    return r.action_tokens(reply)
+
+
+def call_args(message: dict) -> dict:
+    return json.loads(message["tool_calls"][0]["function"]["arguments"])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tool_call_arguments_parse_back_with_their_json_types(name):
+    """A string that reads as a number or as JSON stays a string, a bool a bool, null null, given the tools."""
+    r = renderer(name)
+    parsed = r.parse_response(typed_call_tokens(r), [TYPED_TOOL])
+    assert parsed.tool_call_errors == [] and call_args(parsed.message) == TYPED_ARGS
+
+
+@pytest.mark.parametrize("name", UNTYPED)
+def test_key_value_formats_need_the_tools_to_type_arguments(name):
+    """Why every caller passes the episode's tools: without them the same reply reads otherwise."""
+    r = renderer(name)
+    assert call_args(r.parse_response(typed_call_tokens(r)).message) != TYPED_ARGS
+    text = r.tokenizer.decode(typed_call_tokens(r)[:-1])
+    assert call_args(r.parse_text(text, [TYPED_TOOL]).message) == TYPED_ARGS
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "nemotron3", "glm5_3_max_reasoning"])
+def test_the_openai_proxy_and_the_tasks_env_parse_by_the_episodes_tools(name):
+    import asyncio
+
+    from tinkrl.envs.agent_tasks.env import TaskEnv
+
+    r = renderer(name)
+    choice = sample_to_message(r, "", typed_call_tokens(r), "stop", [], parse_tools=True, tools=[TYPED_TOOL])
+    assert choice.finish_reason == "tool_calls" and call_args(choice.message) == TYPED_ARGS
+
+    class Session:  # what TaskEnv asks of a TaskSession, recording the calls it is handed
+        tools, shell, done = [TYPED_TOOL], False, True
+
+        async def act(self, reply, calls, errors, cut, n):
+            self.calls = calls
+            return [], True
+
+        async def finish(self):
+            return 0.0
+
+        def metrics(self):
+            return {}
+
+        task, end_reason, grade_detail, messages = type("T", (), {"id": "t"}), "", "", []
+
+    session = Session()
+    asyncio.run(TaskEnv(session, r).step(typed_call_tokens(r)))  # type: ignore[arg-type]
+    assert call_args({"tool_calls": session.calls}) == TYPED_ARGS
+
+
 # -- episodes: three tool turns, then a follow-up --------------------------------------------------------
 def play(r, clean: bool = True):
     """An episode as an env plays it: three tool-calling replies, a final answer, a user's follow-up.
@@ -560,7 +663,7 @@ def play(r, clean: bool = True):
         if not clean:
             action = action[:-1]  # cut by max_tokens just before its end-of-turn token
         transitions.append((prompt, action))
-        parsed = r.parse_response(action)
+        parsed = r.parse_response(action, TOOLS)
         assert parsed.ended_cleanly == clean
         if clean and turn < 3:
             call = parsed.message["tool_calls"][0]
@@ -584,13 +687,28 @@ def datums(transitions) -> list:
     return trajectory_to_sequences(traj, 1.0)
 
 
+# Families whose replies, as tml-renderers trains them (`action_tokens`), tokenize a reply's text apart from
+# its tool call ("." "\n" where the whole conversation's rendering has ".\n"): a prompt keeps the sampled
+# tokens there, so it matches the family's rendering as text, not token for token.
+SPLIT_REPLY_TOKENS = {"qwen3_instruct", "qwen3_vl_instruct"}
+
+
+def assert_is_the_familys_rendering(r, prompts: list[list[int]], rendered: list[list[int]]) -> None:
+    if r.name in SPLIT_REPLY_TOKENS:
+        assert [r.tokenizer.decode(p) for p in prompts] == [r.tokenizer.decode(p) for p in rendered]
+    else:
+        assert prompts == rendered
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled_tokens(name):
     r = renderer(name)
     transitions, last, history = play(r)
-    if not r.keeps_history:  # every prompt is the family's own rendering of the conversation so far
-        rendered = [r.prompt_tokens(history[: 2 + 2 * i], TOOLS) for i in range(len(transitions))]
-        assert [ob for ob, _ in transitions] == rendered and last == r.prompt_tokens(history, TOOLS)
+    # with the actions the family's own layout gives, every prompt is its rendering of the conversation so far
+    rendered = [r.prompt_tokens(history[: 2 + 2 * i], TOOLS) for i in range(len(transitions))]
+    assert_is_the_familys_rendering(
+        r, [ob for ob, _ in transitions] + [last], rendered + [r.prompt_tokens(history, TOOLS)]
+    )
     text = r.tokenizer.decode(last)
     assert all(f"files of {p}" in text for p in (".", "sub", "sub/c.txt")) and "And in b?" in text
     # a new datum starts exactly where a prompt does not extend the previous prompt + action
@@ -607,17 +725,121 @@ def test_three_tool_turns_extend_token_for_token_or_split_into_datums_of_sampled
         assert trained == sum((a for _, a in transitions[lo:hi]), [])
         for o, a in transitions[lo:hi]:
             assert seq.tokens[: len(o) + len(a)] == o + a and all(seq.mask[len(o) : len(o) + len(a)])
-    if r.keeps_history:  # families that keep past turns as sampled
+    if r.keeps_history:  # the family's renderings extend each prompt + action: one datum
         assert breaks == [] and len(seqs) == 1
 
 
+# families that drop past thinking once a user turn follows it, tools or not (DeepSeek V4.1 keeps it with tools)
+DROPS_PAST_THINKING = ("qwen3", "qwen3_5", "deepseekv3_thinking", "kimi_k25", "nemotron3", "gpt_oss_no_sysprompt")
+
+
 def test_families_that_drop_past_thinking_split_the_episode_after_the_follow_up():
-    for name in ("qwen3", "qwen3_5", "deepseekv3_thinking", "kimi_k25", "nemotron3", "gpt_oss_no_sysprompt"):
+    for name in DROPS_PAST_THINKING:
         r = renderer(name)
         transitions, last, _ = play(r)
         ob, ac = transitions[-1]
         assert not r.keeps_history and last[: len(ob) + len(ac)] != ob + ac, name
         assert "Thought 3." not in r.tokenizer.decode(last), name  # the past thinking is gone, as at inference
+
+
+# -- supervised datums: laid out as episodes are sampled ------------------------------------------------------
+def sft_conversation(r) -> list[dict]:
+    """An episode's conversation (three tool turns, an answer, a follow-up) and the answer to the follow-up."""
+    _, _, history = play(r)
+    final: dict = {"role": "assistant", "content": "b is empty."}
+    if thinks(r.name):
+        final["reasoning_content"] = "Nothing in b."
+    return history + [final]
+
+
+def weighted_runs(weights: list[float]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, w in enumerate([*weights, 0.0]):
+        if w and start is None:
+            start = i
+        elif not w and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_sft_datums_train_each_turn_on_the_familys_own_prompt_for_it(name):
+    """No datum holds a token the family's prompt for a trained turn would not: where the family drops past
+    thinking, a later turn trains on a new datum, not on a context that still holds it."""
+    r = renderer(name)
+    conv = sft_conversation(r)
+    turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+    datums_ = conversation_datums(r, conv, TOOLS)
+    trained = []
+    for tokens, weights in datums_:
+        assert len(tokens) == len(weights)
+        for a, b in weighted_runs(weights):
+            j = turns[len(trained)]
+            assert tokens[a:b] == r.action_tokens(conv[j])
+            assert_is_the_familys_rendering(r, [tokens[:a]], [r.prompt_tokens(conv[:j], TOOLS)])
+            trained.append(j)
+    assert trained == turns
+    if name in DROPS_PAST_THINKING:  # the follow-up starts a new datum, and it holds no past thinking
+        assert len(datums_) > 1 and "Thought 3." not in r.tokenizer.decode(datums_[-1][0])
+    if r.keeps_history:
+        assert len(datums_) == 1
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=unless(skip_reason(n))) for n in RENDERERS])
+def test_sft_keeps_one_sequence_where_the_family_keeps_its_past_turns(name):
+    """For a family that keeps its past turns as sampled, the layout is the first prompt, then each action
+    (weight 1) and the continuation to the next turn (weight 0): one sequence, the sampled episode's."""
+    r = renderer(name)
+    if not r.keeps_history:
+        pytest.skip("rewrites its past turns")
+    conv = sft_conversation(r)
+    turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+    tokens = r.prompt_tokens(conv[: turns[0]], TOOLS)
+    weights = [0.0] * len(tokens)
+    for j, k in zip(turns, [*turns[1:], None]):
+        action = r.action_tokens(conv[j])
+        tokens, weights = tokens + action, weights + [1.0] * len(action)
+        if k is not None:
+            between = r.continuation(conv[j + 1 : k])
+            tokens, weights = tokens + between, weights + [0.0] * len(between)
+    assert conversation_datums(r, conv, TOOLS) == [(tokens, weights)]
+
+
+# -- GLM-5.3: a turn ends with the next turn's role token ------------------------------------------------
+def test_glm_lays_out_turns_as_tml_renderers_whole_conversation():
+    """GLM-5.3 ends a turn with the next turn's role token (`<|observation|>` before tool results, `<|user|>`
+    before a user turn): an episode's last prompt is tml-renderers' own rendering of the conversation, and
+    its warm-start datum tml-renderers' own training layout, weight for weight, but for the very last token,
+    where a whole conversation ends with `<|endoftext|>` and a turn that a user turn follows with `<|user|>`."""
+    from tml_renderers import chat, renderers
+
+    glm, r = renderers.Glm53(clear_thinking=False), renderer("glm5_3_max_reasoning")
+    transitions, last, history = play(r)
+    whole, _ = glm.render_for_completion(chat.OpenAIMessage.from_oss_messages(tml_oss(history, TOOLS)))
+    assert last == [t for s in whole for t in s.span.tokens] and len(datums(transitions)) == 1
+    final = {"role": "assistant", "content": "b is empty.", "reasoning_content": "Nothing in b."}
+    example = glm.render_for_sft(chat.OpenAIMessage.from_oss_messages(tml_oss(history + [final], TOOLS)))[-1]
+    want = [t for s in example.input_token_spans for t in s.span.tokens]
+    want_weights = [float(w) for w in example.per_token_loss_weight_unshifted]
+    [(tokens, weights)] = conversation_datums(r, history + [final], TOOLS)
+    assert tokens[:-1] == want[:-1] and weights == want_weights
+    assert r.tokenizer.decode(want[-1:] + tokens[-1:]) == "<|endoftext|><|user|>"
+    assert "<|endoftext|>" not in r.tokenizer.decode(last)
+
+
+def test_glm_sampling_endoftext_after_a_call_starts_a_new_datum():
+    """`<|endoftext|>` is a GLM stop token that its rendering never writes before a next turn: the next prompt
+    is the family's own rendering, never `...</tool_call><|endoftext|><|observation|>...`."""
+    r = renderer("glm5_3_max_reasoning")
+    _, _, history = play(r)
+    eot = r.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    prompt = r.prompt_tokens(history[:2], TOOLS)
+    action = r.action_tokens(history[2])[:-1] + [eot]
+    assert r.parse_response(action, TOOLS).message["tool_calls"]
+    nxt = r.next_prompt(prompt, action, history[:3], history[3:4], TOOLS)
+    assert nxt == r.prompt_tokens(history[:4], TOOLS) and not extends(nxt, prompt, action)
+    assert "<|endoftext|>" not in r.tokenizer.decode(nxt)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -674,9 +896,10 @@ def test_xml_tool_calls_work_for_the_hand_written_families(name):
 
 @pytest.mark.parametrize("name", ["gpt_oss_no_sysprompt", "kimi_k2", "deepseekv3", "qwen3_5"])
 def test_tml_families_refuse_xml_tool_calls(name):
-    with pytest.raises(ValueError, match="'hermes'"):
+    refusal = f"the {name} renderer speaks only its family's own tool-call format: use tool_format=hermes"
+    with pytest.raises(ValueError, match=refusal):
         renderer(name, "xml")
-    with pytest.raises(ValueError, match="'hermes'"):
+    with pytest.raises(ValueError, match=refusal):
         renderer(name).with_tool_format("xml")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tinkrl.cli import main as tinkrl
 
 CONVERSATIONS = [
@@ -60,3 +62,28 @@ def test_a_bad_line_is_one_error_naming_it(tmp_path, capsys) -> None:
     assert f"{data}:2: expected" in capsys.readouterr().err
     assert tinkrl(["sft", "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_model_the_engine_cannot_hold_is_one_line_naming_backend_tinker(tmp_path, isolated_home, capsys) -> None:
+    """`tinkrl sft`, `tinkrl serve openai` (and `tinkrl eval`) on backend=local refuse a mixture of experts in
+    one line, as `tinkrl train` does, before any weights load (the local ServiceClient checks the model)."""
+    from tinkrl.errors import TinkrlError
+    from tinkrl.local import ServiceClient
+
+    data = tmp_path / "conv.jsonl"
+    data.write_text(json.dumps({"messages": CONVERSATIONS[0]}) + "\n")
+    model = "Qwen/Qwen3-30B-A3B"
+    assert tinkrl(["sft", "--data", str(data), "--model", model, "--log-path", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tinkrl sft: the embedded engine cannot hold {model}: a mixture of experts")
+    assert "backend=tinker" in err and err.count("\n") == 1
+    assert tinkrl(["serve", "openai", "--model", model]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tinkrl serve openai: the embedded engine cannot hold {model}") and err.count("\n") == 1
+    service = ServiceClient()
+    for make in (
+        lambda: service.create_sampling_client(base_model="openai/gpt-oss-20b"),
+        lambda: service.create_lora_training_client(base_model="openai/gpt-oss-20b"),
+    ):
+        with pytest.raises(TinkrlError, match=r"cannot hold openai/gpt-oss-20b: .*backend=tinker"):
+            make()

@@ -202,7 +202,7 @@ def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> No
     supervised tokens it is exactly what TaskEnv builds when those replies are sampled."""
     from tinkrl.envs.agent_tasks.env import TaskEnv
     from tinkrl.envs.shell.env import reference_transcript
-    from tinkrl.rl.supervised import conversation_tokens
+    from tinkrl.rl.supervised import conversation_datums
 
     cfg = ShellEnvConfig()
     inst = instance("count_matches", 2)
@@ -210,7 +210,7 @@ def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> No
     assert messages is not None
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
     assert messages[3]["content"] == "[exit code: 0]" and messages[4]["content"] == "DONE"
-    tokens, weights = conversation_tokens(renderer, messages)
+    [(tokens, weights)] = conversation_datums(renderer, messages)  # ChatML keeps its past turns: one datum
 
     async def replay() -> list[int]:
         from tinkrl.agents.session import TaskSession

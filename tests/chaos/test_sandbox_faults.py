@@ -207,7 +207,7 @@ def test_faulted_sandboxes_are_infra_failures_and_the_run_goes_on(renderer, bwra
     if bwrap_provider.cgroups.mode == "none":
         faults.remove("oom")  # no memory cgroup to run out of: the rlimit fallback has no OOM killer
     cfg = ShellEnvConfig()
-    shell_renderer = renderer_for(renderer, cfg.tool_format)
+    shell_renderer = renderer_for(renderer, cfg.tool_format, "shell")
     instances = [instance(name, [SEED, i]) for i, name in enumerate(TEMPLATES)]
     solutions = {inst.instruction: " && ".join(inst.solution) for inst in instances}
     provider = LazyProvider(bwrap_provider)

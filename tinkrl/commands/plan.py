@@ -4,9 +4,9 @@
 the plan reads files and the environment only: it contacts no service, downloads nothing and
 loads no weights. A config that cannot run fails here with one line (a run directory of another
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
-local engine cannot train, a model whose renderer nothing names), which stops a real run before any
-work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`; `renderer_reason`
-says which.
+local engine cannot train, a model whose renderer nothing names, an environment's `tool_format` its
+renderer cannot write), which stops a real run before any work. The renderer is tinker-cookbook's
+recommendation for the model, or `renderer=`; `renderer_reason` says which.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tinkrl.config import TrainConfig
 from tinkrl.envs import make_env_config, resolve_type
 from tinkrl.errors import ConfigError
 from tinkrl.local.model_files import describe_model, find_local_model, unsupported_reason
-from tinkrl.renderers import choose_renderer, names_help, recommend
+from tinkrl.renderers import choose_renderer, names_help, recommend, tool_format_problem
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.run_dir import check_run_dir
 
@@ -62,6 +62,10 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
             f"no renderer for model {config.model_name!r}: no rule names its family. Choose its chat format "
             f"with renderer=NAME: {names_help()}"
         )
+    for key, env in environments.items():
+        tool_format = env["config"].get("tool_format", "hermes")
+        if renderer is not None and (problem := tool_format_problem(renderer, tool_format)):
+            problems.append(f"environments.{key}: {problem}")
     return {
         "dialect": config.dialect,
         "dialect_reason": config.dialect_reason,

@@ -58,7 +58,14 @@ def render(model: str, messages: list[dict], tools: list[dict] | None, name: str
     needs_model_tokenizer = chosen is None or RENDERERS[chosen].tml is None
     tokenizer = load_tokenizer(model, chosen) if needs_model_tokenizer else None
     renderer = get_renderer(tokenizer, model, name=chosen)
-    tokens = renderer.prompt_tokens(messages, tools)
+    try:
+        tokens = renderer.prompt_tokens(messages, tools)
+    except (KeyError, TypeError, AttributeError) as e:  # a message or tool call missing a field, or of the wrong shape
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+        raise RenderInputError(
+            f"--messages: the {renderer.name} renderer cannot render these messages ({what}); a tool call is "
+            '{"id", "type": "function", "function": {"name", "arguments"}}'
+        ) from None
     text = renderer.tokenizer.decode(tokens, skip_special_tokens=False)
     return {"renderer": renderer.name, "renderer_reason": reason, "tokens": tokens, "text": text}
 

@@ -5,8 +5,9 @@
 
 One conversation per line, `{"messages": [...]}` (OpenAI chat messages, as tinker-cookbook's
 supervised recipes read them); the loss is on every assistant turn's tokens, laid out as a
-multi-turn episode is sampled (`tinkrl.rl.supervised`), so a trajectory trained here is the
-same tokens RL later samples. Per-step lines go to `<log-path>/metrics.jsonl`; the last line
+multi-turn episode is sampled (`tinkrl.rl.supervised`: one datum, or one per stretch of turns
+where the chat format rewrites its history), so a trajectory trained here is the same tokens RL
+later samples. Per-step lines go to `<log-path>/metrics.jsonl`; the last line
 printed is `final sampler weights: tinker://...`, which `tinkrl train resume_from=...` (its state),
 `tinkrl eval --checkpoint` and `tinkrl export` take.
 """
@@ -29,10 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="FILE.jsonl", help='one {"messages": [...]} per line')
     p.add_argument("--model", default=None, help="base model (default: the default model)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
-    p.add_argument("--batch-size", type=int, default=32, help="conversations per step (default 32)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="datums per step (default 32): a conversation, or a stretch of its turns (rl/supervised.py)",
+    )
     p.add_argument("--learning-rate", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
     p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
-    p.add_argument("--max-length", type=int, default=4096, help="tokens per conversation at most (default 4096)")
+    p.add_argument("--max-length", type=int, default=4096, help="tokens per datum at most (default 4096)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("local", "tinker"), default="local")
     p.add_argument("--log-path", default="runs/sft", help="where metrics.jsonl goes (default runs/sft)")
@@ -59,22 +65,25 @@ async def _train(
     from tinker import types
 
     from tinkrl.renderers import get_renderer
-    from tinkrl.rl.supervised import conversation_tokens, to_datum, train_supervised
+    from tinkrl.rl.supervised import conversation_datums, to_datum, train_supervised
     from tinkrl.tracking import append_jsonl
 
     tc = await asyncio.to_thread(
         service.create_lora_training_client, base_model=model_name, rank=args.lora_rank, seed=args.seed
     )
     renderer = get_renderer(tc.get_tokenizer(), model_name)
-    datums = []
-    for conv in conversations:
-        tokens, weights = conversation_tokens(renderer, conv)
-        datums.append(to_datum(tokens, weights, args.max_length))
+    datums = [
+        to_datum(tokens, weights, args.max_length)
+        for conv in conversations
+        for tokens, weights in conversation_datums(renderer, conv)
+    ]
     log_dir = Path(args.log_path)
     log_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = log_dir / "metrics.jsonl"
     t0 = time.time()
-    print(f"tinkrl sft: {len(datums)} conversations, {args.steps} steps of {args.batch_size} on {model_name}")
+    print(
+        f"tinkrl sft: {len(conversations)} conversations ({len(datums)} datums), {args.steps} steps of {args.batch_size} on {model_name}"
+    )
 
     def on_step(step: int, m: dict[str, float]) -> None:
         append_jsonl(metrics_path, {"step": step, **m, "time/total": time.time() - t0})

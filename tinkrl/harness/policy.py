@@ -5,9 +5,10 @@ tinker`, or a base model) through the official Tinker SDK. `run_episode` drives 
 `tinkrl.agents.session.TaskSession` with it, exactly as tinkrl's training env does: the prompt is
 rendered by tinkrl's renderer and each next prompt is `renderer.next_prompt(...)`: the prompt + the
 reply's sampled tokens + the observations where the family keeps its past turns as sampled (one token
-sequence a trainer can use), the family's own rendering where it rewrites them. Actions are read in tinkrl's action formats (`shell`: one ```bash block per turn,
-`DONE` to finish; `tools`: the renderer's tool calls) and run in whatever `Sandbox` the harness
-provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded (`Trajectory`).
+sequence a trainer can use), the family's own rendering where it rewrites them. Actions are read in
+tinkrl's action formats (`shell`: one ```bash block per turn, `DONE` to finish; `tools`: the
+renderer's tool calls, their arguments typed by the episode's tool schemas) and run in whatever
+`Sandbox` the harness provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded (`Trajectory`).
 
 Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (`load_tokenizer`).
 """
@@ -317,7 +318,7 @@ async def run_episode(
         action, logprobs, stop = await policy.sample(tokens, min(policy.max_tokens_per_turn, room))
         turn = Turn(list(tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
         traj.turns.append(turn)
-        parsed = renderer.parse_response(action)
+        parsed = renderer.parse_response(action, session.tools)
         ended = parsed.ended_cleanly
         if session.shell:
             text, _ = renderer.reply_text(action)

@@ -23,6 +23,7 @@ from tinkrl.local.checkpoints import read_lora, read_meta, resolve_path
 from tinkrl.local.engine import Engine, Snapshot
 from tinkrl.local.futures import LocalFuture
 from tinkrl.local.lora import LoraSpec
+from tinkrl.local.model_files import unsupported_reason
 from tinkrl.local.models import DEFAULT_MODEL, known_models, parse_dtype, parse_sampler_precision
 from tinkrl.local.sampler import SampleJob
 from tinkrl.local.training import Trainer
@@ -51,6 +52,10 @@ class ServiceClient:
         self.sampler_precision = parse_sampler_precision(sampler_precision) if sampler_precision else None
 
     def _engine(self, model: str) -> Engine:
+        """The engine holding `model`; a one-line TinkrlError naming backend=tinker, before anything loads, for
+        an architecture the engine does not implement (a mixture of experts, a vision tower, ...)."""
+        if reason := unsupported_reason(model):
+            raise TinkrlError(reason)
         return Engine.get(model, self.device, self.dtype, self.sampler_precision)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:

@@ -352,15 +352,17 @@ def sample_to_message(
     stop_reason: str,
     stops: list[str],
     parse_tools: bool,
+    tools: list[dict] | None = None,
 ) -> ChatChoice:
-    """Sampled tokens as an assistant message (stops applied, tool calls parsed, `<think>` -> reasoning_content)."""
+    """Sampled tokens as an assistant message (stops applied, tool calls parsed by the request's `tools`,
+    `<think>` -> reasoning_content)."""
     ended = renderer.ends_turn(sampled)
     body = sampled[:-1] if ended else sampled
     text = forced_text + renderer.tokenizer.decode(body, skip_special_tokens=False)
     text, hit_stop = truncate_at_stop(text, stops)
     calls: list[dict] = []
     if parse_tools:
-        parsed = renderer.parse_text(text).message
+        parsed = renderer.parse_text(text, tools).message
         reasoning, content, calls = parsed.get("reasoning_content"), parsed["content"], parsed.get("tool_calls", [])
     else:
         reasoning, content = renderer.split_reasoning(text)

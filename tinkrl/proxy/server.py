@@ -313,7 +313,7 @@ class ProxyServer:
             resp = await self._sample(policy, prompt.tokens, s, max_tokens, self._stop_for(s))
             seqs = list(resp.sequences)
             choices = [
-                sample_to_message(self.renderer, forced_text, list(q.tokens), q.stop_reason, s.stop, parse_tools)
+                sample_to_message(self.renderer, forced_text, list(q.tokens), q.stop_reason, s.stop, parse_tools, tools)
                 for q in seqs
             ]
             tops = await self._top_logprobs(policy, prompt.tokens, [list(q.tokens) for q in seqs], s.top_logprobs)

@@ -38,6 +38,7 @@ from .registry import (
     names_help,
     recommend,
     renderer_name_for,
+    tool_format_problem,
 )
 from .role_colon import RoleColonRenderer
 
@@ -61,6 +62,7 @@ __all__ = [
     "recommend",
     "renderer_name_for",
     "tool_call",
+    "tool_format_problem",
 ]
 
 # Default system prompts the ChatML families' own chat templates insert when none is given.

@@ -36,6 +36,14 @@ class ParsedResponse:
     tool_call_errors: list[str] = field(default_factory=list)  # malformed calls, one line each
 
 
+def own_format_only(name: str, tool_format: str, own: str = "hermes") -> str:
+    """The one-line refusal of a tool-call format by a renderer that speaks only its family's own."""
+    return (
+        f"the {name} renderer speaks only its family's own tool-call format: "
+        f"use tool_format={own} (not tool_format={tool_format})"
+    )
+
+
 def _call_id() -> str:
     return "call_" + uuid.uuid4().hex[:12]
 
@@ -86,6 +94,8 @@ class Renderer(ABC):
         self._check_tool_format(tool_format)
 
     def _check_tool_format(self, tool_format: str) -> None:
+        if tool_format not in self.tool_formats and len(self.tool_formats) == 1:
+            raise ValueError(own_format_only(self.name or type(self).__name__, tool_format, self.tool_formats[0]))
         if tool_format not in self.tool_formats:
             raise ValueError(
                 f"tool_format must be one of {', '.join(repr(f) for f in self.tool_formats)} for the "
@@ -186,8 +196,10 @@ class Renderer(ABC):
 
     # -- parsing ------------------------------------------------------------------------------------
     @abstractmethod
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
-        """Sampled tokens as an assistant message; malformed tool calls become errors, never exceptions."""
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
+        """Sampled tokens as an assistant message; malformed tool calls become errors, never exceptions.
+        `tools` are the schemas the prompt declared: where a format writes arguments as untyped text, they
+        give each argument its JSON type (a string "5" stays a string)."""
 
     @abstractmethod
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
@@ -204,9 +216,9 @@ class Renderer(ABC):
         m = _THINK_SPLIT_RE.match(text)
         return (m.group(1).strip(), text[m.end() :]) if m else (None, text)
 
-    def parse_text(self, text: str) -> ParsedResponse:
+    def parse_text(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
         """Reply text (special tokens written out, end-of-turn token left off) parsed like sampled tokens:
-        reasoning, content and tool calls."""
+        reasoning, content and tool calls (`tools` as for `parse_response`)."""
         reasoning, rest = self.split_reasoning(text)
         content, calls, errors = self.parse_tool_calls(rest)
         return ParsedResponse(assistant_message(content, calls, reasoning), True, errors)

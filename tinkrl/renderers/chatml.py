@@ -84,7 +84,7 @@ class ChatMLRenderer(TextToolCalls, Renderer):
         return self._encode(self.message_text(message)[1]) + [self.im_end]
 
     # -- parsing -----------------------------------------------------------------------------------
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
         text, ended = self.reply_text(tokens)
         content, calls, errors = self.parse_tool_calls(text)
         return ParsedResponse(assistant_message(content, calls), ended, errors)

@@ -147,7 +147,7 @@ class Llama3Renderer(Renderer):
         return self._encode(self._assistant_body(message)) + [self.eot]
 
     # -- parsing -------------------------------------------------------------------------------------
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
         text, ended = self.reply_text(tokens)
         content, calls, errors = self.parse_tool_calls(text)
         return ParsedResponse(assistant_message(content, calls), ended, errors)

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .base import own_format_only
 from .hosted_models import hosted_model
 
 
@@ -377,6 +378,14 @@ def with_thinking(name: str, thinking: bool | None) -> str:
     if thinking is None:
         return s.name
     return (s.thinking_on if thinking else s.thinking_off) or s.name
+
+
+def tool_format_problem(name: str, tool_format: str) -> str | None:
+    """Why renderer `name` cannot write tool calls in `tool_format`, in one line (a tml-renderers family
+    speaks only its own: tool_format=hermes), or None when it can. Cheap: a plan asks before any work."""
+    if tool_format == "hermes" or spec(name).tml is None:
+        return None
+    return own_format_only(canonical(name), tool_format)
 
 
 def choose_renderer(model_name: str, name: str | None = None, thinking: bool | None = None) -> str | None:

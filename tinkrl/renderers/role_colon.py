@@ -127,7 +127,7 @@ class RoleColonRenderer(TextToolCalls, Renderer):
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         return text.split(STOP)[0], ended
 
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
         text, ended = self.reply_text(list(tokens))
         content, calls, errors = self.parse_tool_calls(text.removeprefix(_PREFIX).removesuffix(_SUFFIX))
         return ParsedResponse(assistant_message(content, calls), ended, errors)

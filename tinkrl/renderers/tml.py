@@ -8,11 +8,21 @@ weighted tokens) and parses sampled tokens back into messages; this adapter turn
 interface's pieces:
 
 - `prompt_tokens`: the family's rendering, token for token.
-- `action_tokens`: what the model samples for an assistant message (end-of-turn token included).
+- `action_tokens`: what the model samples for an assistant message (end-of-turn token included),
+  ended as the family ends a turn that something follows: GLM-5.3 ends it with the next turn's
+  role token (`<|observation|>` before tool results, `<|user|>` before a user turn), as
+  tml-renderers' whole-conversation layout and tinker-cookbook do, not with the `<|endoftext|>`
+  that ends a conversation.
 - `next_prompt`: the family's rendering of the episode so far. Where the family keeps past turns
   as they were sampled this extends the previous prompt + action token for token; where it
-  rewrites them (past thinking dropped or emptied, harmony's past analysis dropped) it does not,
-  and the trajectory trains as several datums (`rl/data.py`), as in tinker-cookbook.
+  rewrites them (past thinking dropped or emptied, harmony's past analysis dropped), or where the
+  action ended with a stop token the family does not write there (GLM's `<|endoftext|>` before a
+  next turn), it does not, and the trajectory trains as several datums (`rl/data.py`), as in
+  tinker-cookbook.
+- `parse_response(tokens, tools)`: tml-renderers' parser for a prompt declaring the episode's
+  tools (made once per tool set), so arguments keep the types their schemas declare where the
+  format writes them as text; what it still reads otherwise (Nemotron 3 reads a string "5" as 5,
+  Qwen3.5 and Nemotron 3 write a bool as `True`) is typed by the schemas here.
 - `continuation`: the tokens that follow a sampled action for new messages, by difference: an
   anchor conversation (a user turn and an assistant turn carrying the same tool-call ids) rendered
   with the new messages, less the anchor alone.
@@ -35,9 +45,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
-from .base import Message, ParsedResponse, Renderer, assistant_message, content_text, tool_call
+from .base import Message, ParsedResponse, Renderer, assistant_message, call_arguments, content_text, tool_call
 from .bundled_tokenizers import BundledTokenizer
 from .registry import RendererSpec, TmlBuild
 
@@ -131,8 +142,11 @@ class TmlRenderer(Renderer):
         self._user_close = probe[at]  # what ends a user turn: a past turn's end where no stop token ends it
         ends = [i for i, t in enumerate(probe) if t in self._stops or t == self._user_close]
         self._header = probe[ends[-1] + 1 :] if ends else []
+        self._parsers: dict[str, Any] = {}  # parse_response's parser, by the tools its prompt declares
+        self._followed_end = {calls: self._end_when_followed(calls) for calls in (False, True)}
         self._close = self._turn_closing([{"role": "user", "content": _PROBE}])[0]
         self._call_markers = self._tool_call_markers()
+        self._untyped_arguments = self._writes_arguments_as_text()
         self.keeps_history = self._writes_past_turns_as_sampled()
 
     def _probe_reply(self) -> Message:
@@ -141,6 +155,36 @@ class TmlRenderer(Renderer):
         if self.spec.thinks:
             reply["reasoning_content"] = _PROBE
         return reply
+
+    def _end_when_followed(self, calls: bool) -> int | None:
+        """The stop token that ends a reply (with tool calls, or plain) when a turn follows it, where tml-renderers
+        writes another there than at a conversation's end (GLM: the next turn's role token, `<|observation|>`
+        before tool results and `<|user|>` before a user turn, for `<|endoftext|>`); None where it does not."""
+        user = {"role": "user", "content": _PROBE}
+        reply = self._probe_reply()
+        follower: Message = user
+        if calls:
+            reply = {**reply, "tool_calls": [tool_call("ls", {}, "call_0")]}
+            follower = {"role": "tool", "tool_call_id": "call_0", "name": "ls", "content": _PROBE}
+        last = self._sft_action([user, reply])
+        example = self._sft_example([user, reply, follower])
+        if example is None:
+            return None
+        tokens, weights = _flat(example.input_token_spans), list(example.per_token_loss_weight_unshifted)
+        first = next((i for i, w in enumerate(weights) if w), len(weights))
+        end = next((i for i in range(first, len(weights)) if not weights[i]), len(weights))
+        run = tokens[first:end]  # the reply's weighted tokens, its end included
+        if run and run[:-1] == last[:-1] and run[-1] in self._stops and run[-1] != last[-1]:
+            return run[-1]
+        return None
+
+    def _writes_arguments_as_text(self) -> bool:
+        """Whether the family writes tool-call arguments as untyped text (key/value formats: a string "5" and
+        the number 5 read the same), so parsing needs the tools' schemas to give them their types."""
+        call = tool_call("ls", {"path": "5"}, "call_0")
+        parsed = self.parse_response(self.action_tokens({"role": "assistant", "content": "", "tool_calls": [call]}))
+        got = parsed.message.get("tool_calls") or [call]
+        return json.loads(got[0]["function"]["arguments"]) != {"path": "5"}
 
     def _writes_past_turns_as_sampled(self) -> bool:
         """Whether a reply (with its thinking, where the variant thinks) stays in the next prompt as sampled
@@ -277,14 +321,19 @@ class TmlRenderer(Renderer):
         action_ended_cleanly: bool = True,
     ) -> list[int]:
         """The family's rendering of the episode so far when it extends `prompt + action`, or when the family
-        rewrites past turns; a family that keeps them as sampled keeps the sampled tokens (re-tokenised
+        rewrites past turns, or when the action ended with a stop token the family does not write there (GLM
+        writes the next turn's role token where the model may sample `<|endoftext|>`): then a new datum
+        starts. Otherwise a family that keeps past turns as sampled keeps the sampled tokens (re-tokenised
         text, or a reply a client sent back without its thinking, would differ): `prompt + action +
         continuation`."""
         rendered = self.prompt_tokens(list(history) + list(new_messages), tools)
         sampled = list(prompt) + list(action)
         if rendered[: len(sampled)] == sampled or not self.keeps_history:
             return rendered
-        return sampled + self.continuation(new_messages, action_ended_cleanly)
+        close, after = self._turn_closing(new_messages)
+        if action_ended_cleanly and close[-1:] != action[-1:] and close[-1] in self._stops:
+            return rendered
+        return sampled + (after if action_ended_cleanly else close + after)
 
     def _strip_header(self, tokens: list[int]) -> list[int]:
         n = len(self._header)
@@ -307,10 +356,10 @@ class TmlRenderer(Renderer):
         return [{"role": "user", "content": _PROBE}, assistant]
 
     def _turn_closing(self, new_messages: list[Message]) -> tuple[list[int], list[int]]:
-        """(what closes the anchor's assistant turn when it was cut, the tokens after a finished one) for the
-        anchor followed by `new_messages`. Where history writes the turn otherwise than sampled: a closing
-        token that is not a stop (harmony's `<|end|>` for a sampled `<|return|>`) stands for the sampled end;
-        a stop token other than the sampled one is the next turn's opening (GLM's `<|user|>`) and stays."""
+        """(the token that ends the anchor's assistant turn in the family's rendering, the tokens after it) for
+        the anchor followed by `new_messages`. Where history writes the turn otherwise than sampled, that is
+        the first stop token after the point where the two differ (or, where none is, the token that closes a
+        user turn: harmony's `<|end|>` for a sampled `<|return|>`)."""
         anchor = self._anchor(new_messages)
         prompt = self._render(anchor[:1])
         action = self.action_tokens(anchor[1])
@@ -323,8 +372,6 @@ class TmlRenderer(Renderer):
         if not ends:
             raise RuntimeError(f"tml-renderers' {self.name}: no end of the assistant turn in {full[start:]}")
         j = ends[0]
-        if full[j] in self._stops and full[j] != action[-1]:
-            return [], full[j:]
         return [full[j]], full[j + 1 :]
 
     def _after_anchor(self, new_messages: list[Message]) -> list[int]:
@@ -334,13 +381,26 @@ class TmlRenderer(Renderer):
         return self._strip_header(self._after_anchor(messages))
 
     def continuation(self, new_messages: list[Message], action_ended_cleanly: bool = True) -> list[int]:
-        return self.after_action(action_ended_cleanly) + self._after_anchor(new_messages)
+        close, after = self._turn_closing(new_messages)
+        return after if action_ended_cleanly else close + after
 
     def action_tokens(self, message: Message) -> list[int]:
-        """What the model samples for `message` after a user turn: tml-renderers' trained (weighted) tokens."""
-        msgs = [{"role": "user", "content": _PROBE}, message]
-        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(msgs, None))
-        example = self._tml.render_for_sft(oss)[-1]
+        """What the model samples for `message` after a user turn: tml-renderers' trained (weighted) tokens, ended
+        as the family ends a turn that something follows (tool results after calls, else a user turn)."""
+        action = self._sft_action([{"role": "user", "content": _PROBE}, message])
+        end = self._followed_end[bool(message.get("tool_calls"))]
+        return action if end is None else action[:-1] + [end]
+
+    def _sft_example(self, messages: list[Message]) -> Any:
+        """tml-renderers' last training example for `messages` (None when it makes none: Kimi K2 makes none for a
+        conversation that does not end with an assistant turn)."""
+        oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(messages, None))
+        examples = self._tml.render_for_sft(oss)
+        return examples[-1] if examples else None
+
+    def _sft_action(self, messages: list[Message]) -> list[int]:
+        """The weighted tokens of tml-renderers' layout of `messages`, which end with the assistant turn."""
+        example = self._sft_example(messages)
         tokens = _flat(example.input_token_spans)
         weights = list(example.per_token_loss_weight_unshifted)
         first = weights.index(next(w for w in weights if w))
@@ -353,13 +413,23 @@ class TmlRenderer(Renderer):
         return action
 
     # -- parsing ------------------------------------------------------------------------------------
-    def parse_response(self, tokens: list[int]) -> ParsedResponse:
+    def _parser(self, tools: list[dict] | None) -> Any:
+        """tml-renderers' parser for replies to a prompt declaring `tools`: it reads a call's arguments by their
+        schemas where the format writes them as text (a string "5" stays a string). Made once per tool set
+        (a parser keeps no state between replies)."""
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        if key not in self._parsers:
+            if len(self._parsers) >= 64:
+                self._parsers.clear()
+            oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml([{"role": "user", "content": _PROBE}], tools))
+            self._parsers[key] = self._tml.render_for_completion(oss)[1]
+        return self._parsers[key]
+
+    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
         tokens = list(tokens)
         ended = self.ends_turn(tokens)
-        oss_prompt = self._chat.OpenAIMessage.from_oss_messages([{"role": "user", "content": _PROBE}])
-        _spans, parser = self._tml.render_for_completion(oss_prompt)
         try:
-            parsed = parser.parse_tokens(tokens)
+            parsed = self._parser(tools).parse_tokens(tokens)
         except ValueError as e:
             text, _ = self.reply_text(tokens)
             if not ended:  # cut by max_tokens: unfinished, not malformed
@@ -380,8 +450,31 @@ class TmlRenderer(Renderer):
             for c in m.get("tool_calls") or []:
                 calls.append(tool_call(c["function"]["name"], c["function"].get("arguments") or "{}", c.get("id")))
         reasoning = "".join(thoughts) if thoughts else None
+        if calls and tools and self._untyped_arguments:
+            calls = self._typed_calls(calls, tools, tokens, reasoning)
         errors = [] if calls else self._unread_calls(tokens, reasoning)
         return ParsedResponse(assistant_message("".join(texts).strip(), calls, reasoning), ended, errors)
+
+    def _typed_calls(
+        self, calls: list[dict], tools: list[dict], tokens: list[int], reasoning: str | None
+    ) -> list[dict]:
+        """Calls whose arguments have the JSON types their schemas declare, where the parser left one as it read
+        the text (Nemotron 3 reads a string "5" as 5; Qwen3.5 and Nemotron 3 write a bool as `True` and null as
+        `None`, as their chat templates do): a string takes the text the reply wrote for it."""
+        text, _ = self.reply_text(tokens)
+        if reasoning:
+            text = text.replace(reasoning, "", 1)
+        written = _written_arguments(text)
+        out = []
+        for i, call in enumerate(calls):
+            name, args = call["function"]["name"], call_arguments(call)
+            raw = written[i][1] if i < len(written) and written[i][0] == name else {}
+            types = _declared_types(tools, name)
+            if isinstance(args, dict) and types:
+                args = {k: _typed(v, types.get(k, []), raw.get(k)) for k, v in args.items()}
+                call = tool_call(name, args, call["id"])
+            out.append(call)
+        return out
 
     def _unread_calls(self, tokens: list[int], reasoning: str | None) -> list[str]:
         """An error when a reply without a well-formed call still writes tool-call markup outside its
@@ -394,17 +487,75 @@ class TmlRenderer(Renderer):
             return []
         return [f"the reply writes a tool call ({found[0]}) that is not well formed: {text.strip()[:200]}"]
 
-    def parse_text(self, text: str) -> ParsedResponse:
+    def parse_text(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
         """Reply text (special tokens written out) parsed as the family's tokens would be."""
-        return self.parse_response(self.tokenizer.encode(text) + self._stops[:1])
+        return self.parse_response(self.tokenizer.encode(text) + self._stops[:1], tools)
 
-    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
-        parsed = self.parse_text(text)
+    def parse_tool_calls(self, text: str, tools: list[dict] | None = None) -> tuple[str, list[dict], list[str]]:
+        parsed = self.parse_text(text, tools)
         return parsed.message["content"], parsed.message.get("tool_calls", []), parsed.tool_call_errors
 
     def split_reasoning(self, text: str) -> tuple[str | None, str]:
         parsed = self.parse_text(text)
         return parsed.message.get("reasoning_content"), parsed.message["content"]
+
+
+# a call's arguments as key/value formats write them: Qwen3.5/3.8 and Nemotron 3, and GLM-5.3
+_CALL_BLOCK_RE = re.compile(r"<function=([^>\n]+)>(.*?)</function>|<tool_call>([^<\s]+)(.*?)</tool_call>", re.DOTALL)
+_PARAMETER_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_ARG_PAIR_RE = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def _written_arguments(text: str) -> list[tuple[str, dict[str, str]]]:
+    """Each call a reply writes in a key/value format, in order: (its name, each argument's text as written)."""
+    out = []
+    for m in _CALL_BLOCK_RE.finditer(text):
+        name, body = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+        pairs = _PARAMETER_RE.findall(body) or _ARG_PAIR_RE.findall(body)
+        out.append((name.strip(), {k.strip(): v for k, v in pairs}))
+    return out
+
+
+def _declared_types(tools: list[dict], name: str) -> dict[str, list[str]]:
+    """The JSON types the schema of tool `name` declares for each of its arguments (those that declare one)."""
+    for tool in tools:
+        fn = tool.get("function", tool)
+        if fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            declared = {k: v.get("type") for k, v in props.items() if isinstance(v, dict)}
+            return {k: kind if isinstance(kind, list) else [kind] for k, kind in declared.items() if kind}
+    return {}
+
+
+def _is_json_type(value: Any, name: str) -> bool:
+    if name == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if name == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    kinds = {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}
+    return name in kinds and isinstance(value, kinds[name])
+
+
+def _typed(value: Any, types: list[str], written: str | None) -> Any:
+    """`value` as the first of `types` its text reads as (unchanged when it has one of them already, or reads
+    as none): a key/value format writes every argument as text, so only the schema tells "5" from 5."""
+    if not types or any(_is_json_type(value, t) for t in types):
+        return value
+    text = written if written is not None else value if isinstance(value, str) else json.dumps(value)
+    for t in types:
+        if t == "string":
+            return text
+        if t == "boolean" and text.strip().lower() in ("true", "false"):  # Python's `True` as JSON's `true`
+            return text.strip().lower() == "true"
+        if t == "null" and text.strip() in ("null", "None"):
+            return None
+        try:
+            read = json.loads(text)
+        except ValueError:
+            continue
+        if _is_json_type(read, t):
+            return read
+    return value
 
 
 def _arguments_json(call: dict) -> str:

@@ -2,9 +2,13 @@
 
 A conversation is laid out exactly as a multi-turn episode is sampled: the prompt up to the first
 assistant turn, then each assistant turn's action tokens (weight 1, what the model learns to
-write) and the tokens between turns — observations, the next header — (weight 0). So a warm
-start on an agent's transcripts trains the very tokens RL later samples. Used by the RL loop's
-warm start (`warm_start:`) and by `tinkrl sft`.
+write), and after it the renderer's next prompt (`next_prompt`, weight 0 on the observations and
+the next header). Where the chat format keeps past turns as sampled, that extends the tokens so
+far and the conversation is one datum; where it rewrites them (past thinking dropped: Qwen3,
+DeepSeek V3.1/V4.1 thinking, Kimi, Nemotron 3, gpt-oss), a new datum starts at the family's own
+prompt for the turn, as tinker-cookbook does, so no later turn trains on a context holding
+thinking that inference drops. So a warm start on an agent's transcripts trains the very tokens
+RL later samples. Used by the RL loop's warm start (`warm_start:`) and by `tinkrl sft`.
 """
 
 from __future__ import annotations
@@ -35,29 +39,31 @@ def adam_params(config, learning_rate: float) -> types.AdamParams:
     )
 
 
-def conversation_tokens(
+def conversation_datums(
     renderer, messages: list[Message], tools: list[dict] | None = None
-) -> tuple[list[int], list[float]]:
-    """(tokens, weights) of a conversation: weight 1 on every assistant turn's action tokens, 0 elsewhere."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first is None or first == 0:
+) -> list[tuple[list[int], list[float]]]:
+    """A conversation as (tokens, weights) sequences, laid out as an episode samples it (see the module
+    docstring): weight 1 on every assistant turn's action tokens, 0 elsewhere; one sequence while each
+    next prompt extends the tokens so far, a new one where the chat format rewrites its history."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns or turns[0] == 0:
         raise ValueError("a conversation needs a prompt (system/user turns) and then an assistant turn")
-    tokens = renderer.prompt_tokens(messages[:first], tools)
-    weights = [0.0] * len(tokens)
-    pending: list[Message] = []
-    for m in messages[first:]:
-        if m["role"] != "assistant":
-            pending.append(m)
-            continue
-        if pending:
-            between = renderer.continuation(pending)
-            tokens += between
-            weights += [0.0] * len(between)
-            pending = []
-        action = renderer.action_tokens(m)
-        tokens += action
-        weights += [1.0] * len(action)
-    return tokens, weights
+    out: list[tuple[list[int], list[float]]] = []
+    prompt = renderer.prompt_tokens(messages[: turns[0]], tools)
+    tokens, weights = list(prompt), [0.0] * len(prompt)
+    for i, nxt_turn in zip(turns, [*turns[1:], None]):
+        action = renderer.action_tokens(messages[i])
+        tokens, weights = tokens + action, weights + [1.0] * len(action)
+        if nxt_turn is None:
+            break
+        prompt = renderer.next_prompt(prompt, action, messages[: i + 1], messages[i + 1 : nxt_turn], tools)
+        if prompt[: len(tokens)] != tokens:  # the format rewrote its history: a new datum
+            out.append((tokens, weights))
+            tokens, weights = [], []
+        weights += [0.0] * (len(prompt) - len(tokens))
+        tokens = list(prompt)
+    out.append((tokens, weights))
+    return out
 
 
 def to_datum(tokens: list[int], weights: list[float], max_length: int | None = None) -> types.Datum:

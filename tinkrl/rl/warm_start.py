@@ -18,7 +18,7 @@ from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.supervised import (
     Message,
     adam_params,
-    conversation_tokens,
+    conversation_datums,
     load_conversations,
     to_datum,
     train_supervised,
@@ -53,11 +53,13 @@ async def warm_start(
         print("before the warm start: " + " | ".join(f"{k} {v:.3f}" for k, v in m.items() if k.endswith("_reward")))
     t = time.time()
     conversations = load_conversations(ws.data) if ws.data else await gather_demonstrations(envs, ws.demonstrations)
-    datums = []
-    for conv in conversations:
-        tokens, weights = conversation_tokens(renderer, conv)
-        datums.append(to_datum(tokens, weights))
-    print(f"warm start: {ws.steps} supervised steps on {len(datums)} transcripts (gathered in {time.time() - t:.1f}s)")
+    datums = [
+        to_datum(tokens, weights) for conv in conversations for tokens, weights in conversation_datums(renderer, conv)
+    ]
+    print(
+        f"warm start: {ws.steps} supervised steps on {len(conversations)} transcripts ({len(datums)} datums, "
+        f"gathered in {time.time() - t:.1f}s)"
+    )
     adam = adam_params(c, ws.learning_rate)
 
     def on_step(step: int, m: dict[str, float]) -> None:

@@ -61,11 +61,15 @@ def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
     return keep
 
 
-def renderer_for(renderer, tool_format: str):
-    """The run's renderer, or a copy of it speaking `tool_format`."""
+def renderer_for(renderer, tool_format: str, key: str):
+    """The run's renderer, or a copy of it speaking `tool_format`; a ConfigError in one line when it cannot
+    (a tml-renderers family speaks only its own format), raised before any task loads or sandbox starts."""
     if renderer.tool_format == tool_format:
         return renderer
-    return renderer.with_tool_format(tool_format)
+    try:
+        return renderer.with_tool_format(tool_format)
+    except ValueError as e:
+        raise ConfigError(f"environments.{key}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +109,7 @@ class TaskEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         action = list(action)
-        parsed = self.renderer.parse_response(action)
+        parsed = self.renderer.parse_response(action, self.session.tools)
         ended = parsed.ended_cleanly
         if self.session.shell:
             text, _ = self.renderer.reply_text(action)
@@ -214,6 +218,7 @@ class TasksDataset(RLDataset):
 
 def build_datasets(cfg: TasksEnvConfig, ctx: EnvContext) -> EnvDatasets:
     """The training tasks that pass the gate, and the held-out tasks, as datasets of groups."""
+    renderer = renderer_for(ctx.renderer, cfg.tool_format, ctx.key)
     tasks = cfg.load_tasks()
     test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
     held_out = {t.id for t in test}
@@ -223,7 +228,6 @@ def build_datasets(cfg: TasksEnvConfig, ctx: EnvContext) -> EnvDatasets:
         train = gated(train, provider.get())
     if not train:
         raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
-    renderer = renderer_for(ctx.renderer, cfg.tool_format)
 
     def builder(task: Task, group_size: int) -> TaskGroupBuilder:
         return TaskGroupBuilder(task, cfg, renderer, provider, group_size, ctx.key)

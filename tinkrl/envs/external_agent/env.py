@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import tinkrl
 from tinkrl.envs.agent_tasks.config import select_tasks
-from tinkrl.envs.agent_tasks.env import TasksDataset, gated
+from tinkrl.envs.agent_tasks.env import TasksDataset, gated, renderer_for
 from tinkrl.envs.external_agent.config import ExternalAgentEnvConfig
 from tinkrl.errors import ConfigError
 from tinkrl.proxy.external_agents import CommandAgent, ExternalRollout
@@ -190,6 +190,7 @@ class StepTasksDataset(TasksDataset):
 
 def build_datasets(cfg: ExternalAgentEnvConfig, ctx: EnvContext) -> EnvDatasets:
     """The gated training tasks and held-out tasks as groups of agent runs, one server for the run."""
+    renderer_for(ctx.renderer, cfg.tool_format, ctx.key)  # a tool_format the renderer cannot write stops here
     if cfg.agent == "mini-swe-agent":
         try:
             mini_executable()

@@ -158,7 +158,7 @@ class OpenRewardEnv(Env):
 
     async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
         renderer, cfg = self.spec.renderer, self.spec.cfg
-        parsed = renderer.parse_response(action)
+        parsed = renderer.parse_response(action, self.tools or None)
         self.turns += 1
         self.messages.append(parsed.message)
         new_messages: list[dict] = []

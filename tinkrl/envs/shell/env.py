@@ -92,7 +92,7 @@ async def reference_transcript(
 
 def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
     """The train stream, the held-out set (two tags) and the reference demonstrations of the shell family."""
-    renderer = renderer_for(ctx.renderer, cfg.tool_format)
+    renderer = renderer_for(ctx.renderer, cfg.tool_format, ctx.key)
     provider = ctx.sandbox
     tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed, cfg.paraphrase)
     per_new = cfg.test_per_template if cfg.test_per_held_out_template is None else cfg.test_per_held_out_template
