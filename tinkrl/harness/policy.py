@@ -8,7 +8,8 @@ reply's sampled tokens + the observations where the family keeps its past turns 
 sequence a trainer can use), the family's own rendering where it rewrites them. Actions are read in
 tinkrl's action formats (`shell`: one ```bash block per turn, `DONE` to finish; `tools`: the
 renderer's tool calls, their arguments typed by the episode's tool schemas) and run in whatever
-`Sandbox` the harness provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded (`Trajectory`).
+`Sandbox` the harness provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded
+(`Trajectory`).
 
 Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (`load_tokenizer`).
 """
