@@ -132,6 +132,30 @@ def test_turn_limit_ends_the_episode_and_it_is_graded(renderer, provider):
     assert r.metrics["tasks/end/max_turns"] == 1
 
 
+def test_a_command_failing_the_same_way_twice_ends_the_episode_and_it_is_graded(renderer, provider):
+    """The same command with the same error a second time ends the episode, graded as the sandbox stands
+    (here the file was written first, so it scores 1); a different failure in between does not end it,
+    and with end_on_repeated_failure off the turns run out instead."""
+    failing = call("execute_bash", {"command": "cat /app/missing.txt"})
+
+    async def episode(**cfg):
+        env = make_env(renderer, provider, max_turns=6, **cfg)
+        try:
+            await env.initial_observation()
+            for command in (HELLO, "cat /app/missing.txt", "ls /app/nowhere"):
+                r = await env.step(action(renderer, call("execute_bash", {"command": command})))
+                assert not r.episode_done
+            return await env.step(action(renderer, failing))
+        finally:
+            await env.close()
+
+    r = run(episode())
+    assert r.episode_done and r.logs["tasks/end"] == "repeated_failure" and r.reward == 1.0
+    assert r.metrics["tasks/end/repeated_failure"] == 1 and r.metrics["tasks/turns"] == 4
+    r = run(episode(end_on_repeated_failure=False))
+    assert not r.episode_done
+
+
 def test_command_timeout_is_an_observation_and_a_cut_action_is_closed(renderer, provider):
     async def episode():
         env = make_env(renderer, provider, command_timeout_s=1)

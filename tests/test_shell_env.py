@@ -233,6 +233,20 @@ def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> No
     assert trained == renderer.action_tokens(messages[2]) + renderer.action_tokens(messages[4])
 
 
+def test_checkpoints_carry_the_turn_cap_the_run_trained_with() -> None:
+    """`tinkrl eval --checkpoint` plays as many turns as training did unless told otherwise: the run's
+    checkpoints record its environments' max_turns beside the action format."""
+    from tinkrl.config import load_config
+    from tinkrl.envs import checkpoint_metadata
+
+    meta = checkpoint_metadata(load_config(None, ["env=shell", "env.max_turns=4"]))
+    assert meta == {"action_format": "shell", "tool_format": "hermes", "max_turns": "4"}
+    two = load_config(
+        None, ["environments.a.type=shell", "environments.b.type=shell", "environments.b.env.max_turns=5"]
+    )
+    assert "max_turns" not in checkpoint_metadata(two)  # environments that disagree name none
+
+
 def test_a_run_without_demonstrations_says_how_to_warm_start() -> None:
     from tinkrl.rl.types import EnvDatasets
     from tinkrl.rl.warm_start import gather_demonstrations
@@ -295,11 +309,11 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
 
     checkpoint = final[0].split(": ", 1)[1]
     rc = tinkrl(
-        ["eval", "--tasks", str(TASKS), "--task-id", "hello-file", "--checkpoint", checkpoint, "--max-turns", "1"]
+        ["eval", "--tasks", str(TASKS), "--task-id", "hello-file", "--checkpoint", checkpoint]
         + ["--max-tokens", "8", "--output-path", str(tmp_path / "eval"), "--run-id", "e"]
     )
     assert rc == 0, capsys.readouterr().err
     results = json.loads((tmp_path / "eval" / "e" / "results.json").read_text())
-    assert results["action_format"] == "shell"
+    assert results["action_format"] == "shell" and results["max_turns"] == 3  # the turns it trained with
     trial = json.loads((tmp_path / "eval" / "e" / "results.jsonl").read_text().splitlines()[0])
     assert trial["transcript"][0]["content"].startswith("You are an agent in a Linux shell")

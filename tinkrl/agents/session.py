@@ -7,8 +7,9 @@ the ORS task server (`tinkrl serve env tasks`, one session per ORS session).
 
 What the policy causes shapes or ends the episode and is trained on: a malformed tool call
 becomes an error observation, a command that hangs a timeout observation; `submit`, the
-turn, token or time limit end the episode and it is graded; overflowing the context ends it
-with reward 0. Only infrastructure failures (the sandbox died, a task cannot be built or
+turn, token or time limit end the episode and it is graded, and so does a command that fails
+the same way twice (the same command, the same output: `end_on_repeated_failure`), since
+repeating it only repeats the error; overflowing the context ends it with reward 0. Only infrastructure failures (the sandbox died, a task cannot be built or
 graded) raise `InfraFailure`, so the rollout leaves the episode out of its group.
 
 The session reads its limits from any object with the `SessionConfig` fields (the tasks
@@ -50,7 +51,8 @@ TRUNCATED = (
 TIMEOUT_MARKER = "[the command timed out after"  # execute_bash's timeout observation
 MIN_ACTION_TOKENS = 16  # an observation that leaves less room than this overflows the context
 REPO_FORMATS = ("swebench", "r2e")  # tasks whose workspace diff is a SWE-bench `model_patch`
-END_REASONS = ("submit", "max_turns", "max_tokens", "time_limit", "context_overflow")
+END_REASONS = ("submit", "max_turns", "max_tokens", "time_limit", "repeated_failure", "context_overflow")
+EXIT_OK = "[exit code: 0]"  # how execute_bash's observation of a command that succeeded ends
 
 
 class SessionConfig(Protocol):
@@ -65,12 +67,28 @@ class SessionConfig(Protocol):
     max_observation_chars: int
     system_prompt: str | None
     action_format: str  # "tools" (JSON tool calls) | "shell" (one ```bash block per turn)
+    end_on_repeated_failure: bool  # a command failing the same way twice ends the episode
 
 
 class SandboxSource(Protocol):
     """Where a session gets its sandbox provider (shared by all episodes, made on first use)."""
 
     def get(self) -> SandboxProvider: ...
+
+
+def bash_command(call: dict) -> str | None:
+    """The command of an execute_bash call (its arguments as given or as JSON text), else None."""
+    fn = call.get("function", {})
+    if fn.get("name") != "execute_bash":
+        return None
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    command = args.get("command") if isinstance(args, dict) else None
+    return command if isinstance(command, str) else None
 
 
 def clip(text: str, limit: int) -> str:
@@ -103,6 +121,8 @@ class TaskSession:
         self._base_commit = ""
         self._started = math.inf
         self._sandbox_s = 0.0  # time spent running tool calls
+        self._failures: set[tuple[str, str]] = set()  # (command, observation) of each failed command
+        self._repeated = False  # a command failed as it had failed before
         self._closed = False
 
     @property
@@ -213,6 +233,7 @@ class TaskSession:
         for call in calls:
             self.tool_calls += 1
             obs, submitted = await self._run_call(call)
+            self._note_failure(bash_command(call), obs)
             if self.shell:
                 if not submitted:
                     observations.append(observation_message(obs))
@@ -236,6 +257,8 @@ class TaskSession:
         self.messages.extend(observations)
         if submitted:
             self.end_reason = "submit"
+        elif self._repeated:
+            self.end_reason = "repeated_failure"
         elif self.turns >= self.cfg.max_turns:
             self.end_reason = "max_turns"
         elif self.cfg.max_total_tokens is not None and self.sampled_tokens >= self.cfg.max_total_tokens:
@@ -243,6 +266,16 @@ class TaskSession:
         elif self.elapsed_s() >= self.timeout_s:
             self.end_reason = "time_limit"
         return observations, self.done
+
+    def _note_failure(self, command: str | None, observation: str) -> None:
+        """Remember a command that failed; the second time one fails with the same output, the episode is
+        to end (with `end_on_repeated_failure`)."""
+        if command is None or observation.rstrip().endswith(EXIT_OK):
+            return
+        failure = (command.strip(), observation)
+        if failure in self._failures and getattr(self.cfg, "end_on_repeated_failure", True):
+            self._repeated = True
+        self._failures.add(failure)
 
     def overflow(self) -> None:
         """The next observation does not fit the context: the episode ends, scored 0."""

@@ -51,6 +51,7 @@ AGENT_KWARGS: dict[str, tuple[str, type]] = {
     "max_tokens": ("max_tokens", int),
 }
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_MAX_TURNS = 10  # the tasks environment's own default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
     p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
     p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
-    p.add_argument("--max-turns", type=int, default=10)
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help=f"assistant turns per episode (default: what the --checkpoint's run trained with, else {DEFAULT_MAX_TURNS})",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per turn")
     p.add_argument("--max-context-tokens", type=int, default=8192)
     p.add_argument("--episode-timeout", type=float, default=None, help="seconds (default: the task's agent timeout)")
@@ -206,7 +212,7 @@ def _backend(args: argparse.Namespace) -> tuple[str, str]:
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for name in ("n", "max_turns", "max_tokens", "n_concurrent"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_context_tokens < 64:
         parser.error("--max-context-tokens must be at least 64")
@@ -241,7 +247,7 @@ async def _main(args: argparse.Namespace) -> int:
     cfg = TasksEnvConfig(
         **({"dataset": args.dataset} if args.dataset else {"path": args.tasks or ["tasks"]}),
         task_ids=args.task_ids,
-        max_turns=args.max_turns,
+        max_turns=args.max_turns or DEFAULT_MAX_TURNS,
         max_tokens_per_turn=args.max_tokens,
         max_context_tokens=args.max_context_tokens,
         episode_timeout_s=args.episode_timeout,
@@ -282,10 +288,11 @@ async def _main(args: argparse.Namespace) -> int:
                 sc = await asyncio.to_thread(service.create_sampling_client, model_path=args.checkpoint)
                 model_label = args.checkpoint
                 trained = await asyncio.to_thread(checkpoint_metadata, service, args.checkpoint)
-                for name in ("action_format", "tool_format"):
+                for name in ("action_format", "tool_format", "max_turns"):
                     if getattr(args, name) is None and name in trained:
-                        setattr(cfg, name, trained[name])
-                        print(f"tinkrl eval: {name}={trained[name]}, as the checkpoint was trained", file=sys.stderr)
+                        value = int(trained[name]) if name == "max_turns" else trained[name]
+                        setattr(cfg, name, value)
+                        print(f"tinkrl eval: {name}={value}, as the checkpoint was trained", file=sys.stderr)
             else:
                 sc = await asyncio.to_thread(service.create_sampling_client, base_model=backend.model_name)
                 model_label = backend.model_name
@@ -311,7 +318,7 @@ async def _main(args: argparse.Namespace) -> int:
         "base_model": model_name,
         "n_attempts": args.n,
         "temperature": args.temperature,
-        "max_turns": args.max_turns,
+        "max_turns": cfg.max_turns,
         "max_tokens": args.max_tokens,
         "max_context_tokens": args.max_context_tokens,
         "action_format": cfg.action_format,

@@ -134,12 +134,13 @@ def resolve_config(config: TrainConfig) -> TrainConfig:
     return config
 
 
-AGENT_SETTINGS = ("action_format", "tool_format")  # what evaluating a checkpoint needs to act as it was trained
+# what evaluating a checkpoint needs to act as it was trained, and to get as many turns
+AGENT_SETTINGS = ("action_format", "tool_format", "max_turns")
 
 
 def checkpoint_metadata(config: TrainConfig) -> dict[str, str]:
     """What a run's checkpoints should carry for `tinkrl eval --checkpoint`: the agent settings
-    (`action_format`, `tool_format`) its environments agree on."""
+    (`action_format`, `tool_format`, `max_turns`) its environments agree on."""
     out: dict[str, str] = {}
     configs = [make_env_config(k, e) for k, e in config.environments.items()]
     for name in AGENT_SETTINGS:

@@ -80,6 +80,7 @@ class AgentLimits:
     max_observation_chars: int = 8000
     system_prompt: str | None = None
     action_format: str = "shell"
+    end_on_repeated_failure: bool = True
 
 
 @dataclass

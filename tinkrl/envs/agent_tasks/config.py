@@ -51,6 +51,9 @@ class TasksEnvConfig(BaseModel):
     the time the agent's commands take in the sandbox is counted."""
     command_timeout_s: float = Field(60.0, gt=0)
     """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
+    end_on_repeated_failure: bool = True
+    """End the episode (graded as it stands) when a command fails the same way a second time: the same
+    command with the same output, which repeating will not change."""
     max_observation_chars: int = Field(8000, ge=200)
     """A tool result longer than this keeps its head and tail."""
     action_format: Literal["tools", "shell"] = "tools"

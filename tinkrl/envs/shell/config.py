@@ -46,6 +46,9 @@ class ShellEnvConfig(BaseModel):
     """Count the model's sampling time against the episode's time limit too."""
     command_timeout_s: float = Field(10.0, gt=0)
     """Ceiling on one command; a timeout is an observation."""
+    end_on_repeated_failure: bool = True
+    """End the episode (graded as it stands) when a command fails the same way a second time: the same
+    command with the same output, which repeating will not change."""
     max_observation_chars: int = Field(600, ge=200)
     """A command's output longer than this keeps its head and tail."""
     action_format: Literal["shell", "tools"] = "shell"
