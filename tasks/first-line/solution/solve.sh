@@ -1,0 +1,3 @@
+#!/bin/bash
+cd /app
+head -n 1 data/measurements.csv > header.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i 's/colour/color/g' /app/notes.txt

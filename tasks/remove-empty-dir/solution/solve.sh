@@ -1,0 +1,2 @@
+#!/bin/bash
+rmdir /app/old_reports

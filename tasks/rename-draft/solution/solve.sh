@@ -1,0 +1,2 @@
+#!/bin/bash
+mv /app/notes/draft.md /app/notes/final.md

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort /app/guests.txt > /app/guests_sorted.txt
