@@ -123,6 +123,11 @@ class WarmStartConfig(Strict):
     data: str | None = None
     """A JSONL file of conversations ({"messages": [...]} per line) to train on instead of the environments'
     own demonstrations."""
+    base_eval: Literal["full", "sample", "off"] = "full"
+    """The untrained model's eval before the warm start (the `base` line of warm_start.jsonl): the full
+    held-out eval, the in-run eval's fixed sample (eval_sample_size), or none. Its result is kept in
+    $TINKRL_HOME/cache/evals per model, held-out set and eval settings, and a later run with the same ones
+    reads it from there instead of evaluating again."""
 
 
 class BwrapSandboxConfig(Strict):
@@ -342,6 +347,17 @@ class TrainConfig(BackendConfig):
     """Steps between held-out evals; 0: only at the end."""
     eval_problems: int = Field(100, ge=0)
     """Held-out problems per eval."""
+    eval_sample_size: int | None = Field(None, ge=1)
+    """In-run evals on a fixed sample of this many held-out problems per environment (drawn once from the
+    run's seed, spread over the held-out tags), greedy only, with their standard error (`eval_sample/...`);
+    the full held-out eval then runs only before the first RL step and after the last. None: every eval is
+    a full one."""
+    eval_modes: list[Literal["greedy", "sampled"]] = Field(default_factory=lambda: ["greedy", "sampled"], min_length=1)
+    """How a full eval plays each held-out problem: greedy, one episode sampled at the run's temperature, or
+    both (`eval/<key>/{greedy,sampled}_reward`, each with its `_stderr`)."""
+    eval_max_share: float | None = Field(None, gt=0, le=1)
+    """With time_budget_s: an in-run eval is skipped when it would take all evaluation (what ran so far, it,
+    and the final eval's reserve) past this share of the budget. None: no cap."""
     resume_from: str | None = None
     """Start a new run from this checkpoint (a state path: tinker://.../weights/... or a directory): its weights
     and optimizer state, at step 0."""
@@ -391,6 +407,12 @@ class TrainConfig(BackendConfig):
             raise ValueError("loss_fn: dro needs loss_fn_config.beta (the weight of its quadratic penalty), e.g. 0.05")
         if self.kl_reference == "warm_start" and not self.warm_start.steps:
             raise ValueError("kl_reference: warm_start needs a warm start (warm_start.steps > 0); else use base")
+        if len(set(self.eval_modes)) != len(self.eval_modes):
+            raise ValueError(f"eval_modes: each mode once, got {self.eval_modes}")
+        if self.eval_max_share is not None and self.time_budget_s is None:
+            raise ValueError("eval_max_share is a share of time_budget_s: set time_budget_s too, or drop it")
+        if self.warm_start.base_eval == "sample" and self.eval_sample_size is None:
+            raise ValueError("warm_start.base_eval: sample needs eval_sample_size (the sample's size)")
         if self.run_name is None:
             self.run_name = _fresh_run_name(self.environments)
         if not self.environments:

@@ -43,33 +43,67 @@ class RolloutQueue:
 
 
 class TimeBudget:
-    """Ends a run early, with its final eval and checkpoint, so that it finishes within `budget_s`."""
+    """The job's clock: ends RL early, with its final eval and checkpoint, so that the job finishes within
+    `budget_s`; keeps in-run evals within `eval_share` of it; and keeps the ledger of where the time went.
 
-    def __init__(self, budget_s: float | None, t0: float):
-        self.budget_s, self.t0 = budget_s, t0
-        self.eval_s = 0.0  # one held-out eval, as first measured: the final eval is estimated by it
+    The pace of RL steps is measured from the start of RL (`start_rl`), full evals left out, so the load,
+    the warm start and the eval before RL never count as step time. The final eval is reserved from the
+    budget at the cost of the latest full eval measured."""
+
+    def __init__(self, budget_s: float | None, t0: float, eval_share: float | None = None):
+        self.budget_s, self.t0, self.eval_share = budget_s, t0, eval_share
+        self.eval_s = 0.0  # the latest full eval's duration: the final eval's reserve
+        self.sample_eval_s = 0.0  # the latest in-run (sample) eval's duration
+        self.spent: dict[str, float] = {}  # seconds per phase: warm_start, rl, eval/base, eval/before_rl, ...
+        self.rl_start = t0
+        self._excluded = 0.0  # full-eval seconds inside RL, left out of the step pace
         self._first: tuple[float, int] | None = None  # (time, steps run) when this process's first step ended
 
-    def note_eval(self, seconds: float) -> None:
-        """Record the first eval's duration."""
-        self.eval_s = self.eval_s or seconds
+    def start_rl(self) -> None:
+        """RL begins now: its steps' pace is measured from here."""
+        self.rl_start, self._excluded = time.time(), 0.0
+
+    def note(self, phase: str, seconds: float) -> None:
+        """Add `seconds` to `phase` in the ledger; an eval phase (`eval/...`) also updates what the next
+        evals are expected to cost: `eval/sample` the in-run sample's, any other the final eval's reserve."""
+        self.spent[phase] = self.spent.get(phase, 0.0) + seconds
+        if phase == "eval/sample":
+            self.sample_eval_s = seconds
+        elif phase.startswith("eval/"):
+            self.eval_s = seconds
+            if time.time() - seconds >= self.rl_start:
+                self._excluded += seconds
+
+    @property
+    def eval_spent(self) -> float:
+        """Seconds spent evaluating so far."""
+        return sum(v for k, v in self.spent.items() if k.startswith("eval/"))
+
+    def eval_fits(self, sample: bool) -> bool:
+        """Whether another in-run eval (a sample or a full one, at its last measured cost) keeps all
+        evaluation, the final eval's reserve included, within `eval_share` of the budget (always, without
+        a budget or a share)."""
+        if self.budget_s is None or self.eval_share is None:
+            return True
+        cost = self.sample_eval_s if sample else self.eval_s
+        return self.eval_spent + cost + self.eval_s <= self.eval_share * self.budget_s
 
     def note_step(self, steps_run: int) -> None:
         """Record that `steps_run` steps have run in this process. The pace is measured from the end of
-        the first one: it carries one-time costs (loading the model, compiling, the first eval) that
-        the later steps do not repeat."""
+        the first one: it carries one-time costs (compiling, the first eval) that the later steps do
+        not repeat."""
         if self._first is None and steps_run >= 1:
             self._first = (time.time(), steps_run)
 
     def _pace(self, steps_run: int) -> tuple[float, float]:
         """Seconds elapsed, and seconds per step: over the steps after the first once there are any,
-        else over everything so far (the first eval left out)."""
+        else over RL so far (its full evals left out)."""
         now = time.time()
         elapsed = now - self.t0
         if self._first is not None and steps_run > self._first[1]:
             first_end, first_steps = self._first
             return elapsed, (now - first_end) / (steps_run - first_steps)
-        return elapsed, (elapsed - self.eval_s) / max(1, steps_run)
+        return elapsed, (now - self.rl_start - self._excluded) / max(1, steps_run)
 
     def steps_left(self, steps_run: int) -> float:
         """How many more steps fit in the budget at the pace so far (inf without a budget or before a step)."""

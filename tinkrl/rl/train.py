@@ -6,9 +6,15 @@ Each step: every environment's share of groups is rolled out concurrently with t
 sampling client; groups that failed too often (and, if asked, constant-reward groups) are
 dropped; rewards become advantages and trajectories become datums; `forward_backward` and
 `optim_step` are submitted back to back; then comes a sampling client for the new weights.
-Held-out evals run every `eval_every` steps, checkpoints every `save_every`. In async mode the
-next steps' rollouts are sampled while this step trains, never from weights more than
+Held-out evals run every `eval_every` steps, checkpoints every `save_every`. With
+`eval_sample_size`, the full held-out eval runs before the first RL step and after the last, and
+the evals between are a fixed sample, greedy (`rl/evaluation.py`). In async mode the next steps'
+rollouts are sampled while this step trains, never from weights more than
 `async.max_steps_off_policy` steps old.
+
+The job's clock (`rl/schedule.TimeBudget`) keeps the ledger of where the time went; the run ends
+with `summary.json` (`rl/summary.py`): the evals before the warm start, before RL and after it,
+what each phase gained, and the time split.
 
 The loop knows environments only as `EnvDatasets`; `main` gets them from a factory (the
 `tinkrl train` command builds them from the config's `environments:` map).
@@ -35,6 +41,7 @@ from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollou
 from tinkrl.rl.rollouts import sample_groups
 from tinkrl.rl.run_dir import claim_run_dir, new_run_hint, record_compute
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
+from tinkrl.rl.summary import run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
@@ -81,12 +88,13 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
             run_id=record.run_id,
             resume_step=start,
         )
+        budget = TimeBudget(config.time_budget_s, t0, config.eval_max_share)
         try:
             if start == 0 and config.warm_start.steps:
                 sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
-                await warm_start(config, tc, renderer, envs, sc, logger, t0)
+                await warm_start(config, tc, renderer, envs, sc, logger, budget)
                 checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
-            return await train(config, service, tc, start, envs, logger, checkpointer, t0, renderer.tokenizer)
+            return await train(config, service, tc, start, envs, logger, checkpointer, budget, renderer.tokenizer)
         finally:
             for env in envs.values():
                 if env.close is not None:
@@ -102,11 +110,13 @@ async def train(
     envs: dict[str, EnvDatasets],
     logger: RunLogger,
     checkpointer: Checkpointer,
-    t0: float,
+    budget: TimeBudget,
     tokenizer: Any,
 ) -> Metrics:
-    """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics.
-    `tokenizer` (the renderer's) decodes the rollouts for the logs."""
+    """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics
+    and writes the run's summary. `budget` is the job's clock; `tokenizer` (the renderer's) decodes the
+    rollouts for the logs."""
+    t0 = budget.t0
     semaphore = asyncio.Semaphore(c.max_concurrent_rollouts)
     reference = await asyncio.to_thread(kl_reference_client, c, service, checkpointer) if c.kl_penalty_coef else None
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
@@ -124,10 +134,14 @@ async def train(
     max_failing = {key: entry.max_failing_rollouts for key, entry in c.environments.items()}
     max_lag = c.async_.max_steps_off_policy if c.async_ else 0
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
-    budget = TimeBudget(c.time_budget_s, t0)
+    budget.start_rl()
+    if c.time_budget_s:
+        print(f"time budget: {c.time_budget_s - (time.time() - t0):.0f}s of {c.time_budget_s:.0f}s left for RL")
     progress = progress_bar(c.max_steps, "train", unit="step", initial=start)
     final_sampler = None
     metrics: Metrics = {}
+    before_rl: Metrics | None = None  # the full eval before the first RL step, when this process ran it
+    final_eval: Metrics | None = None
     exported = start  # episodes of steps before this one went to Docent (docent.export_every)
     try:
         for step in range(start, c.max_steps):
@@ -139,9 +153,8 @@ async def train(
                 "optim/lr": lr,
             }
             if c.eval_every and step % c.eval_every == 0:
-                with timed(metrics, "time/eval"):
-                    metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
-                budget.note_eval(metrics["time/eval"])
+                result = await _in_run_eval(c, envs, sc, step, budget, metrics)
+                before_rl = result if step == 0 else before_rl
 
             # Sample: this step's groups (already in flight in async mode); select those worth training on.
             with timed(metrics, "time/sample"):
@@ -190,9 +203,14 @@ async def train(
             sc_step = done
             if last and (c.eval_every or c.eval_problems):
                 with timed(metrics, "time/final_eval"):
-                    metrics.update(await evaluate(envs, sc, c.max_tokens, c.temperature))
+                    final_eval = await evaluate(envs, sc, c.max_tokens, c.temperature, c.eval_modes, seed=c.seed)
+                metrics.update(final_eval)
+                budget.note("eval/final", metrics["time/final_eval"])
 
             metrics["time/step"] = time.time() - t_step
+            budget.note(
+                "rl", metrics["time/step"] - metrics.get("time/eval", 0.0) - metrics.get("time/final_eval", 0.0)
+            )
             metrics["time/total"] = time.time() - t0
             logger.log(step, metrics)
             if checkpoint is not None:  # the commit point: a resume starts after a logged step
@@ -212,7 +230,32 @@ async def train(
         progress.close()
     if final_sampler:
         print(f"final sampler weights: {final_sampler}")
+    summary = run_summary(c.run_dir, budget, checkpointer.steps_done(), before_rl, final_eval)
+    write_summary(c.run_dir, summary)
+    for line in summary_lines(summary):
+        print(line)
     return metrics
+
+
+async def _in_run_eval(
+    c: TrainConfig, envs: dict[str, EnvDatasets], sc: Any, step: int, budget: TimeBudget, metrics: Metrics
+) -> Metrics | None:
+    """The eval at the start of `step`: the full one at step 0 (before RL) and, without eval_sample_size,
+    at every eval; else the fixed sample, greedy, skipped (`eval_sample/skipped`) when it would take
+    evaluation past eval_max_share of the budget. Its figures go into `metrics`; returns them (None when
+    skipped)."""
+    full = step == 0 or c.eval_sample_size is None
+    if step > 0 and not budget.eval_fits(sample=not full):
+        metrics[f"{'eval' if full else 'eval_sample'}/skipped"] = 1.0
+        return None
+    with timed(metrics, "time/eval"):
+        result = await evaluate(
+            envs, sc, c.max_tokens, c.temperature, c.eval_modes, None if full else c.eval_sample_size, c.seed
+        )
+    metrics.update(result)
+    phase = "eval/before_rl" if step == 0 else ("eval/during_rl" if full else "eval/sample")
+    budget.note(phase, metrics["time/eval"])
+    return result
 
 
 def kl_reference_client(c: TrainConfig, service: Any, checkpointer: Checkpointer) -> Any:

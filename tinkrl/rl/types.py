@@ -141,6 +141,12 @@ class EnvGroupBuilder(abc.ABC):
         """Metric namespaces for this group, e.g. ["arithmetic"] → env/arithmetic/..."""
         return []
 
+    def eval_key(self) -> str | None:
+        """A digest of everything that decides this builder's held-out episode (the problem and the
+        episode's settings), so that an eval of a model that never changes can be kept and read back;
+        None, the default, when the builder cannot say (its evals are never reused)."""
+        return None
+
 
 class RLDataset(abc.ABC):
     """Hands out a run's group builders, batch by batch."""

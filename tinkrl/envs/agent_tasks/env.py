@@ -24,6 +24,8 @@ infrastructure failures raise `InfraFailure`, so the rollout leaves the episode 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -177,6 +179,14 @@ class TaskGroupBuilder(EnvGroupBuilder):
 
     def logging_tags(self) -> list[str]:
         return [self.tag]
+
+    def eval_key(self) -> str | None:
+        """The task's content, the episode's settings, the chat format and the tag, as one digest."""
+        task = self.task
+        content = task.content_hash or repr((task.id, task.instruction, task.build, task.tests, task.test_command))
+        fmt = (self.renderer.name or type(self.renderer).__name__, self.renderer.tool_format)
+        blob = json.dumps([content, self.cfg.model_dump(mode="json"), fmt, self.tag, self.group_size])
+        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class TasksDataset(RLDataset):
