@@ -70,7 +70,7 @@ def main() -> None:
             command = first_command(sampler, renderer, tokenizer, inst, args.max_tokens)
             reward = score(inst, command, provider)
             scores.append(reward)
-            print(f"{group:8s}  {inst.template:18s}  {reward:.0f}  ref {inst.solution[0]!r}  got {command!r}")
+            print(f"{group:8s}  {inst.template:18s}  {reward:.0f}  ref {inst.commands[0]!r}  got {command!r}")
         means[group] = sum(scores) / len(scores)
     for group, mean in means.items():
         print(f"{group} templates: {mean:.3f} of first commands right")

@@ -4,7 +4,11 @@ agent pipeline (warm start, RL, episode transcripts, the checkpoint's action for
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,8 @@ from tinkrl.errors import ConfigError
 from tinkrl.sandbox import LazyProvider
 from tinkrl.taskdirs import grade, run_gate, start_sandbox
 
-TASKS = Path(__file__).resolve().parents[1] / "tasks"
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "tasks"
 
 
 def test_the_config_names_the_templates_the_family_has() -> None:
@@ -41,23 +46,28 @@ def test_instances_are_seeded_and_varied() -> None:
 
 def _names(text: str) -> set[str]:
     """The names an instruction mentions: files, directories (a path's parts), words of contents, numbers."""
-    tokens = {part for t in text.split() for part in t.strip(".,;:()").split("/")}
+    tokens = {part for t in text.split() for part in t.strip(".,;:()?`").split("/")}
     return {t for t in tokens if "." in t or t in DIRS or t in WORDS or t.isdigit()} - {""}
 
 
 def test_every_wording_of_an_instance_names_the_same_things() -> None:
     """A paraphrase is the same task: it names every file, directory, word and number its first wording
-    names, and nothing else; all wordings are used, and the wording never changes the instance's key."""
+    names, and nothing else, with paths relative or absolute; all wordings and both path styles are
+    used, and neither ever changes the instance's key."""
     for name in TRAIN_TEMPLATES:
-        wordings = set()
-        for seed in range(12):
+        wordings, styles = set(), set()
+        for seed in range(60):
             plain, told = instance(name, seed), instance(name, seed, paraphrase=True)
             assert told.key == plain.key and told.instruction == plain.instruction and plain.wording == 0
-            assert to_task(told).instruction == told.told and to_task(plain).instruction == plain.instruction
-            for words in told.paraphrases:
-                assert _names(words) == _names(plain.instruction), (name, words, plain.instruction)
+            assert not plain.absolute and plain.told == plain.wordings[0]
+            assert to_task(told).instruction == told.told and to_task(plain).instruction == plain.told
+            assert len(told.wordings) >= 4, name  # the first wording and at least three others
+            for words in told.wordings:
+                assert _names(words) == _names(plain.told), (name, words, plain.told)
+                assert ("/app/" in words) == told.absolute and "\x1e" not in words, (name, words)
             wordings.add(told.wording)
-        assert wordings == {0, 1, 2}, name
+            styles.add(told.absolute)
+        assert wordings == set(range(len(told.wordings))) and styles == {False, True}, name
     for name in HELD_OUT_TEMPLATES:  # told as they always were: the generalisation test does not move
         assert all(instance(name, s, paraphrase=True) == instance(name, s) for s in range(5))
 
@@ -71,7 +81,8 @@ def test_held_out_instances_never_appear_in_the_train_stream() -> None:
     assert {i.template for i in stream} == set(TRAIN_TEMPLATE_NAMES)  # every trained template, no held-out one
     # in any wording: the key is the task's, not its words'
     worded = held_out(TRAIN_TEMPLATE_NAMES, 3, seed=0, paraphrase=True)
-    assert {t.key for t in worded} == keys and {t.wording for t in worded} == {0, 1, 2}
+    assert {t.key for t in worded} == keys and {t.wording for t in worded} >= {0, 1, 2, 3}
+    assert {t.absolute for t in worded} == {False, True}
     stream = [train_instance(TRAIN_TEMPLATE_NAMES, p, 0, keys, paraphrase=True) for p in range(1000)]
     assert not keys & {i.key for i in stream}
     # an excluded instance is redrawn: the exclusion, not luck, keeps the sets apart
@@ -97,11 +108,31 @@ def test_the_held_out_templates_may_have_an_eval_size_of_their_own(renderer, tmp
 @needs_bwrap
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
-    """The reference solution scores 1 and doing nothing scores 0, for several instances of each template."""
+    """The reference solution scores 1 and doing nothing scores 0, for several instances of each template,
+    told with relative paths and with absolute ones."""
     for seed in range(3):
-        task = to_task(instance(name, [seed, 99]))
-        result = run_gate(task, bwrap_provider, use_cache=False)
-        assert result.ok, (task.instruction, result.detail)
+        told = instance(name, [seed, 99], paraphrase=True)
+        for inst in (dataclasses.replace(told, absolute=False), dataclasses.replace(told, absolute=True)):
+            task = to_task(inst)
+            result = run_gate(task, bwrap_provider, use_cache=False)
+            assert result.ok, (task.instruction, result.detail)
+
+
+@needs_bwrap
+def test_reference_commands_with_absolute_paths_work_from_any_directory(bwrap_provider) -> None:
+    """Told with absolute paths, every trained template's reference commands solve the task run from /
+    (not the working directory), as they are written for a reader who knows no working directory."""
+    for name in TRAIN_TEMPLATES:
+        inst = dataclasses.replace(instance(name, [5, 99], paraphrase=True), absolute=True)
+        task = to_task(inst)
+        sandbox = start_sandbox(task, bwrap_provider)
+        try:
+            for command in inst.commands:
+                result = sandbox.exec(command, timeout=30, workdir="/")
+                assert result.exit_code == 0, (name, command, result.output)
+            assert grade(task, sandbox).reward == 1.0, (name, inst.commands)
+        finally:
+            sandbox.close()
 
 
 @needs_bwrap
@@ -109,14 +140,14 @@ def test_every_template_passes_the_gate(name, bwrap_provider) -> None:
 def test_a_mistake_fails_with_an_error_and_changes_nothing(name, bwrap_provider) -> None:
     """A template's typical mistake exits non-zero with an error message and leaves the tree as it was,
     so a recovery demonstration shows a real error before its fix."""
-    for seed in range(3):
-        inst = instance(name, [seed, 99])
+    for seed, absolute in ((0, False), (1, True), (2, False)):
+        inst = dataclasses.replace(instance(name, [seed, 99]), absolute=absolute)
         task = to_task(inst)
         sandbox = start_sandbox(task, bwrap_provider)
         try:
             before = sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output
-            result = sandbox.exec(inst.mistake, timeout=30)
-            assert result.exit_code != 0 and "No such file or directory" in result.output, (inst.mistake, result)
+            result = sandbox.exec(inst.wrong_command, timeout=30)
+            assert result.exit_code != 0 and "No such file or directory" in result.output, (inst.wrong_command, result)
             assert sandbox.exec("find . | sort | xargs -d '\\n' ls -ld --time-style=+", timeout=30).output == before
         finally:
             sandbox.close()
@@ -133,17 +164,17 @@ def test_a_recovery_demonstration_shows_the_error_then_the_fix(bwrap_provider) -
     assert messages is not None  # scored 1 after the fix
     roles = [m["role"] for m in messages]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
-    assert inst.mistake in messages[2]["content"] and "No such file or directory" in messages[3]["content"]
-    assert inst.solution[0] in messages[4]["content"] and messages[6]["content"] == "DONE"
+    assert inst.wrong_command in messages[2]["content"] and "No such file or directory" in messages[3]["content"]
+    assert inst.commands[0] in messages[4]["content"] and messages[6]["content"] == "DONE"
 
 
 @needs_bwrap
 def test_a_wrong_end_state_scores_0(bwrap_provider) -> None:
     """Near misses fail: the right file plus a stray one, a deleted neighbour, the count with the file name."""
     cases = [
-        ("copy_file", lambda i: f"{i.solution[0]} && touch stray.txt"),
+        ("copy_file", lambda i: f"{i.commands[0]} && touch stray.txt"),
         ("delete_file", lambda i: "rm -f *"),
-        ("count_lines", lambda i: i.solution[0].replace("< ", "")),  # `wc -l f.txt` writes "5 f.txt"
+        ("count_lines", lambda i: i.commands[0].replace("< ", "")),  # `wc -l f.txt` writes "5 f.txt"
     ]
     for name, wrong in cases:
         inst = instance(name, 3)

@@ -29,9 +29,10 @@ class ShellEnvConfig(BaseModel):
     test_per_held_out_template: int | None = Field(None, ge=0)
     """Instances per held-out template in the eval set (None: test_per_template)."""
     paraphrase: bool = False
-    """Tell each instance of a trained template in one of its template's wordings (drawn per instance),
-    in training, demonstrations and held-out instances alike; off: always the first wording. Held-out
-    templates have one wording."""
+    """Tell each instance of a trained template in one of its template's wordings (other verbs and word
+    orders), its paths relative to the working directory or absolute (both drawn per instance), in
+    training, demonstrations and held-out instances alike; off: always the first wording, relative
+    paths. Held-out templates have one wording."""
     max_turns: int = Field(3, ge=1)
     """Assistant turns per episode; the last one ends the episode and it is graded."""
     max_tokens_per_turn: int | None = Field(None, ge=1)

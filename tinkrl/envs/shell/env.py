@@ -73,10 +73,11 @@ async def reference_transcript(
     the real observations; with `recover`, its mistake runs first and the solution follows its error.
     None when it does not score 1 or the sandbox failed."""
     session = TaskSession(to_task(inst), cfg, provider)
-    commands = [inst.mistake] if recover and inst.mistake else []
+    wrong = inst.wrong_command
+    commands = [wrong] if recover and wrong else []
     try:
         await session.start()
-        for command in [*commands, *inst.solution, None]:
+        for command in [*commands, *inst.commands, None]:
             _, done = await session.act_text(reference_reply(command), False, 0)
             if done:
                 break

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tinkrl.envs.shell.templates import TEMPLATES, Instance, Tree
+from tinkrl.envs.shell.templates import TEMPLATES, WORKDIR, Instance, Tree
 from tinkrl.taskdirs.model import BuildStep, FileCopy, Task
 
-WORKDIR = "/app"
 CHECKER = Path(__file__).with_name("check_tree.py")
 TEST_SH = "#!/bin/bash\nexec python3 /tests/check_tree.py /tests/expected.json\n"
 LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "agent_timeout_s": 60.0, "verifier_timeout_s": 30.0}
@@ -27,11 +26,13 @@ LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 16, "agent_timeout_s": 60.0, 
 
 def instance(template: str, seed: int | list[int], paraphrase: bool = False) -> Instance:
     """The instance of `template` drawn with `seed` (the same seed always gives the same instance);
-    with `paraphrase`, told in one of its wordings, drawn with the same seed."""
+    with `paraphrase`, told in one of its wordings, its paths relative or absolute, both drawn with the
+    same seed."""
     rng = np.random.default_rng(seed)
     inst = TEMPLATES[template](rng)
     if paraphrase and inst.paraphrases:
-        inst = dataclasses.replace(inst, wording=int(rng.integers(len(inst.paraphrases) + 1)))
+        wording = int(rng.integers(len(inst.paraphrases) + 1))
+        inst = dataclasses.replace(inst, wording=wording, absolute=bool(rng.integers(2)))
     return inst
 
 
@@ -55,9 +56,10 @@ def _build(tree: Tree) -> list[BuildStep]:
 def to_task(inst: Instance) -> Task:
     """The instance as a sandbox task: workspace, instruction, checker and reference solution."""
     expected = json.dumps({"root": WORKDIR, "tree": {p: e.to_json() for p, e in sorted(inst.end.items())}})
-    solve = "#!/bin/bash\nset -e\ncd /app\n" + "".join(c + "\n" for c in inst.solution)
+    solve = f"#!/bin/bash\nset -e\ncd {WORKDIR}\n" + "".join(c + "\n" for c in inst.commands)
+    style = (f"-w{inst.wording}" if inst.wording else "") + ("-abs" if inst.absolute else "")
     return Task(
-        id=f"shell-{inst.template}-{inst.key}" + (f"-w{inst.wording}" if inst.wording else ""),
+        id=f"shell-{inst.template}-{inst.key}{style}",
         source=CHECKER.parent,
         format="harbor",
         instruction=inst.told,

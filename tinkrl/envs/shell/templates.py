@@ -2,11 +2,18 @@
 
 A template is a function `rng -> Instance`: the instruction, the working directory's files
 before (`start`) and the whole tree it must hold after (`end`), and a reference solution
-(shell commands, one per turn), for the training templates two paraphrases of the instruction,
-and, for some, a plausible first command that fails with an
-informative error (`mistake`: recovery demonstrations show it, the error, then the fix). The end state is complete — every path, its type, its
-content and its executable bit — so a checker comparing trees rewards only the right result:
-extra files, a deleted neighbour or a wrong line all score 0.
+(shell commands, one per turn), for the training templates other wordings of the instruction
+(other verbs and word orders: "write ... to", "save ... as", "... and write the result to"),
+and, for some, a plausible first command that fails with an informative error (`mistake`:
+recovery demonstrations show it, the error, then the fix). The end state is complete — every
+path, its type, its content and its executable bit — so a checker comparing trees rewards
+only the right result: extra files, a deleted neighbour or a wrong line all score 0.
+
+A template writes each path it mentions through `_p`, so an instance can be told, and solved,
+with paths relative to the working directory or absolute (`/app/notes.txt`), as people write
+tasks either way; `Instance.told`, `commands` and `wrong_command` give the text in the
+instance's style, and the reference commands work from any working directory when the paths
+are absolute. Some source files sit in a directory (`logs/notes.txt`), some at the top.
 
 `TRAIN_TEMPLATES` are what a run trains on; `HELD_OUT_TEMPLATES` are never trained on and
 measure generalisation (each is a near relative of a trained one: `tail` of `head`, `mkdir -p`
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +42,23 @@ STEMS = (
 ).split()
 EXTS = ("txt", "md", "csv", "log", "cfg", "dat")
 DIRS = "docs backups archive logs reports tmp build src assets cache old out drafts media".split()
+WORKDIR = "/app"  # where every instance's files are (`tasks.to_task` builds them there)
+
+# A path in a template's text sits between these marks; `render` writes it relative or absolute.
+_OPEN, _CLOSE = "\x1e", "\x1f"
+_AT_ROOT = "\x1d"  # before a command that needs the working directory: `cd /app && ` when paths are absolute
+_MARKED = re.compile(f"{_OPEN}([^{_CLOSE}]*){_CLOSE}")
+
+
+def _p(path: str) -> str:
+    """`path` (relative to the working directory) as a template writes it, to be rendered either way."""
+    return f"{_OPEN}{path}{_CLOSE}"
+
+
+def render(text: str, absolute: bool) -> str:
+    """A template's text with its marked paths written relative to the working directory, or absolute."""
+    text = text.replace(_AT_ROOT, f"cd {WORKDIR} && " if absolute else "")
+    return _MARKED.sub(lambda m: f"{WORKDIR}/{m.group(1)}" if absolute else m.group(1), text)
 
 
 @dataclass
@@ -54,7 +79,11 @@ Tree = dict[str, Entry]  # path relative to the working directory -> entry
 
 @dataclass
 class Instance:
-    """One generated task: what the agent is told, the tree before and after, and a reference solution."""
+    """One generated task: what the agent is told, the tree before and after, and a reference solution.
+
+    `instruction`, `paraphrases`, `solution` and `mistake` are the template's text, paths marked
+    (`_p`); read them rendered in the instance's style through `told`, `wordings`, `commands` and
+    `wrong_command`."""
 
     template: str
     instruction: str
@@ -65,21 +94,38 @@ class Instance:
     # demonstration runs it, shows the error, then the solution (never part of `solution`).
     mistake: str | None = None
     # Other wordings of `instruction`, the same task in other words; `wording` picks the one the
-    # agent is told (0: `instruction`). Neither is part of `key`: a held-out instance stays held
-    # out however it is worded.
+    # agent is told (0: `instruction`), `absolute` whether its paths are absolute. None of them is
+    # part of `key`: a held-out instance stays held out however it is worded.
     paraphrases: tuple[str, ...] = ()
     wording: int = 0
+    absolute: bool = False
+
+    @property
+    def wordings(self) -> tuple[str, ...]:
+        """Every wording of the instruction, in the instance's path style."""
+        return tuple(render(w, self.absolute) for w in (self.instruction, *self.paraphrases))
 
     @property
     def told(self) -> str:
         """The instruction in the words the agent gets."""
-        return (self.instruction, *self.paraphrases)[self.wording]
+        return self.wordings[self.wording]
+
+    @property
+    def commands(self) -> list[str]:
+        """The reference solution's commands, in the instance's path style."""
+        return [render(c, self.absolute) for c in self.solution]
+
+    @property
+    def wrong_command(self) -> str | None:
+        """The typical mistake's command, in the instance's path style (None: the template has none)."""
+        return None if self.mistake is None else render(self.mistake, self.absolute)
 
     @property
     def key(self) -> str:
         """A digest of everything that defines the instance (two equal instances share it)."""
+        told = render(self.instruction, False)
         blob = json.dumps(
-            [self.template, self.instruction, {p: e.to_json() for p, e in sorted(self.start.items())}], sort_keys=True
+            [self.template, told, {p: e.to_json() for p, e in sorted(self.start.items())}], sort_keys=True
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -135,6 +181,16 @@ def _dir_of_files(rng: np.random.Generator, d: str) -> tuple[Tree, Tree]:
     return inside, {d: Entry("dir"), **inside, **_distractors(rng, {d}, k=1)}
 
 
+def _with_parents(tree: Tree) -> Tree:
+    """`tree` with a directory entry for the parent of every path in it that sits in a directory."""
+    out = dict(tree)
+    for path in tree:
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            out.setdefault("/".join(parts[:i]), Entry("dir"))
+    return out
+
+
 def _set(tree: Tree, changes: dict[str, Entry | None]) -> Tree:
     out = dict(tree)
     for path, entry in changes.items():
@@ -150,13 +206,18 @@ def make_dir(rng) -> Instance:
     """mkdir: create a directory."""
     d = _pick(rng, DIRS)
     start = _distractors(rng, {d})
+    D = _p(d)
     return Instance(
         "make_dir",
-        f"Create a directory named {d}.",
+        f"Create a directory named {D}.",
         start,
         _set(start, {d: Entry("dir")}),
-        [f"mkdir {d}"],
-        paraphrases=(f"Make a new directory called {d}.", f"Add an empty directory {d} to the working directory."),
+        [f"mkdir {D}"],
+        paraphrases=(
+            f"Make a new directory called {D}.",
+            f"Add an empty directory {D} to the working directory.",
+            f"I need an empty folder {D}; create it.",
+        ),
     )
 
 
@@ -164,13 +225,18 @@ def make_file(rng) -> Instance:
     """touch: create an empty file."""
     (f,) = _file_names(rng, 1)
     start = _distractors(rng, {f})
+    F = _p(f)
     return Instance(
         "make_file",
-        f"Create an empty file named {f}.",
+        f"Create an empty file named {F}.",
         start,
         _set(start, {f: Entry("file")}),
-        [f"touch {f}"],
-        paraphrases=(f"Make a new, empty file called {f}.", f"Add an empty file {f} to the working directory."),
+        [f"touch {F}"],
+        paraphrases=(
+            f"Make a new, empty file called {F}.",
+            f"Add an empty file {F} to the working directory.",
+            f"{F} should exist as an empty file. Create it.",
+        ),
     )
 
 
@@ -179,13 +245,18 @@ def write_line(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     text = _line(rng)
     start = _distractors(rng, {f})
+    F = _p(f)
     return Instance(
         "write_line",
-        f"Create a file named {f} containing the line: {text}",
+        f"Create a file named {F} containing the line: {text}",
         start,
         _set(start, {f: Entry("file", text + "\n")}),
-        [f"echo {_q(text)} > {f}"],
-        paraphrases=(f"Make a new file {f} whose only line is: {text}", f"Save this line in a new file {f}: {text}"),
+        [f"echo {_q(text)} > {F}"],
+        paraphrases=(
+            f"Make a new file {F} whose only line is: {text}",
+            f"Save this line in a new file {F}: {text}",
+            f"Write the line {text} to a new file {F}.",
+        ),
     )
 
 
@@ -194,13 +265,18 @@ def copy_file(rng) -> Instance:
     a, b = _file_names(rng, 2)
     body = Entry("file", _text(_lines(rng)))
     start = {a: body, **_distractors(rng, {a, b})}
+    A, B = _p(a), _p(b)
     return Instance(
         "copy_file",
-        f"Copy {a} to {b}.",
+        f"Copy {A} to {B}.",
         start,
         _set(start, {b: body}),
-        [f"cp {a} {b}"],
-        paraphrases=(f"Make a copy of {a} named {b}.", f"Duplicate {a} as {b}, keeping {a}."),
+        [f"cp {A} {B}"],
+        paraphrases=(
+            f"Make a copy of {A} named {B}.",
+            f"Duplicate {A} as {B}, keeping {A}.",
+            f"Make a backup copy of {A} and save it as {B}.",
+        ),
     )
 
 
@@ -209,14 +285,19 @@ def rename_file(rng) -> Instance:
     a, b = _file_names(rng, 2)
     body = Entry("file", _text(_lines(rng)))
     start = {a: body, **_distractors(rng, {a, b})}
+    A, B = _p(a), _p(b)
     return Instance(
         "rename_file",
-        f"Rename {a} to {b}.",
+        f"Rename {A} to {B}.",
         start,
         _set(start, {a: None, b: body}),
-        [f"mv {a} {b}"],
-        mistake=f"mv {_stem(a)} {b}",
-        paraphrases=(f"Change the name of {a} to {b}.", f"Give the file {a} the new name {b}."),
+        [f"mv {A} {B}"],
+        mistake=f"mv {_p(_stem(a))} {B}",
+        paraphrases=(
+            f"Change the name of {A} to {B}.",
+            f"Give the file {A} the new name {B}.",
+            f"{A} should be called {B} from now on; rename it.",
+        ),
     )
 
 
@@ -224,14 +305,19 @@ def delete_file(rng) -> Instance:
     """rm: delete one file, leaving its neighbours."""
     (a,) = _file_names(rng, 1)
     start = {a: Entry("file", _text(_lines(rng))), **_distractors(rng, {a}, k=int(rng.integers(1, 3)))}
+    A = _p(a)
     return Instance(
         "delete_file",
-        f"Delete the file {a}.",
+        f"Delete the file {A}.",
         start,
         _set(start, {a: None}),
-        [f"rm {a}"],
-        mistake=f"rm {_stem(a)}",
-        paraphrases=(f"Remove {a}.", f"Get rid of the file {a}, leaving the other files."),
+        [f"rm {A}"],
+        mistake=f"rm {_p(_stem(a))}",
+        paraphrases=(
+            f"Remove {A}.",
+            f"Get rid of the file {A}, leaving the other files.",
+            f"{A} is no longer needed. Delete it and keep everything else.",
+        ),
     )
 
 
@@ -240,19 +326,34 @@ def append_line(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     lines, extra = _lines(rng, 2, 5), _line(rng)
     start = {f: Entry("file", _text(lines)), **_distractors(rng, {f})}
+    F = _p(f)
     return Instance(
         "append_line",
-        f"Append the line {extra} to the end of {f}.",
+        f"Append the line {extra} to the end of {F}.",
         start,
         _set(start, {f: Entry("file", _text(lines + [extra]))}),
-        [f"echo {_q(extra)} >> {f}"],
-        paraphrases=(f"Add the line {extra} at the end of {f}.", f"Add a line to {f} after its existing ones: {extra}"),
+        [f"echo {_q(extra)} >> {F}"],
+        paraphrases=(
+            f"Add the line {extra} at the end of {F}.",
+            f"Add a line to {F} after its existing ones: {extra}",
+            f"Add the line `{extra}` to the end of {F}. Keep the lines that are already there.",
+        ),
     )
 
 
 def _source_and_out(rng, lo: int = 4, hi: int = 9) -> tuple[str, str, list[str]]:
+    """A source file (in a directory one time in three) and a new output file, with the source's lines."""
     f, out = _file_names(rng, 2, ext="txt")
+    if rng.random() < 1 / 3:
+        f = f"{_pick(rng, DIRS)}/{f}"
     return f, out, _lines(rng, lo, hi)
+
+
+def _result_wordings(what: str, do: str, out: str) -> tuple[str, ...]:
+    """The ways people ask for a result in a new file: `what` it holds (a noun phrase), or what to `do`
+    (an imperative) and then where the result goes."""
+    o = _p(out)
+    return (f"Save {what} as {o}.", f"{do} and write the result to {o}.", f"{do}, then save the result as {o}.")
 
 
 def _to_new_file(
@@ -261,29 +362,43 @@ def _to_new_file(
     lines: list[str],
     out: str,
     text: str,
-    prompt: str,
+    what: str,
+    do: str,
     command: str,
     paraphrases: tuple[str, ...] = (),
+    prompt: str | None = None,
 ) -> Instance:
-    """An instance whose start is one file `f` of `lines` and whose end adds a new file `out` holding `text`."""
-    start = {f: Entry("file", _text(lines))}
-    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command], paraphrases=paraphrases)
+    """An instance whose start is one file `f` of `lines` (and its directory) and whose end adds a new file
+    `out` holding `text`; told "Write `what` to a new file `out`." (or `prompt`), in other words by
+    `paraphrases` and `_result_wordings`."""
+    start = _with_parents({f: Entry("file", _text(lines))})
+    told = prompt or f"Write {what} to a new file {_p(out)}."
+    wordings = paraphrases + _result_wordings(what, do, out)
+    return Instance(name, told, start, _set(start, {out: Entry("file", text)}), [command], paraphrases=wordings)
+
+
+def _held_out_new_file(name: str, f: str, lines: list[str], out: str, text: str, prompt: str, command: str) -> Instance:
+    """As `_to_new_file`, told in one wording only (a held-out template's test does not move)."""
+    start = _with_parents({f: Entry("file", _text(lines))})
+    return Instance(name, prompt, start, _set(start, {out: Entry("file", text)}), [command])
 
 
 def count_lines(rng) -> Instance:
     """wc -l: the number of lines of a file, as a number in a new file."""
     f, out, lines = _source_and_out(rng)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "count_lines",
         f,
         lines,
         out,
         f"{len(lines)}\n",
-        f"Write the number of lines in {f} to a new file {out}.",
-        f"wc -l < {f} > {out}",
+        f"the number of lines in {F}",
+        f"Count the lines in {F}",
+        f"wc -l < {F} > {OUT}",
         paraphrases=(
-            f"Count the lines of {f} and save the count in a new file {out}.",
-            f"Put how many lines {f} has into a new file {out}.",
+            f"Count the lines of {F} and save the count in a new file {OUT}.",
+            f"Put how many lines {F} has into a new file {OUT}.",
         ),
     )
 
@@ -297,17 +412,19 @@ def count_matches(rng) -> Instance:
     f, out, lines = _source_and_out(rng, 5, 9)
     w = _word_in(rng, lines)
     n = sum(w in line for line in lines)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "count_matches",
         f,
         lines,
         out,
         f"{n}\n",
-        f"Write the number of lines in {f} that contain {w} to a new file {out}.",
-        f"grep -c {w} {f} > {out}",
+        f"the number of lines in {F} that contain {w}",
+        f"Count the lines of {F} that contain {w}",
+        f"grep -c {w} {F} > {OUT}",
         paraphrases=(
-            f"Count the lines of {f} containing {w}; save the count in a new file {out}.",
-            f"Put how many lines of {f} mention {w} into a new file {out}.",
+            f"Count the lines of {F} containing {w}; save the count in a new file {OUT}.",
+            f"Put how many lines of {F} mention {w} into a new file {OUT}.",
         ),
     )
 
@@ -316,17 +433,19 @@ def grep_lines(rng) -> Instance:
     """grep: the lines containing a word, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     w = _word_in(rng, lines)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "grep_lines",
         f,
         lines,
         out,
         _text([line for line in lines if w in line]),
-        f"Write the lines of {f} that contain {w} to a new file {out}.",
-        f"grep {w} {f} > {out}",
+        f"the lines of {F} that contain {w}",
+        f"Find the lines of {F} containing {w}",
+        f"grep {w} {F} > {OUT}",
         paraphrases=(
-            f"Save every line of {f} containing {w} in a new file {out}.",
-            f"Put the lines of {f} that mention {w} into a new file {out}.",
+            f"Save every line of {F} containing {w} in a new file {OUT}.",
+            f"Put the lines of {F} that mention {w} into a new file {OUT}.",
         ),
     )
 
@@ -335,17 +454,20 @@ def head_lines(rng) -> Instance:
     """head: the first k lines, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     k = int(rng.integers(1, 4))
+    F, OUT = _p(f), _p(out)
+    first = "first line" if k == 1 else f"first {k} lines"
     return _to_new_file(
         "head_lines",
         f,
         lines,
         out,
         _text(lines[:k]),
-        f"Write the first {k} lines of {f} to a new file {out}.",
-        f"head -n {k} {f} > {out}",
+        f"the {first} of {F}",
+        f"Take the {first} of {F}",
+        f"head -n {k} {F} > {OUT}",
         paraphrases=(
-            f"Save the top {k} lines of {f} in a new file {out}.",
-            f"Put the opening {k} lines of {f} into a new file {out}.",
+            f"Save the top {'line' if k == 1 else f'{k} lines'} of {F} in a new file {OUT}.",
+            f"Put the opening {'line' if k == 1 else f'{k} lines'} of {F} into a new file {OUT}.",
         ),
     )
 
@@ -353,18 +475,21 @@ def head_lines(rng) -> Instance:
 def sort_lines(rng) -> Instance:
     """sort: a file's lines sorted, into a new file."""
     f, out, lines = _source_and_out(rng)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "sort_lines",
         f,
         lines,
         out,
         _text(sorted(lines)),
-        f"Write the lines of {f}, sorted alphabetically, to a new file {out}.",
-        f"sort {f} > {out}",
+        f"the lines of {F} in alphabetical order",
+        f"Sort the lines of {F} alphabetically",
+        f"sort {F} > {OUT}",
         paraphrases=(
-            f"Sort the lines of {f} alphabetically into a new file {out}.",
-            f"Save the lines of {f} in alphabetical order in a new file {out}.",
+            f"Sort the lines of {F} alphabetically into a new file {OUT}.",
+            f"Save the lines of {F} in alphabetical order in a new file {OUT}.",
         ),
+        prompt=f"Write the lines of {F}, sorted alphabetically, to a new file {OUT}.",
     )
 
 
@@ -373,14 +498,19 @@ def make_executable(rng) -> Instance:
     f = f"{_pick(rng, STEMS)}.sh"
     body = f"#!/bin/sh\necho {_line(rng)}\n"
     start = {f: Entry("file", body), **_distractors(rng, {f})}
+    F = _p(f)
     return Instance(
         "make_executable",
-        f"Make {f} executable.",
+        f"Make {F} executable.",
         start,
         _set(start, {f: Entry("file", body, True)}),
-        [f"chmod +x {f}"],
-        mistake=f"chmod +x {_stem(f)}",
-        paraphrases=(f"Give {f} permission to execute.", f"Set the executable bit on {f}."),
+        [f"chmod +x {F}"],
+        mistake=f"chmod +x {_p(_stem(f))}",
+        paraphrases=(
+            f"Give {F} permission to execute.",
+            f"Set the executable bit on {F}.",
+            f"The script {F} cannot be run yet; make it executable.",
+        ),
     )
 
 
@@ -394,15 +524,17 @@ def find_ext(rng) -> Instance:
     names = [f"{s}.{ext}" for s in stems[:n_match]] + [f"{s}.{other}" for s in stems[n_match:]]
     start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
     found = sorted(n for n in names if n.endswith("." + ext))
+    D, OUT = _p(d), _p(out)
     return Instance(
         "find_ext",
-        f"Write the names of the .{ext} files in {d}, one per line, sorted, to a new file {out}.",
+        f"Write the names of the .{ext} files in {D}, one per line, sorted, to a new file {OUT}.",
         start,
         _set(start, {out: Entry("file", _text(found))}),
-        [f"ls {d} | grep '\\.{ext}$' | sort > {out}"],
+        [f"ls {D} | grep '\\.{ext}$' | sort > {OUT}"],
         paraphrases=(
-            f"List the .{ext} files in {d} (names only, sorted, one per line) in a new file {out}.",
-            f"Save the sorted names of the .{ext} files in {d}, one per line, in a new file {out}.",
+            f"List the .{ext} files in {D} (names only, sorted, one per line) in a new file {OUT}.",
+            f"Save the sorted names of the .{ext} files in {D}, one per line, in a new file {OUT}.",
+            f"Which files in {D} end in .{ext}? Save their names, sorted, one per line, as {OUT}.",
         ),
     )
 
@@ -414,13 +546,18 @@ def replace_word(rng) -> Instance:
     a = _word_in(rng, lines)
     b = _pick(rng, [w for w in WORDS if w not in " ".join(lines).split()])
     start = {f: Entry("file", _text(lines)), **_distractors(rng, {f})}
+    F = _p(f)
     return Instance(
         "replace_word",
-        f"In {f}, replace every {a} with {b}.",
+        f"In {F}, replace every {a} with {b}.",
         start,
         _set(start, {f: Entry("file", _text([line.replace(a, b) for line in lines]))}),
-        [f"sed -i 's/{a}/{b}/g' {f}"],
-        paraphrases=(f"Change each {a} in {f} to {b}.", f"Edit {f} so that every {a} becomes {b}."),
+        [f"sed -i 's/{a}/{b}/g' {F}"],
+        paraphrases=(
+            f"Change each {a} in {F} to {b}.",
+            f"Edit {F} so that every {a} becomes {b}.",
+            f"Replace every occurrence of the word {a} with {b} in {F}.",
+        ),
     )
 
 
@@ -430,13 +567,18 @@ def move_into_dir(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     body = Entry("file", _text(_lines(rng, 1, 4)))
     start = {d: Entry("dir"), f: body, **_distractors(rng, {f})}
+    D, F = _p(d), _p(f)
     return Instance(
         "move_into_dir",
-        f"Move {f} into the directory {d}.",
+        f"Move {F} into the directory {D}.",
         start,
         _set(start, {f: None, f"{d}/{f}": body}),
-        [f"mv {f} {d}/"],
-        paraphrases=(f"Put {f} inside {d}, leaving no copy behind.", f"Relocate {f} to the directory {d}."),
+        [f"mv {F} {D}/"],
+        paraphrases=(
+            f"Put {F} inside {D}, leaving no copy behind.",
+            f"Relocate {F} to the directory {D}.",
+            f"{F} belongs in {D}. Move it there.",
+        ),
     )
 
 
@@ -444,13 +586,18 @@ def make_two_dirs(rng) -> Instance:
     """mkdir with two operands: two directories at once."""
     a, b = _pick(rng, DIRS, 2)
     start = _distractors(rng, {a, b})
+    A, B = _p(a), _p(b)
     return Instance(
         "make_two_dirs",
-        f"Create two directories, {a} and {b}.",
+        f"Create two directories, {A} and {B}.",
         start,
         _set(start, {a: Entry("dir"), b: Entry("dir")}),
-        [f"mkdir {a} {b}"],
-        paraphrases=(f"Make the directories {a} and {b}.", f"Add two new directories named {a} and {b}."),
+        [f"mkdir {A} {B}"],
+        paraphrases=(
+            f"Make the directories {A} and {B}.",
+            f"Add two new directories named {A} and {B}.",
+            f"I need two empty folders: {A} and {B}.",
+        ),
     )
 
 
@@ -460,16 +607,18 @@ def write_into_new_dir(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     text = _line(rng)
     start = _distractors(rng, {d, f})
+    D, DF = _p(d), _p(f"{d}/{f}")
     return Instance(
         "write_into_new_dir",
-        f"Create a file {d}/{f} containing the line: {text} (the directory {d} does not exist yet).",
+        f"Create a file {DF} containing the line: {text} (the directory {D} does not exist yet).",
         start,
         _set(start, {d: Entry("dir"), f"{d}/{f}": Entry("file", text + "\n")}),
-        [f"mkdir {d} && echo {_q(text)} > {d}/{f}"],
-        mistake=f"echo {_q(text)} > {d}/{f}",
+        [f"mkdir {D} && echo {_q(text)} > {DF}"],
+        mistake=f"echo {_q(text)} > {DF}",
         paraphrases=(
-            f"Make a new directory {d} and in it a file {f} containing the line: {text}",
-            f"Inside a new directory {d}, create a file {f} holding the line: {text}",
+            f"Make a new directory {D} and in it a file {f} containing the line: {text}",
+            f"Inside a new directory {D}, create a file {f} holding the line: {text}",
+            f"Write the line {text} to {DF}; the directory {D} has to be created first.",
         ),
     )
 
@@ -478,13 +627,18 @@ def delete_empty_dir(rng) -> Instance:
     """rmdir: an empty directory."""
     d = _pick(rng, DIRS)
     start = {d: Entry("dir"), **_distractors(rng, {d})}
+    D = _p(d)
     return Instance(
         "delete_empty_dir",
-        f"Delete the empty directory {d}.",
+        f"Delete the empty directory {D}.",
         start,
         _set(start, {d: None}),
-        [f"rmdir {d}"],
-        paraphrases=(f"Remove the directory {d}, which is empty.", f"Get rid of the empty directory {d}."),
+        [f"rmdir {D}"],
+        paraphrases=(
+            f"Remove the directory {D}, which is empty.",
+            f"Get rid of the empty directory {D}.",
+            f"The directory {D} is empty and no longer needed. Remove it.",
+        ),
     )
 
 
@@ -494,16 +648,18 @@ def copy_into_dir(rng) -> Instance:
     (f,) = _file_names(rng, 1)
     body = Entry("file", _text(_lines(rng, 1, 4)))
     start = {d: Entry("dir"), f: body, **_distractors(rng, {f})}
+    D, F = _p(d), _p(f)
     return Instance(
         "copy_into_dir",
-        f"Copy {f} into the directory {d}.",
+        f"Copy {F} into the directory {D}.",
         start,
         _set(start, {f"{d}/{f}": body}),
-        [f"cp {f} {d}/"],
-        mistake=f"cp {_stem(f)} {d}/",
+        [f"cp {F} {D}/"],
+        mistake=f"cp {_p(_stem(f))} {D}/",
         paraphrases=(
-            f"Put a copy of {f} in the directory {d}, keeping the original.",
-            f"Duplicate {f} into the directory {d}.",
+            f"Put a copy of {F} in the directory {D}, keeping the original.",
+            f"Duplicate {F} into the directory {D}.",
+            f"Save a copy of {F} in {D}; the original stays where it is.",
         ),
     )
 
@@ -514,13 +670,18 @@ def rename_dir(rng) -> Instance:
     inside = {n: Entry("file", _text(_lines(rng, 1, 2))) for n in _file_names(rng, int(rng.integers(1, 3)))}
     start = {a: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
     end = {b: Entry("dir"), **{f"{b}/{n}": e for n, e in inside.items()}}
+    A, B = _p(a), _p(b)
     return Instance(
         "rename_dir",
-        f"Rename the directory {a} to {b}.",
+        f"Rename the directory {A} to {B}.",
         start,
         end,
-        [f"mv {a} {b}"],
-        paraphrases=(f"Change the name of the directory {a} to {b}.", f"Give the directory {a} the new name {b}."),
+        [f"mv {A} {B}"],
+        paraphrases=(
+            f"Change the name of the directory {A} to {B}.",
+            f"Give the directory {A} the new name {B}.",
+            f"The folder {A} should be called {B}; rename it with everything in it.",
+        ),
     )
 
 
@@ -533,30 +694,37 @@ def delete_by_ext(rng) -> Instance:
     names = [f"{s}.{ext}" for s in stems[:n_match]] + [f"{s}.{other}" for s in stems[n_match:]]
     start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
     gone = {f"{d}/{n}": None for n in names if n.endswith("." + ext)}
+    D = _p(d)
     return Instance(
         "delete_by_ext",
-        f"Delete every .{ext} file in {d}.",
+        f"Delete every .{ext} file in {D}.",
         start,
         _set(start, gone),
-        [f"rm {d}/*.{ext}"],
-        paraphrases=(f"Remove all the .{ext} files from {d}.", f"In {d}, delete the files ending in .{ext}."),
+        [f"rm {D}/*.{ext}"],
+        paraphrases=(
+            f"Remove all the .{ext} files from {D}.",
+            f"In {D}, delete the files ending in .{ext}.",
+            f"Clean up {D}: remove its .{ext} files and keep the others.",
+        ),
     )
 
 
 def count_chars(rng) -> Instance:
     """wc -c: the number of characters (bytes) of a file."""
     f, out, lines = _source_and_out(rng)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "count_chars",
         f,
         lines,
         out,
         f"{len(_text(lines))}\n",
-        f"Write the number of characters in {f} to a new file {out}.",
-        f"wc -c < {f} > {out}",
+        f"the number of characters in {F}",
+        f"Count the characters in {F}",
+        f"wc -c < {F} > {OUT}",
         paraphrases=(
-            f"Count the characters of {f} and save the count in a new file {out}.",
-            f"Put how many characters {f} has into a new file {out}.",
+            f"Count the characters of {F} and save the count in a new file {OUT}.",
+            f"Put how many characters {F} has into a new file {OUT}.",
         ),
     )
 
@@ -564,18 +732,21 @@ def count_chars(rng) -> Instance:
 def reverse_sort(rng) -> Instance:
     """sort -r: a file's lines in reverse order."""
     f, out, lines = _source_and_out(rng)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "reverse_sort",
         f,
         lines,
         out,
         _text(sorted(lines, reverse=True)),
-        f"Write the lines of {f}, sorted in reverse alphabetical order, to a new file {out}.",
-        f"sort -r {f} > {out}",
+        f"the lines of {F} in reverse alphabetical order",
+        f"Sort the lines of {F} in reverse alphabetical order",
+        f"sort -r {F} > {OUT}",
         paraphrases=(
-            f"Sort the lines of {f} from Z to A into a new file {out}.",
-            f"Save the lines of {f} in reverse alphabetical order in a new file {out}.",
+            f"Sort the lines of {F} from Z to A into a new file {OUT}.",
+            f"Save the lines of {F} in reverse alphabetical order in a new file {OUT}.",
         ),
+        prompt=f"Write the lines of {F}, sorted in reverse alphabetical order, to a new file {OUT}.",
     )
 
 
@@ -584,18 +755,21 @@ def squeeze_repeats(rng) -> Instance:
     f, out = _file_names(rng, 2, ext="txt")
     lines = [line for line in _lines(rng, 3, 5) for _ in range(int(rng.integers(1, 4)))]
     squeezed = [line for i, line in enumerate(lines) if i == 0 or lines[i - 1] != line]
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "squeeze_repeats",
         f,
         lines,
         out,
         _text(squeezed),
-        f"Write the lines of {f} to a new file {out}, with each run of repeated adjacent lines kept once.",
-        f"uniq {f} > {out}",
+        f"the lines of {F} with each run of repeated adjacent lines kept once",
+        f"Collapse each run of identical adjacent lines of {F} into one",
+        f"uniq {F} > {OUT}",
         paraphrases=(
-            f"Save the lines of {f} in a new file {out}, collapsing each run of identical adjacent lines into one.",
-            f"Write {f} to a new file {out} with consecutive repeated lines squeezed into one.",
+            f"Save the lines of {F} in a new file {OUT}, collapsing each run of identical adjacent lines into one.",
+            f"Write {F} to a new file {OUT} with consecutive repeated lines squeezed into one.",
         ),
+        prompt=f"Write the lines of {F} to a new file {OUT}, with each run of repeated adjacent lines kept once.",
     )
 
 
@@ -604,15 +778,17 @@ def join_files(rng) -> Instance:
     a, b, c = _file_names(rng, 3, ext="txt")
     ta, tb = _text(_lines(rng, 1, 3)), _text(_lines(rng, 1, 3))
     start = {a: Entry("file", ta), b: Entry("file", tb)}
+    A, B, C = _p(a), _p(b), _p(c)
     return Instance(
         "join_files",
-        f"Write the contents of {a} followed by those of {b} to a new file {c}.",
+        f"Write the contents of {A} followed by those of {B} to a new file {C}.",
         start,
         _set(start, {c: Entry("file", ta + tb)}),
-        [f"cat {a} {b} > {c}"],
+        [f"cat {A} {B} > {C}"],
         paraphrases=(
-            f"Join {a} and then {b} into a new file {c}.",
-            f"Concatenate {a} and {b}, in that order, into a new file {c}.",
+            f"Join {A} and then {B} into a new file {C}.",
+            f"Concatenate {A} and {B}, in that order, into a new file {C}.",
+            f"Concatenate {A} and {B} (in that order) and save the result as {C}.",
         ),
     )
 
@@ -621,17 +797,19 @@ def drop_matches(rng) -> Instance:
     """grep -v: the lines without a word, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     w = _word_in(rng, lines)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "drop_matches",
         f,
         lines,
         out,
         _text([line for line in lines if w not in line]),
-        f"Write the lines of {f} that do not contain {w} to a new file {out}.",
-        f"grep -v {w} {f} > {out}",
+        f"the lines of {F} that do not contain {w}",
+        f"Keep only the lines of {F} that do not contain {w}",
+        f"grep -v {w} {F} > {OUT}",
         paraphrases=(
-            f"Save every line of {f} without {w} in a new file {out}.",
-            f"Put the lines of {f} that lack {w} into a new file {out}.",
+            f"Save every line of {F} without {w} in a new file {OUT}.",
+            f"Put the lines of {F} that lack {w} into a new file {OUT}.",
         ),
     )
 
@@ -639,17 +817,19 @@ def drop_matches(rng) -> Instance:
 def upper_case(rng) -> Instance:
     """tr: a file in upper case, into a new file."""
     f, out, lines = _source_and_out(rng, 2, 5)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "upper_case",
         f,
         lines,
         out,
         _text([line.upper() for line in lines]),
-        f"Write the text of {f} in upper case to a new file {out}.",
-        f"tr a-z A-Z < {f} > {out}",
+        f"the text of {F} in upper case",
+        f"Convert the text of {F} to upper case",
+        f"tr a-z A-Z < {F} > {OUT}",
         paraphrases=(
-            f"Save {f} converted to capital letters in a new file {out}.",
-            f"Put an upper-case version of {f} into a new file {out}.",
+            f"Save {F} converted to capital letters in a new file {OUT}.",
+            f"Put an upper-case version of {F} into a new file {OUT}.",
         ),
     )
 
@@ -658,30 +838,37 @@ def make_dir_inside(rng) -> Instance:
     """mkdir with a path: a directory inside an existing one."""
     a, b = _pick(rng, DIRS, 2)
     start = {a: Entry("dir"), **_distractors(rng, {a})}
+    A, AB = _p(a), _p(f"{a}/{b}")
     return Instance(
         "make_dir_inside",
-        f"Create a directory named {b} inside the existing directory {a}.",
+        f"Create a directory named {b} inside the existing directory {A}.",
         start,
         _set(start, {f"{a}/{b}": Entry("dir")}),
-        [f"mkdir {a}/{b}"],
-        paraphrases=(f"Make a subdirectory {b} in the directory {a}.", f"Add a directory {a}/{b}; {a} already exists."),
+        [f"mkdir {AB}"],
+        paraphrases=(
+            f"Make a subdirectory {b} in the directory {A}.",
+            f"Add a directory {AB}; {A} already exists.",
+            f"Create the directory {AB} (its parent {A} is there already).",
+        ),
     )
 
 
 def skip_first_line(rng) -> Instance:
     """tail -n +2: every line but the first (a header), into a new file."""
     f, out, lines = _source_and_out(rng, 3, 7)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "skip_first_line",
         f,
         lines,
         out,
         _text(lines[1:]),
-        f"Write every line of {f} except the first one to a new file {out}.",
-        f"tail -n +2 {f} > {out}",
+        f"every line of {F} except the first one",
+        f"Drop the first line of {F}",
+        f"tail -n +2 {F} > {OUT}",
         paraphrases=(
-            f"Save {f} without its header line in a new file {out}.",
-            f"Put all lines of {f} but the first into a new file {out}.",
+            f"Save {F} without its header line in a new file {OUT}.",
+            f"Put all lines of {F} but the first into a new file {OUT}.",
         ),
     )
 
@@ -701,15 +888,17 @@ def files_containing(rng) -> Instance:
             lines.append(f"{_pick(rng, others)} {w}")
         start[f"{d}/{n}"] = Entry("file", _text(lines))
     found = sorted(f"{d}/{n}" for n in hits)
+    OUT = _p(out)  # the paths written are relative, so the directory is named as it is
     return Instance(
         "files_containing",
-        f"Write the paths of the files in {d} that contain {w}, one per line, sorted, to a new file {out}.",
+        f"Write the paths of the files in {d} that contain {w}, one per line, sorted, to a new file {OUT}.",
         start,
         _set(start, {out: Entry("file", _text(found))}),
-        [f"grep -rl {w} {d} | sort > {out}"],
+        [f"{_AT_ROOT}grep -rl {w} {d} | sort > {OUT}"],
         paraphrases=(
-            f"List which files in {d} mention {w} (paths, sorted, one per line) in a new file {out}.",
-            f"Save the sorted paths of the files in {d} containing {w}, one per line, in a new file {out}.",
+            f"List which files in {d} mention {w} (paths, sorted, one per line) in a new file {OUT}.",
+            f"Save the sorted paths of the files in {d} containing {w}, one per line, in a new file {OUT}.",
+            f"Find the files in {d} that contain {w} and write their paths (like {d}/name, sorted) to {OUT}.",
         ),
     )
 
@@ -718,15 +907,17 @@ def empty_dir(rng) -> Instance:
     """rm with a glob on a whole directory: every file in it, the directory kept."""
     d = _pick(rng, DIRS)
     inside, start = _dir_of_files(rng, d)
+    D = _p(d)
     return Instance(
         "empty_dir",
-        f"Delete every file in the directory {d}, keeping {d} itself.",
+        f"Delete every file in the directory {D}, keeping {D} itself.",
         start,
         _set(start, {p: None for p in inside}),
-        [f"rm {d}/*"],
+        [f"rm {D}/*"],
         paraphrases=(
-            f"Remove all the files inside {d} but keep the directory.",
-            f"Empty the directory {d} without removing it.",
+            f"Remove all the files inside {D} but keep the directory.",
+            f"Empty the directory {D} without removing it.",
+            f"Clean up {D}: delete the files in it, not the directory.",
         ),
     )
 
@@ -736,15 +927,17 @@ def copy_all_into_dir(rng) -> Instance:
     a, b = _pick(rng, DIRS, 2)
     inside = {n: Entry("file", _text(_lines(rng, 1, 3))) for n in _file_names(rng, int(rng.integers(2, 4)))}
     start = {a: Entry("dir"), b: Entry("dir"), **{f"{a}/{n}": e for n, e in inside.items()}}
+    A, B = _p(a), _p(b)
     return Instance(
         "copy_all_into_dir",
-        f"Copy every file in the directory {a} into the existing directory {b}.",
+        f"Copy every file in the directory {A} into the existing directory {B}.",
         start,
         _set(start, {f"{b}/{n}": e for n, e in inside.items()}),
-        [f"cp {a}/* {b}/"],
+        [f"cp {A}/* {B}/"],
         paraphrases=(
-            f"Put copies of all the files in {a} into {b}, which already exists.",
-            f"Duplicate each file of the directory {a} into the directory {b}.",
+            f"Put copies of all the files in {A} into {B}, which already exists.",
+            f"Duplicate each file of the directory {A} into the directory {B}.",
+            f"Back up the files of {A} by copying them all into {B}.",
         ),
     )
 
@@ -756,17 +949,19 @@ def repeated_lines(rng) -> Instance:
     twice = _pick(rng, base, int(rng.integers(1, len(base))))
     lines = base + twice
     rng.shuffle(lines)
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "repeated_lines",
         f,
         lines,
         out,
         _text(sorted({line for line in lines if lines.count(line) > 1})),
-        f"Write the lines that occur more than once in {f}, each once, sorted alphabetically, to a new file {out}.",
-        f"sort {f} | uniq -d > {out}",
+        f"the lines that occur more than once in {F}, each once, sorted alphabetically",
+        f"Find the lines that occur more than once in {F}, each once and sorted",
+        f"sort {F} | uniq -d > {OUT}",
         paraphrases=(
-            f"Find the duplicated lines of {f} and save each of them once, sorted, in a new file {out}.",
-            f"Put the lines that repeat in {f}, one copy each in alphabetical order, into a new file {out}.",
+            f"Find the duplicated lines of {F} and save each of them once, sorted, in a new file {OUT}.",
+            f"Put the lines that repeat in {F}, one copy each in alphabetical order, into a new file {OUT}.",
         ),
     )
 
@@ -776,18 +971,21 @@ def numeric_sort(rng) -> Instance:
     f, out = _file_names(rng, 2, ext="txt")
     numbers = [int(x) for x in rng.choice(1000, size=int(rng.integers(4, 8)), replace=False)]
     lines = [str(n) for n in numbers]
+    F, OUT = _p(f), _p(out)
     return _to_new_file(
         "numeric_sort",
         f,
         lines,
         out,
         _text([str(n) for n in sorted(numbers)]),
-        f"Write the numbers in {f}, sorted from smallest to largest, to a new file {out}.",
-        f"sort -n {f} > {out}",
+        f"the numbers in {F}, sorted from smallest to largest",
+        f"Sort the numbers in {F} from smallest to largest",
+        f"sort -n {F} > {OUT}",
         paraphrases=(
-            f"Sort the numbers of {f} by value, ascending, into a new file {out}.",
-            f"Save the numbers of {f} in increasing numeric order in a new file {out}.",
+            f"Sort the numbers of {F} by value, ascending, into a new file {OUT}.",
+            f"Save the numbers of {F} in increasing numeric order in a new file {OUT}.",
         ),
+        prompt=f"Write the numbers in {F}, sorted from smallest to largest, to a new file {OUT}.",
     )
 
 
@@ -797,15 +995,17 @@ def count_files(rng) -> Instance:
     out = f"{_pick(rng, ['count', 'total', 'number'])}.txt"
     names = _file_names(rng, int(rng.integers(1, 7)))
     start = {d: Entry("dir"), **{f"{d}/{n}": Entry("file", _text(_lines(rng, 1, 2))) for n in names}}
+    D, OUT = _p(d), _p(out)
     return Instance(
         "count_files",
-        f"Write the number of files in the directory {d} to a new file {out}.",
+        f"Write the number of files in the directory {D} to a new file {OUT}.",
         start,
         _set(start, {out: Entry("file", f"{len(names)}\n")}),
-        [f"ls {d} | wc -l > {out}"],
+        [f"ls {D} | wc -l > {OUT}"],
         paraphrases=(
-            f"Count the files in the directory {d} and save the count in a new file {out}.",
-            f"Put how many files the directory {d} contains into a new file {out}.",
+            f"Count the files in the directory {D} and save the count in a new file {OUT}.",
+            f"Put how many files the directory {D} contains into a new file {OUT}.",
+            f"How many files are in {D}? Write just the number to {OUT}.",
         ),
     )
 
@@ -838,7 +1038,7 @@ def tail_lines(rng) -> Instance:
     """tail (held out; a relative of head_lines): the last k lines, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
     k = int(rng.integers(1, 4))
-    return _to_new_file(
+    return _held_out_new_file(
         "tail_lines",
         f,
         lines,
@@ -853,7 +1053,7 @@ def count_words(rng) -> Instance:
     """wc -w (held out; a relative of count_lines): the number of words of a file."""
     f, out, lines = _source_and_out(rng)
     n = sum(len(line.split()) for line in lines)
-    return _to_new_file(
+    return _held_out_new_file(
         "count_words",
         f,
         lines,
@@ -879,7 +1079,7 @@ def unique_lines(rng) -> Instance:
     base = _lines(rng, 3, 5)
     lines = base + [base[int(i)] for i in rng.integers(0, len(base), size=int(rng.integers(2, 5)))]
     rng.shuffle(lines)
-    return _to_new_file(
+    return _held_out_new_file(
         "unique_lines",
         f,
         lines,
