@@ -289,8 +289,9 @@ def test_a_run_without_demonstrations_says_how_to_warm_start() -> None:
 @needs_bwrap
 def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolated_home, capsys) -> None:
     """`tinkrl train env=shell` with a warm start: base eval, supervised steps, its weights saved as the KL
-    penalty's reference, 2 RL steps, per-tag held-out evals, per-episode transcripts, and a checkpoint that
-    `tinkrl eval` runs in the shell format."""
+    penalty's reference, 2 RL steps, full held-out evals (hand-written tasks among them) before RL and after
+    it with a fixed sample between, the summary of each phase's gain and of the time, per-episode
+    transcripts, and a checkpoint that `tinkrl eval` runs in the shell format."""
     from tinkrl.cli import main as tinkrl
 
     monkeypatch.chdir(tmp_path)
@@ -307,6 +308,8 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
         "save_every=0",
         "env.test_per_template=1",
         "env.held_out_templates=[tail_lines,copy_dir]",
+        f"env.eval_tasks=[{TASKS / 'hello-file'},{TASKS / 'append-host'}]",
+        "eval_sample_size=3",
         "warm_start.steps=2",
         "warm_start.batch_size=4",
         "warm_start.demonstrations=6",
@@ -329,8 +332,24 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
     (ws_row,) = [json.loads(r) for r in (run_dir / "checkpoints.jsonl").read_text().splitlines() if "warm_start" in r]
     assert ws_row["state_path"] is None and ws_row["sampler_path"].endswith("warm_start") and ws_row["batch"] == 0
     assert abs(metrics[0]["kl_policy_warm_start"]) < 1e-2
-    for tag in ("heldout_instances", "heldout_templates"):
-        assert 0.0 <= metrics[-1][f"eval/shell/{tag}/greedy_reward"] <= 1.0
+    for tag in ("heldout_instances", "heldout_templates", "handwritten"):
+        assert 0.0 <= metrics[-1][f"eval/shell/{tag}/greedy_reward"] <= 1.0  # the final eval
+        assert f"eval/shell/{tag}/sampled_reward_stderr" in metrics[0]  # the full eval before RL
+    assert "eval_sample/shell/greedy_reward_stderr" in metrics[1] and "time/final_eval" in metrics[1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["evals"]) == {"base", "warm_start", "rl"} and summary["rl_steps"] == 2
+    assert "shell/handwritten/greedy_reward" in summary["gain"]["rl"]
+    assert summary["base_eval"] == {"cached": False, "kind": "full"}
+    t = summary["time"]
+    assert 0 < t["eval_s"] < t["total_s"] and t["eval_share"] == pytest.approx(t["eval_s"] / t["total_s"], abs=0.01)
+    assert {"eval/base_s", "warm_start_s", "eval/before_rl_s", "eval/sample_s", "eval/final_s", "rl_s"} <= set(t)
+    plot = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "plot_agent.py"), str(run_dir), "--out", str(tmp_path / "curve.png")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert plot.returncode == 0 and (tmp_path / "curve.png").stat().st_size > 10_000, plot.stderr
     episodes = [json.loads(line) for line in (run_dir / "episodes" / "step_000000.jsonl").read_text().splitlines()]
     assert len(episodes) == 4
     for e in episodes:

@@ -136,7 +136,8 @@ async def train(
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
     budget.start_rl()
     if c.time_budget_s:
-        print(f"time budget: {c.time_budget_s - (time.time() - t0):.0f}s of {c.time_budget_s:.0f}s left for RL")
+        left = c.time_budget_s - (time.time() - t0)
+        print(f"time budget: {left:.0f}s of {c.time_budget_s:.0f}s left for RL and its evals before and after")
     progress = progress_bar(c.max_steps, "train", unit="step", initial=start)
     final_sampler = None
     metrics: Metrics = {}

@@ -61,6 +61,10 @@ class ShellEnvConfig(BaseModel):
     the mistake, see its error and then fix it (they need max_turns >= 3)."""
     system_prompt: str | None = None
     """System prompt; None: the action format's own (`{workdir}`, `{max_turns}` are filled in)."""
+    eval_tasks: list[str] = Field(default_factory=list)
+    """Tasks written by hand (Harbor or terminal-bench task directories, or folders of them) added to the
+    held-out set under the tag `handwritten`: played in this environment's action format and limits,
+    one episode each per eval mode, never trained on."""
 
     @model_validator(mode="after")
     def _known_templates(self) -> ShellEnvConfig:

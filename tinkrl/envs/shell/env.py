@@ -3,8 +3,8 @@
 Training draws a seeded stream of instances (a template, then its names and contents) and
 rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in
 the shell action format by default. The test set is held-out instances of the trained
-templates (`heldout_instances`) and instances of templates never trained on
-(`heldout_templates`), reported separately. `demonstrations(n)` runs the templates' reference
+templates (`heldout_instances`), instances of templates never trained on (`heldout_templates`)
+and, with `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)` runs the templates' reference
 solutions through the same episode and keeps the ones that score 1: the transcripts a warm
 start trains on (some of them, `recovery_demonstrations`, first make the template's typical
 mistake and then fix it from the error they see).
@@ -24,8 +24,9 @@ from tinkrl.envs.agent_tasks.env import TaskGroupBuilder, renderer_for
 from tinkrl.envs.shell.config import ShellEnvConfig
 from tinkrl.envs.shell.tasks import held_out, to_task, train_instance
 from tinkrl.envs.shell.templates import Instance
-from tinkrl.errors import InfraFailure
+from tinkrl.errors import ConfigError, InfraFailure
 from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset
+from tinkrl.taskdirs import Task, TaskLoadError, iter_tasks
 
 if TYPE_CHECKING:
     from tinkrl.envs import EnvContext
@@ -91,8 +92,20 @@ async def reference_transcript(
     return session.messages if reward >= 1.0 else None
 
 
+def load_eval_tasks(paths: list[str], key: str) -> list[Task]:
+    """The hand-written tasks of `eval_tasks`, in the order given; a task that does not load is a ConfigError."""
+    tasks: list[Task] = []
+    for item in iter_tasks(paths):
+        if isinstance(item, TaskLoadError):
+            raise ConfigError(f"environments.{key}.env.eval_tasks: {item}")
+        tasks.append(item)
+    if paths and not tasks:
+        raise ConfigError(f"environments.{key}.env.eval_tasks: no tasks in {', '.join(paths)}")
+    return tasks
+
+
 def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
-    """The train stream, the held-out set (two tags) and the reference demonstrations of the shell family."""
+    """The train stream, the held-out set (one tag per kind) and the reference demonstrations of the shell family."""
     renderer = renderer_for(ctx.renderer, cfg.tool_format, ctx.key)
     provider = ctx.sandbox
     tests = held_out(cfg.templates, cfg.test_per_template, ctx.seed, cfg.paraphrase)
@@ -106,6 +119,9 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
     train = ShellStream(cfg, ctx.groups_per_batch, ctx.seed, exclude, lambda i: builder(i, ctx.group_size, ctx.key))
     test_builders = [builder(i, 1, "heldout_instances") for i in tests]
     test_builders += [builder(i, 1, "heldout_templates") for i in new_templates]
+    test_builders += [
+        TaskGroupBuilder(t, cfg, renderer, provider, 1, "handwritten") for t in load_eval_tasks(cfg.eval_tasks, ctx.key)
+    ]
 
     async def demonstrations(n: int, concurrency: int = 4) -> list[list[Message]]:
         """`n` reference transcripts from a stream of their own (a seed apart from the train stream's),
