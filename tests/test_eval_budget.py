@@ -215,6 +215,11 @@ def test_the_step_pace_starts_with_rl_and_leaves_full_evals_out(monkeypatch) -> 
     budget.note("eval/sample", 25.0)
     assert not budget.eval_fits(sample=True)
     assert TimeBudget(1000.0, 0.0).eval_fits(sample=True)  # no share: no cap
+    resumed = TimeBudget(1000.0, t0=0.0)
+    resumed.expect_final_eval(30.0)  # the recorded eval before RL, until this process measures one
+    assert resumed.eval_s == 30.0
+    resumed.note("eval/final", 20.0)
+    assert resumed.eval_s == 20.0
 
 
 def test_the_summary_shows_each_phases_gain_and_the_time_split(tmp_path, monkeypatch) -> None:

@@ -103,6 +103,12 @@ def test_the_held_out_templates_may_have_an_eval_size_of_their_own(renderer, tmp
     same = ShellEnvConfig(templates=["make_dir"], test_per_template=3)  # unset: test_per_template for both
     tags = [b.logging_tags()[0] for b in build_datasets(same, ctx).test.get_batch(0)]
     assert tags.count("heldout_instances") == 3 and tags.count("heldout_templates") == 3 * len(HELD_OUT_TEMPLATES)
+    written = ShellEnvConfig(templates=["make_dir"], test_per_template=1, eval_tasks=[str(TASKS / "append-host")])
+    (task,) = [b.task for b in build_datasets(written, ctx).test.get_batch(0) if b.logging_tags() == ["handwritten"]]
+    assert task.id == "append-host" and "/app/hosts.txt" in task.instruction
+    missing = ShellEnvConfig(eval_tasks=[str(tmp_path / "no-such-task")])
+    with pytest.raises(ConfigError, match="env.eval_tasks: .*no-such-task"):
+        build_datasets(missing, ctx)
 
 
 @needs_bwrap

@@ -63,6 +63,11 @@ class TimeBudget:
         """RL begins now: its steps' pace is measured from here."""
         self.rl_start, self._excluded = time.time(), 0.0
 
+    def expect_final_eval(self, seconds: float) -> None:
+        """Reserve `seconds` for the final eval before this process has measured a full eval (a resumed
+        run: the cost of the run's eval before RL, as recorded)."""
+        self.eval_s = self.eval_s or seconds
+
     def note(self, phase: str, seconds: float) -> None:
         """Add `seconds` to `phase` in the ledger; an eval phase (`eval/...`) also updates what the next
         evals are expected to cost: `eval/sample` the in-run sample's, any other the final eval's reserve."""

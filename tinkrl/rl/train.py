@@ -41,7 +41,7 @@ from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollou
 from tinkrl.rl.rollouts import sample_groups
 from tinkrl.rl.run_dir import claim_run_dir, new_run_hint, record_compute
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
-from tinkrl.rl.summary import run_summary, summary_lines, write_summary
+from tinkrl.rl.summary import before_rl_row, run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
@@ -135,6 +135,9 @@ async def train(
     max_lag = c.async_.max_steps_off_policy if c.async_ else 0
     rollouts = RolloutQueue(lambda step, client: sample_groups(envs, step, client, c, semaphore), c.max_steps, max_lag)
     budget.start_rl()
+    recorded = before_rl_row(c.run_dir) if start > 0 else None
+    if recorded is not None and recorded.get("time/eval"):  # a resumed run: the final eval costs as that one did
+        budget.expect_final_eval(recorded["time/eval"])
     if c.time_budget_s:
         left = c.time_budget_s - (time.time() - t0)
         print(f"time budget: {left:.0f}s of {c.time_budget_s:.0f}s left for RL and its evals before and after")
