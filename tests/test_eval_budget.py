@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import tinker
+from helpers.sampled import response_of
 from tinker import types
 
 from tinkrl.config import load_config
@@ -70,14 +71,7 @@ class CountingSampler:
 
     async def sample(self, prompt, num_samples, params: types.SamplingParams):
         self.calls += 1
-        n = 0 if params.temperature == 0 else 1
-        seq = types.SampledSequence(
-            stop_reason="stop",
-            sequence_id="s0",
-            tokens_np=np.full(n, 5, dtype=np.int32),
-            logprobs_np=np.full(n, -0.1, dtype=np.float32),
-        )
-        return types.SampleResponse(sequences=[seq])
+        return response_of(0 if params.temperature == 0 else 1)
 
 
 def problems(keyed: bool = True) -> list[Problem]:

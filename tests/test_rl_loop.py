@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import tinker
+from helpers.sampled import response_of
 from tinker import types
 
 from tinkrl.config import load_config
@@ -57,14 +57,7 @@ class RecordingSampler:
 
     async def sample(self, prompt, num_samples, params: types.SamplingParams):
         self.temperatures.append(params.temperature)
-        n = round(params.temperature * 10)
-        seq = types.SampledSequence(
-            stop_reason="stop",
-            sequence_id="s0",
-            tokens_np=np.full(n, 5, dtype=np.int32),
-            logprobs_np=np.full(n, -0.1, dtype=np.float32),
-        )
-        return types.SampleResponse(sequences=[seq])
+        return response_of(round(params.temperature * 10))
 
 
 def test_each_environment_samples_at_its_own_temperature():
