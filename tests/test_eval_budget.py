@@ -176,7 +176,7 @@ def test_eval_keys_are_checked() -> None:
     for bad, match in (
         (["eval_modes=[greedy, greedy]"], "each mode once"),
         (["eval_modes=[beam]"], "eval_modes"),
-        (["eval_max_share=0.2"], "time_budget_s"),
+        (["eval_max_share=1.5"], "eval_max_share"),
         (["warm_start.base_eval=sample"], "eval_sample_size"),
         (["eval_sample=24"], "eval_sample"),
         (["eval_sample_size=0"], "eval_sample_size"),

@@ -357,7 +357,7 @@ class TrainConfig(BackendConfig):
     both (`eval/<key>/{greedy,sampled}_reward`, each with its `_stderr`)."""
     eval_max_share: float | None = Field(None, gt=0, le=1)
     """With time_budget_s: an in-run eval is skipped when it would take all evaluation (what ran so far, it,
-    and the final eval's reserve) past this share of the budget. None: no cap."""
+    and the final eval's reserve) past this share of the budget. None, or no time_budget_s: no cap."""
     resume_from: str | None = None
     """Start a new run from this checkpoint (a state path: tinker://.../weights/... or a directory): its weights
     and optimizer state, at step 0."""
@@ -409,8 +409,6 @@ class TrainConfig(BackendConfig):
             raise ValueError("kl_reference: warm_start needs a warm start (warm_start.steps > 0); else use base")
         if len(set(self.eval_modes)) != len(self.eval_modes):
             raise ValueError(f"eval_modes: each mode once, got {self.eval_modes}")
-        if self.eval_max_share is not None and self.time_budget_s is None:
-            raise ValueError("eval_max_share is a share of time_budget_s: set time_budget_s too, or drop it")
         if self.warm_start.base_eval == "sample" and self.eval_sample_size is None:
             raise ValueError("warm_start.base_eval: sample needs eval_sample_size (the sample's size)")
         if self.run_name is None:

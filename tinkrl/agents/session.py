@@ -6,11 +6,12 @@ tool calls), the OpenAI-endpoint evaluator (`tinkrl eval --base-url`, fed chat m
 the ORS task server (`tinkrl serve env tasks`, one session per ORS session).
 
 What the policy causes shapes or ends the episode and is trained on: a malformed tool call
-becomes an error observation, a command that hangs a timeout observation; `submit`, the
-turn, token or time limit end the episode and it is graded, and so does a command that fails
-the same way twice (the same command, the same output: `end_on_repeated_failure`), since
-repeating it only repeats the error; overflowing the context ends it with reward 0. Only infrastructure failures (the sandbox died, a task cannot be built or
-graded) raise `InfraFailure`, so the rollout leaves the episode out of its group.
+becomes an error observation, a command that hangs a timeout observation; `submit`, the turn,
+token or time limit end the episode and it is graded, and so does a command that fails the same
+way twice (the same command, the same output: `end_on_repeated_failure`), since repeating it
+only repeats the error; overflowing the context ends it with reward 0. Only infrastructure
+failures (the sandbox died, a task cannot be built or graded) raise `InfraFailure`, so the
+rollout leaves the episode out of its group.
 
 The session reads its limits from any object with the `SessionConfig` fields (the tasks
 env's config has them) and its sandbox provider from any object with `get()`.

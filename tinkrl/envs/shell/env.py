@@ -1,13 +1,13 @@
 """The `shell` environment: generated shell tasks as multi-turn agent episodes in sandboxes.
 
-Training draws a seeded stream of instances (a template, then its names and contents) and
-rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in
-the shell action format by default. The test set is held-out instances of the trained
-templates (`heldout_instances`), instances of templates never trained on (`heldout_templates`)
-and, with `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)` runs the templates' reference
-solutions through the same episode and keeps the ones that score 1: the transcripts a warm
-start trains on (some of them, `recovery_demonstrations`, first make the template's typical
-mistake and then fix it from the error they see).
+Training draws a seeded stream of instances (a template, then its names and contents) and rolls
+each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
+shell action format by default. The test set is held-out instances of the trained templates
+(`heldout_instances`), instances of templates never trained on (`heldout_templates`) and, with
+`eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)`
+runs the templates' reference solutions through the same episode and keeps the ones that score
+1: the transcripts a warm start trains on (some of them, `recovery_demonstrations`, first make
+the template's typical mistake and then fix it from the error they see).
 """
 
 from __future__ import annotations
