@@ -488,6 +488,29 @@ def vs_vllm_rows(records: list[Record]) -> list[tuple[list[str], list[Record]]]:
 
 MAKE_TRAIN_NEEDS = ("late_step_s", "late_sample_s", "late_train_s", "steps", "wall_s")
 
+
+def make_train_agent_rows(r: Record) -> list[list[str]]:
+    m = r.median
+
+    def tag(name: str) -> str:
+        if f"{name}/rl" not in m:
+            return "no eval"
+        ws, rl = m[f"{name}/warm_start"], m[f"{name}/rl"]
+        return f"{ws:.2f} ± {m[f'{name}/warm_start_stderr']:.2f} -> {rl:.2f} ± {m[f'{name}/rl_stderr']:.2f}"
+
+    return [
+        [
+            str(r.settings.get("model_name")),
+            f"{m['rl_steps']:.0f}",
+            minutes(m["wall_s"]),
+            f"{m['eval_share']:.0%}",
+            tag("heldout_instances"),
+            tag("handwritten"),
+            tag("heldout_templates"),
+        ]
+    ]
+
+
 TABLES = (
     Table(
         "make_train",
@@ -523,6 +546,22 @@ TABLES = (
         make_train_rows,
         MAKE_TRAIN_NEEDS,
         name="make_train_runs",
+    ),
+    Table(
+        "make_train_agent",
+        "make train-agent && python bench/make_train_agent.py",
+        (
+            "model",
+            "RL steps in budget",
+            "wall",
+            "eval share",
+            "held-out instances: warm start -> RL",
+            "hand-written tasks: warm start -> RL",
+            "held-out templates: warm start -> RL",
+        ),
+        make_train_agent_rows,
+        ("rl_steps", "wall_s", "eval_share"),
+        machine_classes=(CPU_REFERENCE, "cpu-amd-avx2-2c"),
     ),
     Table(
         "vs_trl",

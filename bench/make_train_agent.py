@@ -1,0 +1,91 @@
+"""The figures of a `make train-agent` run, from its run directory, as a benchmark result.
+
+    make train-agent && python bench/make_train_agent.py [runs/agent] [--train-command "make train-agent"]
+
+Reads the run's summary.json (written at the end of every run, `tinkrl/rl/summary.py`) and writes
+bench/results/make_train_agent/<machine class>.json: RL steps run within the time budget, the
+job's wall time and evaluation's share of it, and for each held-out tag (new instances of the
+trained templates, templates never trained on, the hand-written tasks of `tasks/`) the greedy
+pass@1 after the warm start and after RL with their standard errors. The record names the commit
+checked out now, so summarise a run from the tree that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from common import add_results_arg, command_line, write_result
+from make_train import run_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SETTINGS = (  # the config fields that shape the workload
+    "model_name",
+    "compile",
+    "groups_per_step",
+    "group_size",
+    "max_tokens",
+    "lora_rank",
+    "learning_rate",
+    "kl_penalty_coef",
+    "time_budget_s",
+    "eval_sample_size",
+    "eval_max_share",
+)
+TAGS = ("heldout_instances", "heldout_templates", "handwritten")
+
+
+def run_figures(summary: dict) -> dict[str, list[float]]:
+    """The run's single figures (lists of one): steps, times, and per tag the warm start's and RL's
+    greedy pass@1 with standard errors."""
+    out = {
+        "rl_steps": [summary["rl_steps"]],
+        "wall_s": [summary["time"]["total_s"]],
+        "eval_share": [summary["time"]["eval_share"]],
+    }
+    for phase in ("warm_start", "rl"):
+        row = summary["evals"].get(phase) or {}
+        for tag in TAGS:
+            key = next((k for k in row if k.endswith(f"/{tag}/greedy_reward")), None)
+            if key is not None:
+                out[f"{tag}/{phase}"] = [row[key]]
+                out[f"{tag}/{phase}_stderr"] = [row.get(f"{key}_stderr", 0.0)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", nargs="?", type=Path, default=Path("runs/agent"))
+    ap.add_argument("--train-command", default="make train-agent", help="what made the run (recorded with it)")
+    add_results_arg(ap)
+    args = ap.parse_args()
+    summary_path = args.run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise SystemExit(f"{summary_path} is missing: the run has not finished (every finished run writes it)")
+    summary = json.loads(summary_path.read_text())
+    config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
+    figures = run_figures(summary)
+    print(json.dumps({k: v[0] for k, v in figures.items()}))
+    settings = {k: config.get(k) for k in SETTINGS}
+    run_json = args.run_dir / "run.json"
+    compute = json.loads(run_json.read_text()).get("compute") if run_json.is_file() else None
+    if compute:
+        settings["plan"] = compute["line"]
+    command = f"{args.train_command} && {command_line()}"
+    write_result(
+        "make_train_agent",
+        args.run_dir.name,
+        settings,
+        figures,
+        args.results,
+        device=run_device(config),
+        command=command,
+    )
+
+
+if __name__ == "__main__":
+    main()
