@@ -209,7 +209,7 @@ def test_faulted_sandboxes_are_infra_failures_and_the_run_goes_on(renderer, bwra
     cfg = ShellEnvConfig()
     shell_renderer = renderer_for(renderer, cfg.tool_format, "shell")
     instances = [instance(name, [SEED, i]) for i, name in enumerate(TEMPLATES)]
-    solutions = {inst.instruction: " && ".join(inst.solution) for inst in instances}
+    solutions = {inst.told: " && ".join(inst.commands) for inst in instances}
     provider = LazyProvider(bwrap_provider)
     builders = [TaskGroupBuilder(to_task(i), cfg, shell_renderer, provider, GROUP_SIZE, "shell") for i in instances]
     episodes = len(instances) * GROUP_SIZE
