@@ -77,18 +77,24 @@ class SandboxSource(Protocol):
     def get(self) -> SandboxProvider: ...
 
 
-def bash_command(call: dict) -> str | None:
-    """The command of an execute_bash call (its arguments as given or as JSON text), else None."""
+def call_arguments(call: dict) -> tuple[str, Any]:
+    """A tool call's name and arguments: a dict where they are one or JSON text of one, else as given (so
+    that `run_tool` answers bad arguments with its own error)."""
     fn = call.get("function", {})
-    if fn.get("name") != "execute_bash":
-        return None
     args = fn.get("arguments")
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            parsed = json.loads(args)
         except ValueError:
-            return None
-    command = args.get("command") if isinstance(args, dict) else None
+            parsed = None
+        args = parsed if isinstance(parsed, dict) else args
+    return fn.get("name", ""), args
+
+
+def bash_command(call: dict) -> str | None:
+    """The command of an execute_bash call, else None."""
+    name, args = call_arguments(call)
+    command = args.get("command") if name == "execute_bash" and isinstance(args, dict) else None
     return command if isinstance(command, str) else None
 
 
@@ -181,17 +187,9 @@ class TaskSession:
         return max(1.0, min(ceiling, left))
 
     async def _run_call(self, call: dict) -> tuple[str, bool]:
-        fn = call.get("function", {})
-        name, arguments = fn.get("name", ""), fn.get("arguments")
-        if name == "execute_bash":  # the episode's command ceiling, whatever the model asked for
-            args = arguments
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    args = arguments  # run_tool answers with the JSON error
-            if isinstance(args, dict):
-                arguments = {**args, "timeout": self._command_timeout(args.get("timeout"))}
+        name, arguments = call_arguments(call)
+        if name == "execute_bash" and isinstance(arguments, dict):  # the episode's ceiling, whatever was asked
+            arguments = {**arguments, "timeout": self._command_timeout(arguments.get("timeout"))}
         assert self.sandbox is not None
         t0 = time.monotonic()
         try:
