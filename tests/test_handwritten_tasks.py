@@ -1,7 +1,8 @@
 """The hand-written shell tasks in tasks/ that the agent job evaluates: each one's reference solution
 scores 1 when run from any working directory, doing nothing scores 0, and the mistakes a small shell
 agent makes (appending by overwriting, `sort -r` for A-Z, `uniq` for a first line, `rmdir` on a file, a
-copy under the wrong name) score 0 too."""
+copy under the wrong name, `head` for `tail`, a lexical sort of numbers, `uniq` on unsorted lines, a
+too-greedy glob or `sed`) score 0 too."""
 
 from __future__ import annotations
 
@@ -30,6 +31,18 @@ SHELL_TASKS = [
     "archive-report",
     "rename-draft",
     "fix-spelling",
+    "count-lines",
+    "tail-log",
+    "make-release-dir",
+    "copy-settings",
+    "clean-tmp-files",
+    "extract-warnings",
+    "drop-deprecated",
+    "uppercase-codes",
+    "count-inbox",
+    "set-log-level",
+    "sort-latencies",
+    "unique-ips",
 ]
 NEAR_MISSES = {
     "append-host": "echo '192.168.1.50 printer.lan' > /app/hosts.txt",
@@ -42,6 +55,18 @@ NEAR_MISSES = {
     "archive-report": "cd /app && mkdir archive && cp report_2023.txt archive/",
     "rename-draft": "mv /app/notes/draft.md /app/final.md",
     "fix-spelling": "sed -i 's/colour/color/' /app/notes.txt && echo color >> /app/notes.txt",
+    "count-lines": "wc -l data/users.csv > line_count.txt",
+    "tail-log": "head -n 5 /app/logs/error.log > /app/recent.log",
+    "make-release-dir": "mkdir -p releases/v2.4.0 assets",
+    "copy-settings": "mv /app/settings.yaml /app/deploy/",
+    "clean-tmp-files": "rm -f cache/*tmp*",
+    "extract-warnings": "grep -c WARN /app/logs/worker.log > /app/warnings.log",
+    "drop-deprecated": "grep deprecated backend/requirements.txt > backend/requirements.clean.txt",
+    "uppercase-codes": "tr A-Z a-z < airports.txt > airports_upper.txt",
+    "count-inbox": "ls -l /app/inbox | wc -l > /app/inbox_count.txt",
+    "set-log-level": "sed -i 's/debug/info/g' service.env",
+    "sort-latencies": "sort results/latency.txt > results/sorted.txt",
+    "unique-ips": "uniq /app/logs/blocked_ips.txt > /app/unique_ips.txt",
 }
 
 
@@ -85,3 +110,11 @@ def test_every_new_task_is_in_harbor_layout_and_names_its_files() -> None:
         files = [p.relative_to(d / "environment") for p in (d / "environment").rglob("*") if p.name != "Dockerfile"]
         named = {str(f) for f in files} | {f.name for f in files} | {"/app/" + str(f) for f in files}
         assert any(n in task.instruction for n in named), (name, task.instruction)
+
+
+def test_the_agent_job_evaluates_every_hand_written_shell_task() -> None:
+    """`make train-agent`'s held-out set holds each of these tasks, so its hand-written figure covers them all."""
+    import yaml
+
+    config = yaml.safe_load((TASKS.parent / "configs/agent.yaml").read_text())
+    assert config["env_config"]["eval_tasks"] == [f"tasks/{name}" for name in SHELL_TASKS]

@@ -56,8 +56,11 @@ def _p(path: str) -> str:
 
 
 def render(text: str, absolute: bool) -> str:
-    """A template's text with its marked paths written relative to the working directory, or absolute."""
+    """A template's text with its marked paths written relative to the working directory, or absolute
+    (a script run as `./name` runs as `/app/name`)."""
     text = text.replace(_AT_ROOT, f"cd {WORKDIR} && " if absolute else "")
+    if absolute:
+        text = text.replace("./" + _OPEN, _OPEN)
     return _MARKED.sub(lambda m: f"{WORKDIR}/{m.group(1)}" if absolute else m.group(1), text)
 
 
@@ -148,6 +151,31 @@ def _line(rng: np.random.Generator) -> str:
 
 def _lines(rng: np.random.Generator, lo: int = 3, hi: int = 8) -> list[str]:
     return [_line(rng) for _ in range(int(rng.integers(lo, hi + 1)))]
+
+
+LEVELS = ("INFO", "WARN", "ERROR", "DEBUG")  # log levels: upper case, never inside a word of WORDS
+SETTINGS = ("port", "timeout", "limit", "size", "retries", "workers")
+
+
+def _record(rng: np.random.Generator) -> str:
+    """A line as configuration and data files hold them: a hosts entry, a setting, a version pin or a CSV row."""
+    w, n = _pick(rng, WORDS), int(rng.integers(1, 1000))
+    kind = int(rng.integers(4))
+    if kind == 0:
+        return f"10.0.{int(rng.integers(0, 10))}.{int(rng.integers(1, 100))} {w}.lan"
+    if kind == 1:
+        return f"{w}_{_pick(rng, SETTINGS)} = {n}"
+    if kind == 2:
+        return "{}=={}.{}.{}".format(w, *(int(x) for x in rng.integers(0, 10, size=3)))
+    return f"{w},{n},{_pick(rng, WORDS)}"
+
+
+def _log_lines(rng: np.random.Generator, lo: int, hi: int) -> list[str]:
+    """Log lines, each a date, a level and a few words."""
+    return [
+        f"2024-{int(rng.integers(1, 13)):02d}-{int(rng.integers(1, 29)):02d} {_pick(rng, LEVELS)} {_line(rng)}"
+        for _ in range(int(rng.integers(lo, hi + 1)))
+    ]
 
 
 def _text(lines: list[str]) -> str:
@@ -261,43 +289,72 @@ def write_line(rng) -> Instance:
 
 
 def copy_file(rng) -> Instance:
-    """cp: copy a file (the original stays)."""
+    """cp: copy a file (the original stays); one time in three a backup beside it (`name.bak`), in a
+    directory half of those times."""
     a, b = _file_names(rng, 2)
+    backup = rng.random() < 1 / 3
+    if backup:
+        d = _pick(rng, DIRS) if rng.random() < 0.5 else ""
+        a, b = f"{d}/{a}" if d else a, (f"{d}/{a}" if d else a) + ".bak"
     body = Entry("file", _text(_lines(rng)))
-    start = {a: body, **_distractors(rng, {a, b})}
+    start = _with_parents({a: body, **_distractors(rng, {a.split("/")[-1], b.split("/")[-1]})})
     A, B = _p(a), _p(b)
-    return Instance(
-        "copy_file",
-        f"Copy {A} to {B}.",
-        start,
-        _set(start, {b: body}),
-        [f"cp {A} {B}"],
-        paraphrases=(
+    if backup:
+        wordings = (
+            f"Make a backup copy of {A} named {B}.",
+            f"Back up {A} to {B}, leaving the original as it is.",
+            f"Copy {A} to {B} as a backup; {A} must not change.",
+            f"Save a backup of {A} as {B}.",
+        )
+    else:
+        wordings = (
+            f"Copy {A} to {B}.",
             f"Make a copy of {A} named {B}.",
             f"Duplicate {A} as {B}, keeping {A}.",
             f"Make a backup copy of {A} and save it as {B}.",
-        ),
+        )
+    return Instance(
+        "copy_file",
+        wordings[0],
+        start,
+        _set(start, {b: body}),
+        [f"cp {A} {B}"],
+        mistake=f"cp {B} {A}",
+        paraphrases=wordings[1:],
     )
 
 
 def rename_file(rng) -> Instance:
-    """mv: rename a file."""
+    """mv: rename a file; one time in three a file in a directory, renamed where it is."""
     a, b = _file_names(rng, 2)
+    d = _pick(rng, DIRS) if rng.random() < 1 / 3 else ""
+    at = (lambda name: f"{d}/{name}") if d else (lambda name: name)
     body = Entry("file", _text(_lines(rng)))
-    start = {a: body, **_distractors(rng, {a, b})}
-    A, B = _p(a), _p(b)
-    return Instance(
-        "rename_file",
-        f"Rename {A} to {B}.",
-        start,
-        _set(start, {a: None, b: body}),
-        [f"mv {A} {B}"],
-        mistake=f"mv {_p(_stem(a))} {B}",
-        paraphrases=(
+    start = _with_parents({at(a): body, **_distractors(rng, {a, b})})
+    A, B = _p(at(a)), _p(at(b))
+    if d:
+        D = _p(d)
+        wordings = (
+            f"Rename {A} to {B}.",
+            f"Rename {A} to {b}, keeping it in {D}.",
+            f"In {D}, rename {a} to {b}.",
+            f"Give the file {A} the new name {b}; it stays in the folder {D}.",
+        )
+    else:
+        wordings = (
+            f"Rename {A} to {B}.",
             f"Change the name of {A} to {B}.",
             f"Give the file {A} the new name {B}.",
             f"{A} should be called {B} from now on; rename it.",
-        ),
+        )
+    return Instance(
+        "rename_file",
+        wordings[0],
+        start,
+        _set(start, {at(a): None, at(b): body}),
+        [f"mv {A} {B}"],
+        mistake=f"mv {_p(at(_stem(a)))} {B}",
+        paraphrases=wordings[1:],
     )
 
 
@@ -322,9 +379,11 @@ def delete_file(rng) -> Instance:
 
 
 def append_line(rng) -> Instance:
-    """echo >>: append a line to a file."""
-    (f,) = _file_names(rng, 1)
-    lines, extra = _lines(rng, 2, 5), _line(rng)
+    """echo >>: append a line to a file (half the time a file of records: hosts, settings, pins, CSV rows)."""
+    records = rng.random() < 0.5
+    (f,) = _file_names(rng, 1, ext=_pick(rng, ["txt", "cfg", "csv"]) if records else None)
+    line = _record if records else _line
+    lines, extra = [line(rng) for _ in range(int(rng.integers(2, 6)))], line(rng)
     start = {f: Entry("file", _text(lines)), **_distractors(rng, {f})}
     F = _p(f)
     return Instance(
@@ -407,10 +466,21 @@ def _word_in(rng, lines: list[str]) -> str:
     return _pick(rng, sorted({w for line in lines for w in line.split()}))
 
 
+def _source_with_word(rng, lo: int, hi: int) -> tuple[str, str, list[str], str]:
+    """As `_source_and_out`, with a word of the source to search for; one time in three the source is a log
+    (`.log`, a date and a level per line) and the word a level it holds (ERROR, WARN, ...)."""
+    f, out, lines = _source_and_out(rng, lo, hi)
+    if rng.random() >= 1 / 3:
+        return f, out, lines, _word_in(rng, lines)
+    logs = _log_lines(rng, lo, hi)
+    while len({line.split()[1] for line in logs}) < 2:  # some line lacks the level: grep -v keeps one
+        logs = _log_lines(rng, lo, hi)
+    return f"{_stem(f)}.log", out, logs, _pick(rng, sorted({line.split()[1] for line in logs}))
+
+
 def count_matches(rng) -> Instance:
     """grep -c: the number of lines containing a word."""
-    f, out, lines = _source_and_out(rng, 5, 9)
-    w = _word_in(rng, lines)
+    f, out, lines, w = _source_with_word(rng, 5, 9)
     n = sum(w in line for line in lines)
     F, OUT = _p(f), _p(out)
     return _to_new_file(
@@ -431,8 +501,7 @@ def count_matches(rng) -> Instance:
 
 def grep_lines(rng) -> Instance:
     """grep: the lines containing a word, into a new file."""
-    f, out, lines = _source_and_out(rng, 5, 9)
-    w = _word_in(rng, lines)
+    f, out, lines, w = _source_with_word(rng, 5, 9)
     F, OUT = _p(f), _p(out)
     return _to_new_file(
         "grep_lines",
@@ -795,8 +864,7 @@ def join_files(rng) -> Instance:
 
 def drop_matches(rng) -> Instance:
     """grep -v: the lines without a word, into a new file."""
-    f, out, lines = _source_and_out(rng, 5, 9)
-    w = _word_in(rng, lines)
+    f, out, lines, w = _source_with_word(rng, 5, 9)
     F, OUT = _p(f), _p(out)
     return _to_new_file(
         "drop_matches",
@@ -1011,6 +1079,50 @@ def count_files(rng) -> Instance:
 
 
 # held-out templates: relatives of the trained ones, never trained on
+def move_into_new_dir(rng) -> Instance:
+    """mkdir, then mv into it: a file moved into a directory that does not exist yet."""
+    d = _pick(rng, DIRS)
+    (f,) = _file_names(rng, 1)
+    body = Entry("file", _text(_lines(rng, 1, 4)))
+    start = {f: body, **_distractors(rng, {f, d}, k=int(rng.integers(1, 3)))}
+    D, F = _p(d), _p(f)
+    return Instance(
+        "move_into_new_dir",
+        f"Create a directory {D} and move {F} into it.",
+        start,
+        _set(start, {d: Entry("dir"), f: None, f"{d}/{f}": body}),
+        [f"mkdir {D} && mv {F} {D}/"],
+        mistake=f"mv {F} {D}/",
+        paraphrases=(
+            f"Make a new directory called {D}, then move {F} there.",
+            f"Move {F} into a new directory {D}.",
+            f"{F} should end up inside {D}, a directory that does not exist yet.",
+        ),
+    )
+
+
+def run_script(rng) -> Instance:
+    """chmod +x, then run: a script that cannot be run yet, made executable and run to write its output."""
+    f, out = f"{_pick(rng, STEMS)}.sh", f"{_pick(rng, ['output', 'result', 'status', 'done'])}.txt"
+    text = _line(rng)
+    body = f'#!/bin/sh\ncd "$(dirname "$0")"\necho {text} > {out}\n'
+    start = {f: Entry("file", body), **_distractors(rng, {f, out})}
+    F, OUT = _p(f), _p(out)
+    return Instance(
+        "run_script",
+        f"Make {F} executable and run it; it writes {OUT}.",
+        start,
+        _set(start, {f: Entry("file", body, True), out: Entry("file", text + "\n")}),
+        [f"chmod +x {F} && ./{F}"],
+        mistake=f"./{F}",
+        paraphrases=(
+            f"The script {F} cannot be run yet. Make it executable, then run it once so that it creates {OUT}.",
+            f"Run the script {F} (it needs the executable bit first) to produce {OUT}.",
+            f"Give {F} permission to execute and run it, so that {OUT} appears.",
+        ),
+    )
+
+
 def make_nested_dirs(rng) -> Instance:
     """mkdir -p (held out; a relative of make_dir): a directory inside a new one."""
     a, b = _pick(rng, DIRS, 2)
@@ -1130,6 +1242,8 @@ TRAIN_TEMPLATES: dict[str, Template] = {
         repeated_lines,
         numeric_sort,
         count_files,
+        move_into_new_dir,
+        run_script,
     )
 }
 HELD_OUT_TEMPLATES: dict[str, Template] = {

@@ -1,0 +1,2 @@
+#!/bin/bash
+rm /app/cache/*.tmp

@@ -1,0 +1,2 @@
+#!/bin/bash
+cp /app/settings.yaml /app/deploy/

@@ -1,0 +1,2 @@
+#!/bin/bash
+ls /app/inbox | wc -l > /app/inbox_count.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/data/users.csv > /app/line_count.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep WARN /app/logs/worker.log > /app/warnings.log

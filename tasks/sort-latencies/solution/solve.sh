@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -n /app/results/latency.txt > /app/results/sorted.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -u /app/logs/blocked_ips.txt > /app/unique_ips.txt
