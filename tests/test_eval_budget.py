@@ -18,7 +18,7 @@ from tinkrl.config import load_config
 from tinkrl.errors import ConfigError
 from tinkrl.rl.evaluation import evaluate, fixed_sample, mean_and_stderr
 from tinkrl.rl.schedule import TimeBudget
-from tinkrl.rl.summary import gains, run_summary, summary_lines
+from tinkrl.rl.summary import gains, problem_changes, run_summary, summary_lines
 from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, RLDataset, StepResult
 from tinkrl.rl.warm_start import base_eval
 
@@ -119,9 +119,15 @@ def test_full_and_sample_evals_report_means_with_standard_errors() -> None:
     greedy_only = asyncio.run(evaluate(envs_of(problems()), sampler, 8, 1.0, modes=["greedy"]))
     assert sampler.calls == 16 and not any("sampled" in k for k in greedy_only)
 
-    sampler = CountingSampler()
-    sample = asyncio.run(evaluate(envs_of(problems()), sampler, 8, 1.0, sample_size=8, seed=1))
+    rows: list[dict] = []
+    sampler, held_out = CountingSampler(), problems()
+    sample = asyncio.run(evaluate(envs_of(held_out), sampler, 8, 1.0, sample_size=8, seed=1, rows=rows))
     assert sampler.calls == 8  # the sample, greedy only
+    # one row per episode, each naming its problem's place in the whole held-out set
+    chosen = [held_out.index(b) for b in fixed_sample(held_out, 8, 1, "shell")]
+    assert [r["problem"] for r in rows] == chosen and {r["mode"] for r in rows} == {"greedy"}
+    assert [r["reward"] for r in rows] == [float(i < 8 or i == 12) for i in chosen]
+    assert [r["tag"] for r in rows] == ["heldout_instances" if i < 12 else "handwritten" for i in chosen]
     assert set(sample) == {
         f"eval_sample/shell/{part}greedy_reward{se}"
         for part in ("", "heldout_instances/", "handwritten/")
@@ -244,3 +250,19 @@ def test_the_summary_shows_each_phases_gain_and_the_time_split(tmp_path, monkeyp
     assert lines[1] == "rl: shell/greedy_reward 0.500 -> 0.800 (+0.300 ± 0.050)"
     assert "evaluation 10% of it" in lines[-1]
     assert gains({"a": 1.0}, {"b": 2.0}) == {}
+
+
+def test_the_summary_names_the_problems_rl_solved_and_lost() -> None:
+    def row(tag: str, name: str | None, problem: int, reward: float | None) -> dict:
+        named = {"tasks/task": name} if name else {}
+        return {"env": "shell", "problem": problem, "tag": tag, "mode": "greedy", "reward": reward, **named}
+
+    before = [row("handwritten", "a", 0, 1.0), row("handwritten", "b", 1, 0.0), row("handwritten", "c", 2, 0.0)]
+    before += [row("heldout_instances", None, 3, 1.0), row("heldout_instances", None, 4, None)]
+    after = [row("handwritten", "a", 0, 0.0), row("handwritten", "b", 1, 1.0), row("handwritten", "c", 2, 1.0)]
+    after += [row("heldout_instances", None, 3, 1.0), row("heldout_instances", None, 4, 1.0)]
+    changes = problem_changes(before, after)
+    assert changes["handwritten"] == {"of": 3, "before": 1, "after": 2, "gained": ["b", "c"], "lost": ["a"]}
+    # an infrastructure failure (reward None) counts as not solved
+    assert changes["heldout_instances"] == {"of": 2, "before": 1, "after": 2, "gained": ["shell#4"], "lost": []}
+    assert problem_changes(before, after[:1])["handwritten"]["of"] == 1  # only problems both evals played

@@ -349,6 +349,14 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
     assert set(summary["evals"]) == {"base", "warm_start", "rl"} and summary["rl_steps"] == 2
     assert "shell/handwritten/greedy_reward" in summary["gain"]["rl"]
     assert summary["base_eval"] == {"cached": False, "kind": "full"}
+    # each eval's episodes are kept; the summary counts the problems solved before and after RL
+    evals = {p.name: [json.loads(r) for r in p.read_text().splitlines()] for p in (run_dir / "evals").iterdir()}
+    assert sorted(evals) == ["step_000000.jsonl", "step_000001.jsonl", "step_000002.jsonl"]
+    assert len(evals["step_000001.jsonl"]) == 3  # the in-run sample
+    last = [r for r in evals["step_000002.jsonl"] if r["tag"] == "handwritten" and r["mode"] == "greedy"]
+    assert sorted(r["tasks/task"] for r in last) == ["append-host", "hello-file"]
+    written = summary["problems"]["handwritten"]
+    assert written["of"] == 2 and written["after"] == sum(r["reward"] == 1 for r in last)
     t = summary["time"]
     assert 0 < t["eval_s"] < t["total_s"] and t["eval_share"] == pytest.approx(t["eval_s"] / t["total_s"], abs=0.01)
     assert {"eval/base_s", "warm_start_s", "eval/before_rl_s", "eval/sample_s", "eval/final_s", "rl_s"} <= set(t)

@@ -110,8 +110,9 @@ class RunLogger:
             self.wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def write_rollouts(self, step: int, rows: list[dict], kind: str = "rollouts") -> None:
-        """A step's rows in `<kind>/step_NNNNNN.jsonl`: `rollouts` (trained sequences) or `episodes` (every
-        episode with what its environment logged)."""
+        """A step's rows in `<kind>/step_NNNNNN.jsonl`: `rollouts` (trained sequences), `episodes` (every
+        episode with what its environment logged) or `evals` (the held-out episodes of the eval of the
+        weights after that many steps)."""
         path = self.run_dir / kind / f"step_{step:06d}.jsonl"
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -100,35 +100,58 @@ async def evaluate(
     modes: Sequence[str] = ("greedy", "sampled"),
     sample_size: int | None = None,
     seed: int = 0,
+    rows: list[dict] | None = None,
 ) -> Metrics:
     """Each environment's held-out problems, one episode per problem and mode, all at once.
 
     Full (`sample_size` None): every problem in each of `modes`, as `eval/<key>/{mode}_reward`, per tag
     `eval/<key>/<tag>/{mode}_reward`, and `eval/<key>/{mode}_correct` where the env reports it. In-run
     (`sample_size` set): a fixed sample of that many problems per environment (`fixed_sample`), greedy
-    only, under `eval_sample/`. Every mean has a `_stderr` beside it."""
+    only, under `eval_sample/`. Every mean has a `_stderr` beside it. With `rows`, one row per episode
+    is appended to it (`episode_row`), so a run can keep which problems were solved."""
     prefix = FULL if sample_size is None else SAMPLE
     played = mode_temperatures(modes if sample_size is None else ["greedy"], temperature)
-    runs: list[tuple[str, str, list[str], int]] = []  # (env key, mode, tags, episodes)
+    runs: list[tuple[str, str, list[str], list[int]]] = []  # (env key, mode, tags, problem indices)
     episodes = []
     for key, env in envs.items():
         if env.test is None:
             continue
-        builders = list(env.test.get_batch(0))
-        if sample_size is not None:
-            builders = fixed_sample(builders, sample_size, seed, key)
+        every = list(env.test.get_batch(0))
+        builders = every if sample_size is None else fixed_sample(every, sample_size, seed, key)
+        index = {id(b): i for i, b in enumerate(every)}
         tags = [builder_tag(b, key) for b in builders]
         for label, temp in played:
             settings = SamplingSettings(max_tokens, temp)
-            runs.append((key, label, tags, len(builders)))
+            runs.append((key, label, tags, [index[id(b)] for b in builders]))
             episodes += [_one_episode(b, sampling_client, settings) for b in builders]
     trajs = await asyncio.gather(*episodes)
     out: Metrics = {}
     at = 0
-    for key, label, tags, n in runs:
-        out.update(_summarise(prefix, key, label, list(trajs[at : at + n]), tags))
-        at += n
+    for key, label, tags, problems in runs:
+        mine = list(trajs[at : at + len(problems)])
+        out.update(_summarise(prefix, key, label, mine, tags))
+        if rows is not None:
+            rows += [episode_row(key, p, tag, label, t) for p, tag, t in zip(problems, tags, mine)]
+        at += len(problems)
     return out
+
+
+def episode_row(key: str, problem: int, tag: str, mode: str, traj: Trajectory) -> dict:
+    """One held-out episode as a row of `evals/step_*.jsonl`: the environment, the problem's index in its
+    held-out set and its tag, the mode, the reward (None for an infrastructure failure), and what the
+    environment logged (agent tasks: the task's id, how the episode ended, the grade, the transcript)."""
+    logs = {k: v for t in traj.transitions for k, v in t.logs.items()}
+    failed = traj.failure_mode is not None
+    return {
+        "env": key,
+        "problem": problem,
+        "tag": tag,
+        "mode": mode,
+        "reward": None if failed else traj.total_reward,
+        "turns": len(traj.transitions),
+        **({"failure_mode": traj.failure_mode} if failed else {}),
+        **logs,
+    }
 
 
 async def _one_episode(builder: EnvGroupBuilder, sampling_client, settings: SamplingSettings) -> Trajectory:

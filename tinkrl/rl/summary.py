@@ -6,7 +6,8 @@ line of warm_start.jsonl), `warm_start` (before the first RL step: step 0's eval
 final eval). Each holds the held-out means with their standard errors, keyed without the eval's
 prefix (`shell/heldout_instances/greedy_reward`, `..._stderr`), so a base eval run on the in-run
 sample compares with the full ones. `gain.warm_start` and `gain.rl` are the differences, each
-with the standard error of the difference.
+with the standard error of the difference. `problems` says, per held-out tag, how many problems the
+eval before RL and the final one solved and which ones RL gained or lost (from `evals/step_*.jsonl`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,33 @@ def before_rl_row(run_dir: Path) -> dict[str, Any] | None:
     return row if row is not None and any(k.startswith(FULL + "/") for k in row) else None
 
 
+def eval_rows(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """The episodes of the eval of the weights after `step` steps, one mode's: greedy where it was played."""
+    rows = read_jsonl(run_dir / "evals" / f"step_{step:06d}.jsonl")
+    modes = [r.get("mode") for r in rows]
+    mode = "greedy" if "greedy" in modes else (modes[0] if modes else None)
+    return [r for r in rows if r.get("mode") == mode]
+
+
+def problem_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per tag: problems solved (reward 1) before and after, of how many, and the names of those gained and
+    lost (a task's id, else `<env>#<index>`), over the problems both evals played."""
+
+    def solved(rows: list[dict[str, Any]]) -> dict[tuple[str, str], bool]:
+        return {(r["tag"], r.get("tasks/task") or f"{r['env']}#{r['problem']}"): r.get("reward") == 1 for r in rows}
+
+    b, a = solved(before), solved(after)
+    out: dict[str, Any] = {}
+    for tag, name in sorted(b.keys() & a.keys()):
+        t = out.setdefault(tag, {"of": 0, "before": 0, "after": 0, "gained": [], "lost": []})
+        t["of"] += 1
+        t["before"] += b[tag, name]
+        t["after"] += a[tag, name]
+        if a[tag, name] != b[tag, name]:
+            t["gained" if a[tag, name] else "lost"].append(name)
+    return out
+
+
 def time_split(budget: TimeBudget, now: float) -> dict[str, float]:
     """Seconds per phase of this process (the rest, `setup`, is loading the model and building the
     environments), evaluation's total and its share of the whole."""
@@ -97,6 +125,7 @@ def run_summary(
         "base_eval": {"cached": bool(base.get("cached")), "kind": base.get("kind", "full")} if base else None,
         "evals": evals,
         "gain": gain,
+        "problems": problem_changes(eval_rows(run_dir, 0), eval_rows(run_dir, steps_done)),
         "time": time_split(budget, time.time()),
     }
 
@@ -129,7 +158,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         ]
         if parts:
             lines.append(f"{phase.replace('_', ' ')}: " + "; ".join(parts))
+    for tag, p in summary.get("problems", {}).items():
+        changed = "".join(f"; {k}: {', '.join(_few(p[k]))}" for k in ("gained", "lost") if p[k])
+        lines.append(f"{tag}: solved {p['before']}/{p['of']} before RL, {p['after']}/{p['of']} after{changed}")
     t = summary["time"]
     phases = ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in t.items() if k.endswith("_s") and k not in ("total_s",))
     lines.append(f"time: {t['total_s']:.0f}s ({phases}); evaluation {100 * t['eval_share']:.0f}% of it")
     return lines
+
+
+def _few(names: list[str], k: int = 6) -> list[str]:
+    """The first `k` names, and how many more there are."""
+    return names[:k] + ([f"{len(names) - k} more"] if len(names) > k else [])

@@ -157,7 +157,7 @@ async def train(
                 "optim/lr": lr,
             }
             if c.eval_every and step % c.eval_every == 0:
-                result = await _in_run_eval(c, envs, sc, step, budget, metrics)
+                result = await _in_run_eval(c, envs, sc, step, budget, metrics, logger)
                 before_rl = result if step == 0 else before_rl
 
             # Sample: this step's groups (already in flight in async mode); select those worth training on.
@@ -207,7 +207,11 @@ async def train(
             sc_step = done
             if last and (c.eval_every or c.eval_problems):
                 with timed(metrics, "time/final_eval"):
-                    final_eval = await evaluate(envs, sc, c.max_tokens, c.temperature, c.eval_modes, seed=c.seed)
+                    rows: list[dict] = []
+                    final_eval = await evaluate(
+                        envs, sc, c.max_tokens, c.temperature, c.eval_modes, seed=c.seed, rows=rows
+                    )
+                logger.write_rollouts(done, rows, kind="evals")
                 metrics.update(final_eval)
                 budget.note("eval/final", metrics["time/final_eval"])
 
@@ -242,20 +246,27 @@ async def train(
 
 
 async def _in_run_eval(
-    c: TrainConfig, envs: dict[str, EnvDatasets], sc: Any, step: int, budget: TimeBudget, metrics: Metrics
+    c: TrainConfig,
+    envs: dict[str, EnvDatasets],
+    sc: Any,
+    step: int,
+    budget: TimeBudget,
+    metrics: Metrics,
+    logger: RunLogger,
 ) -> Metrics | None:
     """The eval at the start of `step`: the full one at step 0 (before RL) and, without eval_sample_size,
     at every eval; else the fixed sample, greedy, skipped (`eval_sample/skipped`) when it would take
-    evaluation past eval_max_share of the budget. Its figures go into `metrics`; returns them (None when
-    skipped)."""
+    evaluation past eval_max_share of the budget. Its figures go into `metrics`, its episodes into
+    `evals/step_*.jsonl`; returns the figures (None when skipped)."""
     full = step == 0 or c.eval_sample_size is None
     if step > 0 and not budget.eval_fits(sample=not full):
         metrics[f"{'eval' if full else 'eval_sample'}/skipped"] = 1.0
         return None
     with timed(metrics, "time/eval"):
-        result = await evaluate(
-            envs, sc, c.max_tokens, c.temperature, c.eval_modes, None if full else c.eval_sample_size, c.seed
-        )
+        rows: list[dict] = []
+        sample_size = None if full else c.eval_sample_size
+        result = await evaluate(envs, sc, c.max_tokens, c.temperature, c.eval_modes, sample_size, c.seed, rows)
+    logger.write_rollouts(step, rows, kind="evals")
     metrics.update(result)
     phase = "eval/before_rl" if step == 0 else ("eval/during_rl" if full else "eval/sample")
     budget.note(phase, metrics["time/eval"])
