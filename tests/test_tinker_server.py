@@ -288,3 +288,32 @@ def test_concurrent_sample_requests_from_several_clients_are_all_served(engine):
     for result in results:
         assert [len(s.tokens) for s in result.sequences] == [5, 5]
         assert all(np.isfinite(s.logprobs).all() and max(s.logprobs) <= 0 for s in result.sequences)
+
+
+def test_a_training_runs_record_carries_what_its_readers_need(engine, isolated_home, monkeypatch):
+    """The SDK's get_training_run answers with the run's base model, rank and user_metadata, and a harness
+    agent on one of its checkpoints takes the action format and turn cap it trained with unless given."""
+    from tinkrl.harness.policy import policy_from_kwargs
+
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    trained = {"action_format": "shell", "tool_format": "hermes", "max_turns": "3"}
+    with serve_in_thread(server=TinkerServer(engine)) as url, tinker.ServiceClient(base_url=url, api_key=KEY) as sc:
+        tc = sc.create_lora_training_client(TINY_MODEL, rank=8, seed=0, user_metadata=trained).result()
+        path = tc.save_weights_for_sampler("final").result().path
+        rest = sc.create_rest_client()
+        run = rest.get_training_run_by_tinker_path(path).result()
+        assert (run.training_run_id, run.base_model, run.lora_rank) == (path.split("/")[2], TINY_MODEL, 8)
+        assert run.user_metadata == trained and run.is_lora
+        with pytest.raises(tinker.APIStatusError, match="unknown training run"):
+            rest.get_training_run("no-such-run").result()
+
+        policy, limits = policy_from_kwargs(TINY_MODEL, checkpoint_path=path, tinker_url=url)
+        assert limits.max_turns == 3 and policy.action_format == limits.action_format == "shell"
+        policy.close()
+        policy, limits = policy_from_kwargs(
+            TINY_MODEL, checkpoint_path=path, tinker_url=url, max_turns="7", action_format="tools"
+        )
+        assert limits.max_turns == 7 and policy.action_format == "tools"  # given: kept
+        policy.close()
+        policy, limits = policy_from_kwargs(TINY_MODEL, tinker_url=url)  # the base model: the defaults
+        assert limits.max_turns == 10 and policy.action_format == "shell"

@@ -6,9 +6,10 @@
 Agent kwargs (`--ak KEY=VALUE`): `model_name` (required: the checkpoint's base model; it picks the
 renderer), `checkpoint_path` (a `tinker://` path; without it the base model is sampled),
 `tinker_url` (default `$TINKER_BASE_URL`, else the hosted service; the key is `$TINKER_API_KEY`),
-`action_format` (`shell`, the default: one ```bash block per turn and `DONE`; or `tools`),
-`renderer`, `tokenizer` (a directory, when the model's files are elsewhere), `temperature` (1.0),
-`max_turns` (10), `max_tokens_per_turn` (512), `max_context_tokens` (8192), `command_timeout_s` (60).
+`action_format` (`shell`: one ```bash block per turn and `DONE`; or `tools`), `renderer`,
+`tokenizer` (a directory, when the model's files are elsewhere), `temperature` (1.0), `max_turns`,
+`max_tokens_per_turn` (512), `max_context_tokens` (8192), `command_timeout_s` (60). The action
+format and turn cap default to those the checkpoint's training run recorded (else `shell`, 10).
 
 Each action runs through Harbor's environment (`environment.exec`, one command per call from the
 task's workdir; file tools read and write through Harbor's upload/download). Written to the trial's

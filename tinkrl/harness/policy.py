@@ -167,13 +167,30 @@ class CheckpointPolicy:
         self._service: Any = None
         self._client: Any = None
 
+    def service(self) -> Any:
+        """The SDK's service client (made on first use)."""
+        if self._service is None:
+            import tinker
+
+            self._service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
+        return self._service
+
+    def trained_settings(self) -> dict[str, str]:
+        """What the training run that saved `checkpoint_path` recorded for its readers (`user_metadata`:
+        the action format and turn cap it trained with); {} for a base model or when the service cannot
+        say (blocking)."""
+        if not self.checkpoint_path:
+            return {}
+        try:
+            run = self.service().create_rest_client().get_training_run_by_tinker_path(self.checkpoint_path).result()
+        except Exception:  # an older service, or a run it does not know: the agent's defaults apply
+            return {}
+        return dict(getattr(run, "user_metadata", None) or {})
+
     def client(self) -> Any:
         """The SDK's sampling client (made on first use; blocking)."""
         if self._client is None:
-            import tinker
-
-            if self._service is None:
-                self._service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
+            self.service()
             if self.checkpoint_path:
                 self._client = self._service.create_sampling_client(model_path=self.checkpoint_path).result()
             else:
@@ -241,22 +258,19 @@ def policy_from_kwargs(
     model_name: str | None,
     checkpoint_path: str | None = None,
     tinker_url: str | None = None,
-    action_format: str = "shell",
+    action_format: str | None = None,
     renderer: str | None = None,
     tokenizer: str | None = None,
     temperature: float = 1.0,
-    max_turns: int = 10,
+    max_turns: int | None = None,
     max_tokens_per_turn: int = 512,
     max_context_tokens: int = 8192,
     command_timeout_s: float = 60.0,
 ) -> tuple[CheckpointPolicy, AgentLimits]:
     """The policy and episode limits of a harness agent's kwargs (strings from the harness's command
-    line are converted; a non-number where a number belongs is a PolicyError naming the kwarg)."""
-    limits = AgentLimits(
-        max_turns=_int(max_turns, "max_turns"),
-        max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
-        command_timeout_s=float(command_timeout_s),
-    )
+    line are converted; a non-number where a number belongs is a PolicyError naming the kwarg). An
+    action format or turn cap left unset is the one the checkpoint's training run recorded, else
+    `shell` and 10 turns."""
     policy = CheckpointPolicy(
         model_name or "",
         checkpoint_path=checkpoint_path,
@@ -265,7 +279,16 @@ def policy_from_kwargs(
         tokenizer=tokenizer,
         temperature=float(temperature),
         max_tokens_per_turn=_int(max_tokens_per_turn, "max_tokens_per_turn"),
-        action_format=action_format,
+        action_format=action_format or "shell",
+    )
+    trained = policy.trained_settings() if action_format is None or max_turns is None else {}
+    if action_format is None and trained.get("action_format") in ACTION_FORMATS:
+        policy.action_format = trained["action_format"]
+    limits = AgentLimits(
+        max_turns=_int(max_turns if max_turns is not None else trained.get("max_turns", 10), "max_turns"),
+        max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
+        command_timeout_s=float(command_timeout_s),
+        action_format=policy.action_format,
     )
     return policy, limits
 

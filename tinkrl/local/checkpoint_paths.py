@@ -13,6 +13,7 @@ from pathlib import Path
 from tinkrl.local.model_files import tinkrl_home
 
 SCHEME = "tinker://"
+META = "tinkrl_meta.json"  # written last into a checkpoint's directory: present means complete
 
 
 def checkpoints_root() -> Path:

@@ -18,12 +18,10 @@ from pathlib import Path
 import torch
 
 from tinkrl.errors import TinkrlError
-from tinkrl.local.checkpoint_paths import checkpoint_dir
+from tinkrl.local.checkpoint_paths import META, checkpoint_dir
 from tinkrl.local.checkpoint_paths import checkpoints_root as _root
 from tinkrl.local.lora import LoraSpec
 from tinkrl.local.models import load_model, load_tokenizer
-
-META = "tinkrl_meta.json"
 
 
 class CheckpointNotFound(TinkrlError):

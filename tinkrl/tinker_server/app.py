@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
@@ -28,6 +29,7 @@ from aiohttp import web
 from tinker import types
 
 from tinkrl.aio_thread import serve_app_in_thread
+from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, checkpoints_root
 from tinkrl.tinker_server import wire
 from tinkrl.tinker_server.engine_calls import named_kwargs, settle_blocking
 from tinkrl.tinker_server.futures import PromiseTable
@@ -118,6 +120,7 @@ class TinkerServer:
             "/api/v1/get_server_capabilities": self.server_capabilities,
             "/api/v1/samplers/{sampler_id}": self.get_sampler,
             "/api/v1/sessions/{session_id}": self.get_session,
+            "/api/v1/training_runs/{training_run_id}": self.get_training_run,
         }
         for path, handler in post.items():
             self.app.router.add_post(path, handler)
@@ -226,6 +229,26 @@ class TinkerServer:
                 "sampler_ids": sorted(session.sampler_ids),
             }
         )
+
+    async def get_training_run(self, request: web.Request) -> web.Response:
+        """A training run's record (the SDK's `RestClient.get_training_run[_by_tinker_path]`): its base
+        model, LoRA rank and user_metadata (what its checkpoints' readers need, e.g. an agent's action
+        format and turn cap), from the newest checkpoint it saved on this machine."""
+        run_id = request.match_info["training_run_id"]
+        found = newest_run_meta(run_id)
+        if found is None:
+            raise UserError(f"unknown training run {run_id!r}: no checkpoint of it under {checkpoints_root()}", 404)
+        meta, saved = found
+        record = types.TrainingRun(
+            training_run_id=run_id,
+            base_model=meta["base_model"],
+            model_owner="local",
+            is_lora=True,
+            lora_rank=(meta.get("lora") or {}).get("rank"),
+            last_request_time=datetime.fromtimestamp(saved, UTC),
+            user_metadata=meta.get("user_metadata") or None,
+        )
+        return web.json_response(record.model_dump(mode="json"))
 
     async def telemetry(self, request: web.Request) -> web.Response:
         await request.read()  # accepted and dropped: nothing leaves this machine
@@ -494,3 +517,15 @@ def serve_in_thread(
         server = TinkerServer(engine, api_key=api_key)
     with serve_app_in_thread(server.app, host, port, name="tinker-server") as url:
         yield url
+
+
+def newest_run_meta(run_id: str) -> tuple[dict, float] | None:
+    """The metadata of the newest complete checkpoint training run `run_id` saved on this machine (base
+    model, LoRA settings, user_metadata) and when it was written; None when it saved none."""
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        return None
+    metas = sorted((m.stat().st_mtime, m) for m in checkpoint_dir(SCHEME + run_id).glob(f"*/*/{META}"))
+    if not metas:
+        return None
+    saved, newest = metas[-1]
+    return json.loads(newest.read_text()), saved
