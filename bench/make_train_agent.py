@@ -1,13 +1,14 @@
-"""The figures of a `make train-agent` run, from its run directory, as a benchmark result.
+"""The figures of `make train-agent` runs, from their run directories, as a benchmark result.
 
-    make train-agent && python bench/make_train_agent.py [runs/agent] [--train-command "make train-agent"]
+    make train-agent && python bench/make_train_agent.py [runs/agent ...] [--train-command "make train-agent"]
 
-Reads the run's summary.json (written at the end of every run, `tinkrl/rl/summary.py`) and writes
-bench/results/make_train_agent/<machine class>.json: RL steps run within the time budget, the
-job's wall time and evaluation's share of it, and for each held-out tag (new instances of the
-trained templates, templates never trained on, the hand-written tasks of `tasks/`) the greedy
-pass@1 after the warm start and after RL with their standard errors. The record names the commit
-checked out now, so summarise a run from the tree that made it.
+Reads each run's summary.json (written at the end of every run, `tinkrl/rl/summary.py`) and writes
+bench/results/make_train_agent/<machine class>.json, under the first run's name, one repeat per
+run (the table shows their medians): RL steps run within the time budget, the job's wall time and
+evaluation's share of it, and for each held-out tag (new instances of the trained templates,
+templates never trained on, the hand-written tasks of `tasks/`) the greedy pass@1 after the warm
+start and after RL with their standard errors. The runs must share their settings. The record
+names the commit checked out now, so summarise runs from the tree that made them.
 """
 
 from __future__ import annotations
@@ -59,27 +60,34 @@ def run_figures(summary: dict) -> dict[str, list[float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", nargs="?", type=Path, default=Path("runs/agent"))
-    ap.add_argument("--train-command", default="make train-agent", help="what made the run (recorded with it)")
+    ap.add_argument("run_dirs", nargs="*", type=Path, default=[Path("runs/agent")])
+    ap.add_argument("--train-command", default="make train-agent", help="what made the runs (recorded with them)")
     add_results_arg(ap)
     args = ap.parse_args()
-    summary_path = args.run_dir / "summary.json"
-    if not summary_path.is_file():
-        raise SystemExit(f"{summary_path} is missing: the run has not finished (every finished run writes it)")
-    summary = json.loads(summary_path.read_text())
-    config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
-    figures = run_figures(summary)
-    print(json.dumps({k: v[0] for k, v in figures.items()}))
-    settings = {k: config.get(k) for k in SETTINGS}
-    run_json = args.run_dir / "run.json"
-    compute = json.loads(run_json.read_text()).get("compute") if run_json.is_file() else None
-    if compute:
-        settings["plan"] = compute["line"]
+    figures: dict[str, list[float]] = {}
+    settings: dict | None = None
+    for run_dir in args.run_dirs:
+        summary_path = run_dir / "summary.json"
+        if not summary_path.is_file():
+            raise SystemExit(f"{summary_path} is missing: the run has not finished (every finished run writes it)")
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        mine = {k: config.get(k) for k in SETTINGS}
+        run_json = run_dir / "run.json"
+        compute = json.loads(run_json.read_text()).get("compute") if run_json.is_file() else None
+        if compute:
+            mine["plan"] = compute["line"]
+        if settings is not None and mine != settings:
+            raise SystemExit(f"{run_dir} ran with other settings than {args.run_dirs[0]}: {mine} != {settings}")
+        settings = mine
+        one = run_figures(json.loads(summary_path.read_text()))
+        print(json.dumps({k: v[0] for k, v in one.items()}))
+        for k, v in one.items():
+            figures.setdefault(k, []).extend(v)
     command = f"{args.train_command} && {command_line()}"
     write_result(
         "make_train_agent",
-        args.run_dir.name,
-        settings,
+        args.run_dirs[0].name,
+        settings or {},
         figures,
         args.results,
         device=run_device(config),

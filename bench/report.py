@@ -490,18 +490,21 @@ MAKE_TRAIN_NEEDS = ("late_step_s", "late_sample_s", "late_train_s", "steps", "wa
 
 
 def make_train_agent_rows(r: Record) -> list[list[str]]:
-    m = r.median
+    """One row per record: medians over its runs (one standard error each), the RL figures' range when
+    there are several runs."""
+    m, runs = r.median, r.repeats["rl_steps"]
 
     def tag(name: str) -> str:
         if f"{name}/rl" not in m:
             return "no eval"
-        ws, rl = m[f"{name}/warm_start"], m[f"{name}/rl"]
-        return f"{ws:.2f} ± {m[f'{name}/warm_start_stderr']:.2f} -> {rl:.2f} ± {m[f'{name}/rl_stderr']:.2f}"
+        ws = f"{m[f'{name}/warm_start']:.2f} ± {m[f'{name}/warm_start_stderr']:.2f}"
+        return f"{ws} -> {spread(r.repeats[f'{name}/rl'], '.2f')} ± {m[f'{name}/rl_stderr']:.2f}"
 
     return [
         [
             str(r.settings.get("model_name")),
-            f"{m['rl_steps']:.0f}",
+            str(len(runs)),
+            spread(runs, ".0f"),
             minutes(m["wall_s"]),
             f"{m['eval_share']:.0%}",
             tag("heldout_instances"),
@@ -552,6 +555,7 @@ TABLES = (
         "make train-agent && python bench/make_train_agent.py",
         (
             "model",
+            "runs",
             "RL steps in budget",
             "wall",
             "eval share",
