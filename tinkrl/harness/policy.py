@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,30 +168,33 @@ class CheckpointPolicy:
         self._service: Any = None
         self._client: Any = None
 
-    def service(self) -> Any:
-        """The SDK's service client (made on first use)."""
-        if self._service is None:
-            import tinker
-
-            self._service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
-        return self._service
-
     def trained_settings(self) -> dict[str, str]:
         """What the training run that saved `checkpoint_path` recorded for its readers (`user_metadata`:
         the action format and turn cap it trained with); {} for a base model or when the service cannot
-        say (blocking)."""
+        say. Blocking; asked through the SDK's RestClient, which opens no session, from a thread of its
+        own, so a harness building its agent on an event loop gets no warning from the SDK."""
         if not self.checkpoint_path:
             return {}
+        import tinker
+
+        def ask() -> dict[str, str]:
+            rest = tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
+            run = rest.get_training_run_by_tinker_path(self.checkpoint_path).result()
+            return dict(getattr(run, "user_metadata", None) or {})
+
         try:
-            run = self.service().create_rest_client().get_training_run_by_tinker_path(self.checkpoint_path).result()
+            with ThreadPoolExecutor(1) as pool:  # off any event loop the caller runs
+                return pool.submit(ask).result()
         except Exception:  # an older service, or a run it does not know: the agent's defaults apply
             return {}
-        return dict(getattr(run, "user_metadata", None) or {})
 
     def client(self) -> Any:
         """The SDK's sampling client (made on first use; blocking)."""
         if self._client is None:
-            self.service()
+            import tinker
+
+            if self._service is None:
+                self._service = tinker.ServiceClient(base_url=self.base_url, api_key=self.api_key)
             if self.checkpoint_path:
                 self._client = self._service.create_sampling_client(model_path=self.checkpoint_path).result()
             else:

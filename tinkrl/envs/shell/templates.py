@@ -295,7 +295,8 @@ def copy_file(rng) -> Instance:
     backup = rng.random() < 1 / 3
     if backup:
         d = _pick(rng, DIRS) if rng.random() < 0.5 else ""
-        a, b = f"{d}/{a}" if d else a, (f"{d}/{a}" if d else a) + ".bak"
+        a = f"{d}/{a}" if d else a
+        b = a + ".bak"
     body = Entry("file", _text(_lines(rng)))
     start = _with_parents({a: body, **_distractors(rng, {a.split("/")[-1], b.split("/")[-1]})})
     A, B = _p(a), _p(b)
