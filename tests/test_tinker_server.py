@@ -293,6 +293,7 @@ def test_concurrent_sample_requests_from_several_clients_are_all_served(engine):
 def test_a_training_runs_record_carries_what_its_readers_need(engine, isolated_home, monkeypatch):
     """The SDK's get_training_run answers with the run's base model, rank and user_metadata, and a harness
     agent on one of its checkpoints takes the action format and turn cap it trained with unless given."""
+    from tinkrl.backends import TinkerService, checkpoint_metadata
     from tinkrl.harness.policy import policy_from_kwargs
 
     monkeypatch.setenv("TINKER_API_KEY", KEY)
@@ -306,6 +307,9 @@ def test_a_training_runs_record_carries_what_its_readers_need(engine, isolated_h
         assert run.user_metadata == trained and run.is_lora
         with pytest.raises(tinker.APIStatusError, match="unknown training run"):
             rest.get_training_run("no-such-run").result()
+        # what `tinkrl eval --checkpoint` reads from a Tinker service: the same record, {} for an unknown run
+        assert checkpoint_metadata(TinkerService(sc), path) == trained
+        assert checkpoint_metadata(TinkerService(sc), "tinker://no-such-run/sampler_weights/final") == {}
 
         policy, limits = policy_from_kwargs(TINY_MODEL, checkpoint_path=path, tinker_url=url)
         assert limits.max_turns == 3 and policy.action_format == limits.action_format == "shell"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from tinkrl.config import BackendConfig
@@ -260,8 +261,15 @@ def checkpoint_metadata(service: Any, path: str) -> dict[str, str]:
         from tinkrl.local.checkpoints import read_meta, resolve_path
 
         return dict(read_meta(resolve_path(path)).get("user_metadata") or {})
+    return run_metadata(service.create_rest_client, path)
+
+
+def run_metadata(rest_client: Callable[[], Any], path: str) -> dict[str, str]:
+    """The `user_metadata` of the training run that saved checkpoint `path`, as the Tinker service
+    behind the `RestClient` that `rest_client()` makes reports it ({} when it has none or the service
+    cannot say). Blocking."""
     try:
-        run = service.create_rest_client().get_training_run_by_tinker_path(path).result()
+        run = rest_client().get_training_run_by_tinker_path(path).result()
     except Exception:  # an older service, or a path it does not know: the caller's defaults apply
         return {}
     return dict(getattr(run, "user_metadata", None) or {})

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
-from tinkrl.backends import SessionStatus, exit_status, finish_session
+from tinkrl.backends import SessionStatus, exit_status, finish_session, run_metadata
 from tinkrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from tinkrl.taskdirs.model import Task
 
@@ -177,16 +177,11 @@ class CheckpointPolicy:
             return {}
         import tinker
 
-        def ask() -> dict[str, str]:
-            rest = tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
-            run = rest.get_training_run_by_tinker_path(self.checkpoint_path).result()
-            return dict(getattr(run, "user_metadata", None) or {})
+        def rest_client() -> Any:
+            return tinker.RestClient(base_url=self.base_url, api_key=self.api_key)
 
-        try:
-            with ThreadPoolExecutor(1) as pool:  # off any event loop the caller runs
-                return pool.submit(ask).result()
-        except Exception:  # an older service, or a run it does not know: the agent's defaults apply
-            return {}
+        with ThreadPoolExecutor(1) as pool:  # off any event loop the caller runs
+            return pool.submit(run_metadata, rest_client, self.checkpoint_path).result()
 
     def client(self) -> Any:
         """The SDK's sampling client (made on first use; blocking)."""
@@ -275,6 +270,7 @@ def policy_from_kwargs(
     line are converted; a non-number where a number belongs is a PolicyError naming the kwarg). An
     action format or turn cap left unset is the one the checkpoint's training run recorded, else
     `shell` and 10 turns."""
+    turns = None if max_turns is None else _int(max_turns, "max_turns")
     policy = CheckpointPolicy(
         model_name or "",
         checkpoint_path=checkpoint_path,
@@ -285,11 +281,11 @@ def policy_from_kwargs(
         max_tokens_per_turn=_int(max_tokens_per_turn, "max_tokens_per_turn"),
         action_format=action_format or "shell",
     )
-    trained = policy.trained_settings() if action_format is None or max_turns is None else {}
+    trained = policy.trained_settings() if action_format is None or turns is None else {}
     if action_format is None and trained.get("action_format") in ACTION_FORMATS:
         policy.action_format = trained["action_format"]
     limits = AgentLimits(
-        max_turns=_int(max_turns if max_turns is not None else trained.get("max_turns", 10), "max_turns"),
+        max_turns=turns if turns is not None else _int(trained.get("max_turns", 10), "max_turns"),
         max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
         command_timeout_s=float(command_timeout_s),
         action_format=policy.action_format,
