@@ -15,7 +15,7 @@ import pytest
 from helpers.requirements import needs_bwrap
 
 from tinkrl.envs.shell.config import HELD_OUT_TEMPLATE_NAMES, TRAIN_TEMPLATE_NAMES, ShellEnvConfig
-from tinkrl.envs.shell.tasks import LIMITS, held_out, instance, to_task, train_instance
+from tinkrl.envs.shell.tasks import LIMITS, held_out, instance, template_of, to_task, train_instance
 from tinkrl.envs.shell.templates import DIRS, HELD_OUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES, WORDS
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox import LazyProvider
@@ -31,7 +31,7 @@ def test_the_config_names_the_templates_the_family_has() -> None:
     with pytest.raises(ValueError, match="unknown template"):
         ShellEnvConfig(templates=["make_dir", "no_such"])
     with pytest.raises(ValueError, match="both trained on and held out"):
-        ShellEnvConfig(templates=["tail_lines"])
+        ShellEnvConfig(templates=["copy_dir"])
 
 
 def test_no_word_is_part_of_another() -> None:  # grep-based templates count lines containing a word
@@ -89,6 +89,66 @@ def test_held_out_instances_never_appear_in_the_train_stream() -> None:
     drawn = train_instance(TRAIN_TEMPLATE_NAMES, 11, 0, set())
     redrawn = train_instance(TRAIN_TEMPLATE_NAMES, 11, 0, {drawn.key})
     assert redrawn.key != drawn.key and redrawn.template == drawn.template
+
+
+def _group(template_seed: tuple[str, int], rewards: list[float]):
+    """A finished group of the shell family's instance of (template, seed) with these rewards."""
+    import tinker
+
+    from tinkrl.rl.types import Trajectory, TrajectoryGroup, Transition
+
+    task = to_task(instance(*template_seed))
+    trajs = [
+        Trajectory(
+            [
+                Transition(
+                    tinker.ModelInput.empty(), [1], [0.0], r, True, logs={"tasks/task": task.id, "tasks/transcript": []}
+                )
+            ]
+        )
+        for r in rewards
+    ]
+    return TrajectoryGroup(trajs, [0.0] * len(rewards), [{}] * len(rewards), ["shell"])
+
+
+def test_a_run_draws_the_templates_it_has_learned_less_often(renderer, tmp_path) -> None:
+    """With downweight_solved, a template whose recent groups every attempt solved is drawn less often, in
+    proportion to its solved share; the tally a run records is the one its episode log gives back, so a
+    resumed stream draws the same batches; a stream without it is the uniform one."""
+    from tinkrl.config import EnvEntry
+    from tinkrl.envs import EnvContext
+    from tinkrl.envs.shell.env import build_datasets
+    from tinkrl.envs.shell.focus import SolvedTally
+    from tinkrl.rl.metrics import episode_rows
+
+    templates = ["make_dir", "head_lines", "sort_lines", "copy_file"]
+    assert template_of(to_task(instance("head_lines", 3, paraphrase=True)).id) == "head_lines"
+    assert template_of("hello-file") is None and template_of("shell-no_such-abc") is None
+    ctx = EnvContext("shell", EnvEntry(), renderer, "tinkrl/tiny-llama", 2, 8, 32, tmp_path / "run", seed=0)
+    cfg = ShellEnvConfig(templates=templates, test_per_template=1, downweight_solved=0.75)
+    data = build_datasets(cfg, ctx)
+    solved = [_group(("make_dir", s), [1.0, 1.0]) for s in range(4)]
+    mixed = [_group(("head_lines", s), [1.0, 0.0]) for s in range(3)] + [_group(("sort_lines", 0), [0.0, 0.0])]
+    metrics = data.on_step(0, solved + mixed)
+    assert metrics == {"env/shell/solved_templates": 1}
+    assert data.train.tally.weights(templates, 1, 0.75) == [0.25, 1.0, 1.0, 1.0]
+    assert data.train.tally.weights(templates, 0, 0.75) == [1.0] * 4  # batch 0 sees no step before it
+    drawn = [b.task.metadata["template"] for i in range(1, 200) for b in data.train.get_batch(i)]
+    share = drawn.count("make_dir") / len(drawn)
+    assert 0.06 < share < 0.10, share  # 0.25 / 3.25 of the draws, against a quarter without the tally
+    # the episode log of that step gives the same tally back: a resumed run draws the same batches
+    rows = episode_rows([("shell", g) for g in solved + mixed], 0, None, set())
+    (ctx.run_dir / "episodes").mkdir(parents=True)
+    (ctx.run_dir / "episodes" / "step_000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reread = SolvedTally()
+    reread.load(ctx.run_dir / "episodes")
+    assert reread.by_step == data.train.tally.by_step
+    resumed = build_datasets(cfg, ctx).train
+    assert [b.task.id for b in resumed.get_batch(5)] == [b.task.id for b in data.train.get_batch(5)]
+    plain = build_datasets(cfg.model_copy(update={"downweight_solved": 0.0}), ctx)
+    assert plain.on_step is None
+    uniform = [b.task.metadata["template"] for i in range(1, 200) for b in plain.train.get_batch(i)]
+    assert 0.2 < uniform.count("make_dir") / len(uniform) < 0.3
 
 
 def test_the_held_out_templates_may_have_an_eval_size_of_their_own(renderer, tmp_path) -> None:
@@ -316,7 +376,7 @@ def test_the_agent_pipeline_runs_on_the_tiny_model(tmp_path, monkeypatch, isolat
         "eval_every=1",
         "save_every=0",
         "env.test_per_template=1",
-        "env.held_out_templates=[tail_lines,copy_dir]",
+        "env.held_out_templates=[count_words,copy_dir]",
         f"env.eval_tasks=[{TASKS / 'hello-file'},{TASKS / 'append-host'}]",
         "eval_sample_size=3",
         "warm_start.steps=2",

@@ -1,7 +1,7 @@
 """The `shell` environment: generated shell tasks as multi-turn agent episodes in sandboxes.
 
-Training draws a seeded stream of instances (a template, then its names and contents) and rolls
-each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
+Training draws a seeded stream of instances (a template, then its names and contents; with
+`downweight_solved`, the templates the run has learned less often) and rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
 shell action format by default. The test set is held-out instances of the trained templates
 (`heldout_instances`), instances of templates never trained on (`heldout_templates`) and, with
 `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)`
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,10 +23,11 @@ from tinkrl.agents.session import Message, TaskSession
 from tinkrl.agents.shell_actions import reference_reply
 from tinkrl.envs.agent_tasks.env import TaskGroupBuilder, renderer_for
 from tinkrl.envs.shell.config import ShellEnvConfig
+from tinkrl.envs.shell.focus import SolvedTally
 from tinkrl.envs.shell.tasks import held_out, to_task, train_instance
 from tinkrl.envs.shell.templates import Instance
 from tinkrl.errors import ConfigError, InfraFailure
-from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset
+from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, Metrics, RLDataset, TrajectoryGroup
 from tinkrl.taskdirs import Task, TaskLoadError, iter_tasks
 
 if TYPE_CHECKING:
@@ -35,20 +37,43 @@ STREAM_LENGTH = 1_000_000  # batches the train stream offers (the run's max_step
 
 
 class ShellStream(RLDataset):
-    """Batch `index` holds the stream's instances at positions index*G .. index*G+G-1 (a resumed run
-    sees the same batches)."""
+    """Batch `index` holds the stream's instances at positions index*G .. index*G+G-1. With
+    `downweight_solved`, each batch draws its templates by the outcomes of the steps before it
+    (`SolvedTally`, fed by `on_step` and, for a resumed run, read back from `episodes_dir`); a
+    resumed run sees the same batches either way."""
 
-    def __init__(self, cfg: ShellEnvConfig, groups_per_batch: int, seed: int, exclude: set[str], make_builder):
+    def __init__(
+        self,
+        cfg: ShellEnvConfig,
+        groups_per_batch: int,
+        seed: int,
+        exclude: set[str],
+        make_builder,
+        key: str = "shell",
+        episodes_dir: Path | None = None,
+    ):
         self.cfg, self.groups_per_batch, self.seed, self.exclude = cfg, groups_per_batch, seed, exclude
-        self.make_builder = make_builder
+        self.make_builder, self.key = make_builder, key
+        self.tally = SolvedTally()
+        if cfg.downweight_solved and episodes_dir is not None:
+            self.tally.load(episodes_dir)
 
-    def instance_at(self, position: int) -> Instance:
-        """The stream's instance at `position`."""
-        return train_instance(self.cfg.templates, position, self.seed, self.exclude, self.cfg.paraphrase)
+    def instance_at(self, position: int, weights: list[float] | None = None) -> Instance:
+        """The stream's instance at `position` (templates drawn by `weights`, else uniformly)."""
+        return train_instance(self.cfg.templates, position, self.seed, self.exclude, self.cfg.paraphrase, weights)
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        weights = None
+        if self.cfg.downweight_solved:
+            weights = self.tally.weights(self.cfg.templates, index, self.cfg.downweight_solved)
         start = index * self.groups_per_batch
-        return [self.make_builder(self.instance_at(p)) for p in range(start, start + self.groups_per_batch)]
+        return [self.make_builder(self.instance_at(p, weights)) for p in range(start, start + self.groups_per_batch)]
+
+    def on_step(self, step: int, groups: list[TrajectoryGroup]) -> Metrics:
+        """Record the step's outcomes; reports how many templates every attempt of their recent groups solved."""
+        self.tally.record(step, groups)
+        shares = self.tally.solved_shares(self.cfg.templates, step + 1).values()
+        return {f"env/{self.key}/solved_templates": sum(1 for s in shares if s == 1.0)}
 
     def __len__(self) -> int:
         return STREAM_LENGTH
@@ -116,7 +141,15 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
     def builder(inst: Instance, group_size: int, tag: str) -> TaskGroupBuilder:
         return TaskGroupBuilder(to_task(inst), cfg, renderer, provider, group_size, tag)
 
-    train = ShellStream(cfg, ctx.groups_per_batch, ctx.seed, exclude, lambda i: builder(i, ctx.group_size, ctx.key))
+    train = ShellStream(
+        cfg,
+        ctx.groups_per_batch,
+        ctx.seed,
+        exclude,
+        lambda i: builder(i, ctx.group_size, ctx.key),
+        ctx.key,
+        ctx.run_dir / "episodes",
+    )
     test_builders = [builder(i, 1, "heldout_instances") for i in tests]
     test_builders += [builder(i, 1, "heldout_templates") for i in new_templates]
     test_builders += [
@@ -141,5 +174,8 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
         return [m for m in found if m is not None]
 
     return EnvDatasets(
-        train=train, test=FixedSet(test_builders) if test_builders else None, demonstrations=demonstrations
+        train=train,
+        test=FixedSet(test_builders) if test_builders else None,
+        demonstrations=demonstrations,
+        on_step=train.on_step if cfg.downweight_solved else None,
     )

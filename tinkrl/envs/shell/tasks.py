@@ -78,6 +78,12 @@ def to_task(inst: Instance) -> Task:
     )
 
 
+def template_of(task_id: str) -> str | None:
+    """The template of a task `to_task` made (its id is `shell-<template>-<key>...`); None for any other id."""
+    parts = task_id.split("-")
+    return parts[1] if len(parts) > 2 and parts[0] == "shell" and parts[1] in TEMPLATES else None
+
+
 def held_out(templates: list[str], per_template: int, seed: int, paraphrase: bool = False) -> list[Instance]:
     """`per_template` distinct instances of each template, from a seed space the train stream never uses
     (`paraphrase`: as `instance`)."""
@@ -95,12 +101,22 @@ def held_out(templates: list[str], per_template: int, seed: int, paraphrase: boo
 
 
 def train_instance(
-    templates: list[str], position: int, seed: int, exclude: set[str], paraphrase: bool = False
+    templates: list[str],
+    position: int,
+    seed: int,
+    exclude: set[str],
+    paraphrase: bool = False,
+    weights: list[float] | None = None,
 ) -> Instance:
-    """The train stream's instance at `position`: its template drawn by the seed, redrawn while it
-    equals a held-out instance (`exclude`: their keys, whatever the wording; `paraphrase`: as `instance`)."""
+    """The train stream's instance at `position`: its template drawn by the seed (in proportion to
+    `weights` when given, else uniformly), redrawn while it equals a held-out instance (`exclude`: their
+    keys, whatever the wording; `paraphrase`: as `instance`)."""
     rng = np.random.default_rng([seed, 0x78A1, position])
-    name = templates[int(rng.integers(len(templates)))]
+    if weights is None:
+        name = templates[int(rng.integers(len(templates)))]
+    else:
+        p = np.asarray(weights, dtype=float)
+        name = templates[int(rng.choice(len(templates), p=p / p.sum()))]
     for attempt in range(100):
         inst = instance(name, [seed, 0x78A1, position, attempt + 1], paraphrase)
         if inst.key not in exclude:

@@ -16,8 +16,8 @@ instance's style, and the reference commands work from any working directory whe
 are absolute. Some source files sit in a directory (`logs/notes.txt`), some at the top.
 
 `TRAIN_TEMPLATES` are what a run trains on; `HELD_OUT_TEMPLATES` are never trained on and
-measure generalisation (each is a near relative of a trained one: `tail` of `head`, `mkdir -p`
-of `mkdir`, `rm -r` of `rm`, ...).
+measure generalisation (each is a near relative of a trained one: `rm -r` of `rm`, `wc -w` of
+`wc -l`, `cp -r` of `cp`).
 """
 
 from __future__ import annotations
@@ -1125,15 +1125,22 @@ def run_script(rng) -> Instance:
 
 
 def make_nested_dirs(rng) -> Instance:
-    """mkdir -p (held out; a relative of make_dir): a directory inside a new one."""
+    """mkdir -p: a directory inside a new one, both made in one command (plain mkdir fails)."""
     a, b = _pick(rng, DIRS, 2)
     start = _distractors(rng, {a})
+    A, AB = _p(a), _p(f"{a}/{b}")
     return Instance(
         "make_nested_dirs",
-        f"Create the directory {a}/{b} (and {a} with it).",
+        f"Create the directory {AB} (and {A} with it).",
         start,
         _set(start, {a: Entry("dir"), f"{a}/{b}": Entry("dir")}),
-        [f"mkdir -p {a}/{b}"],
+        [f"mkdir -p {AB}"],
+        mistake=f"mkdir {AB}",
+        paraphrases=(
+            f"Set up the directory {AB}; {A} does not exist yet either.",
+            f"Make the nested directories {AB}, creating the parent {A} as well.",
+            f"Create {AB}, including its missing parent directory {A}.",
+        ),
     )
 
 
@@ -1148,17 +1155,24 @@ def delete_dir(rng) -> Instance:
 
 
 def tail_lines(rng) -> Instance:
-    """tail (held out; a relative of head_lines): the last k lines, into a new file."""
+    """tail -n: the last k lines, into a new file."""
     f, out, lines = _source_and_out(rng, 5, 9)
-    k = int(rng.integers(1, 4))
-    return _held_out_new_file(
+    k = int(rng.integers(1, 6))
+    F, OUT = _p(f), _p(out)
+    last = "last line" if k == 1 else f"last {k} lines"
+    return _to_new_file(
         "tail_lines",
         f,
         lines,
         out,
         _text(lines[-k:]),
-        f"Write the last {k} lines of {f} to a new file {out}.",
-        f"tail -n {k} {f} > {out}",
+        f"the {last} of {F}",
+        f"Take the {last} of {F}",
+        f"tail -n {k} {F} > {OUT}",
+        paraphrases=(
+            f"Save the final {'line' if k == 1 else f'{k} lines'} of {F} in a new file {OUT}.",
+            f"Put the bottom {'line' if k == 1 else f'{k} lines'} of {F} into a new file {OUT}.",
+        ),
     )
 
 
@@ -1187,19 +1201,26 @@ def copy_dir(rng) -> Instance:
 
 
 def unique_lines(rng) -> Instance:
-    """sort -u (held out; a relative of sort_lines): the distinct lines, sorted."""
+    """sort -u: the distinct lines, sorted, into a new file."""
     f, out = _file_names(rng, 2, ext="txt")
     base = _lines(rng, 3, 5)
     lines = base + [base[int(i)] for i in rng.integers(0, len(base), size=int(rng.integers(2, 5)))]
     rng.shuffle(lines)
-    return _held_out_new_file(
+    F, OUT = _p(f), _p(out)
+    return _to_new_file(
         "unique_lines",
         f,
         lines,
         out,
         _text(sorted(set(lines))),
-        f"Write the distinct lines of {f}, sorted alphabetically, to a new file {out}.",
-        f"sort -u {f} > {out}",
+        f"each distinct line of {F} once, sorted alphabetically",
+        f"Sort the lines of {F} and drop the repeats",
+        f"sort -u {F} > {OUT}",
+        paraphrases=(
+            f"{F} has repeated lines. Save each line just once, in sorted order, in a new file {OUT}.",
+            f"Put the unique lines of {F}, sorted, into a new file {OUT}.",
+        ),
+        prompt=f"Write the distinct lines of {F}, sorted alphabetically, to a new file {OUT}.",
     )
 
 
@@ -1245,9 +1266,10 @@ TRAIN_TEMPLATES: dict[str, Template] = {
         count_files,
         move_into_new_dir,
         run_script,
+        make_nested_dirs,
+        tail_lines,
+        unique_lines,
     )
 }
-HELD_OUT_TEMPLATES: dict[str, Template] = {
-    t.__name__: t for t in (make_nested_dirs, delete_dir, tail_lines, count_words, copy_dir, unique_lines)
-}
+HELD_OUT_TEMPLATES: dict[str, Template] = {t.__name__: t for t in (delete_dir, count_words, copy_dir)}
 TEMPLATES: dict[str, Template] = {**TRAIN_TEMPLATES, **HELD_OUT_TEMPLATES}
