@@ -111,41 +111,42 @@ def _group(template_seed: tuple[str, int], rewards: list[float]):
     return TrajectoryGroup(trajs, [0.0] * len(rewards), [{}] * len(rewards), ["shell"])
 
 
-def test_a_run_draws_the_templates_it_has_learned_less_often(renderer, tmp_path) -> None:
-    """With downweight_solved, a template whose recent groups every attempt solved is drawn less often, in
-    proportion to its solved share; the tally a run records is the one its episode log gives back, so a
-    resumed stream draws the same batches; a stream without it is the uniform one."""
+def test_a_run_draws_templates_whose_groups_no_longer_split_less_often(renderer, tmp_path) -> None:
+    """With downweight_constant, a template whose recent groups all scored alike (every attempt solved,
+    or none) is drawn less often, in proportion to that share; the tally a run records is the one its
+    episode log gives back, so a resumed stream draws the same batches; without it the draw is uniform."""
     from tinkrl.config import EnvEntry
     from tinkrl.envs import EnvContext
     from tinkrl.envs.shell.env import build_datasets
-    from tinkrl.envs.shell.focus import SolvedTally
+    from tinkrl.envs.shell.focus import GroupTally
     from tinkrl.rl.metrics import episode_rows
 
     templates = ["make_dir", "head_lines", "sort_lines", "copy_file"]
     assert template_of(to_task(instance("head_lines", 3, paraphrase=True)).id) == "head_lines"
     assert template_of("hello-file") is None and template_of("shell-no_such-abc") is None
     ctx = EnvContext("shell", EnvEntry(), renderer, "tinkrl/tiny-llama", 2, 8, 32, tmp_path / "run", seed=0)
-    cfg = ShellEnvConfig(templates=templates, test_per_template=1, downweight_solved=0.75)
+    cfg = ShellEnvConfig(templates=templates, test_per_template=1, downweight_constant=0.75)
     data = build_datasets(cfg, ctx)
     solved = [_group(("make_dir", s), [1.0, 1.0]) for s in range(4)]
-    mixed = [_group(("head_lines", s), [1.0, 0.0]) for s in range(3)] + [_group(("sort_lines", 0), [0.0, 0.0])]
-    metrics = data.on_step(0, solved + mixed)
-    assert metrics == {"env/shell/solved_templates": 1}
-    assert data.train.tally.weights(templates, 1, 0.75) == [0.25, 1.0, 1.0, 1.0]
+    failed = [_group(("sort_lines", s), [0.0, 0.0]) for s in range(2)] + [_group(("sort_lines", 2), [1.0, 0.0])]
+    mixed = [_group(("head_lines", s), [1.0, 0.0]) for s in range(3)]
+    metrics = data.on_step(0, solved + failed + mixed)
+    assert metrics == {"env/shell/constant_templates": 1}
+    assert data.train.tally.weights(templates, 1, 0.75) == [0.25, 1.0, 0.5, 1.0]
     assert data.train.tally.weights(templates, 0, 0.75) == [1.0] * 4  # batch 0 sees no step before it
     drawn = [b.task.metadata["template"] for i in range(1, 200) for b in data.train.get_batch(i)]
     share = drawn.count("make_dir") / len(drawn)
-    assert 0.06 < share < 0.10, share  # 0.25 / 3.25 of the draws, against a quarter without the tally
+    assert 0.06 < share < 0.10, share  # 0.25 / 2.75 of the draws, against a quarter without the tally
     # the episode log of that step gives the same tally back: a resumed run draws the same batches
-    rows = episode_rows([("shell", g) for g in solved + mixed], 0, None, set())
+    rows = episode_rows([("shell", g) for g in solved + failed + mixed], 0, None, set())
     (ctx.run_dir / "episodes").mkdir(parents=True)
     (ctx.run_dir / "episodes" / "step_000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    reread = SolvedTally()
+    reread = GroupTally()
     reread.load(ctx.run_dir / "episodes")
     assert reread.by_step == data.train.tally.by_step
     resumed = build_datasets(cfg, ctx).train
     assert [b.task.id for b in resumed.get_batch(5)] == [b.task.id for b in data.train.get_batch(5)]
-    plain = build_datasets(cfg.model_copy(update={"downweight_solved": 0.0}), ctx)
+    plain = build_datasets(cfg.model_copy(update={"downweight_constant": 0.0}), ctx)
     assert plain.on_step is None
     uniform = [b.task.metadata["template"] for i in range(1, 200) for b in plain.train.get_batch(i)]
     assert 0.2 < uniform.count("make_dir") / len(uniform) < 0.3

@@ -33,11 +33,11 @@ class ShellEnvConfig(BaseModel):
     orders), its paths relative to the working directory or absolute (both drawn per instance), in
     training, demonstrations and held-out instances alike; off: always the first wording, relative
     paths. Held-out templates have one wording."""
-    downweight_solved: float = Field(0.0, ge=0.0, le=1.0)
-    """Draw less often the templates the run has learned: a template whose last four groups were each
-    solved by every attempt (groups that teach GRPO nothing) comes up this much less often, in
-    proportion for fewer; 0: every template equally often. The metric `env/<key>/solved_templates`
-    counts them."""
+    downweight_constant: float = Field(0.0, ge=0.0, le=1.0)
+    """Draw less often the templates that no longer teach the run: a template whose last four groups
+    each scored the same on every attempt (all solved or all failed: no advantage, nothing for GRPO to
+    learn) comes up this much less often, in proportion for fewer; 0: every template equally often.
+    The metric `env/<key>/constant_templates` counts them."""
     max_turns: int = Field(3, ge=1)
     """Assistant turns per episode; the last one ends the episode and it is graded."""
     max_tokens_per_turn: int | None = Field(None, ge=1)

@@ -1,7 +1,7 @@
 """The `shell` environment: generated shell tasks as multi-turn agent episodes in sandboxes.
 
 Training draws a seeded stream of instances (a template, then its names and contents; with
-`downweight_solved`, the templates the run has learned less often) and rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
+`downweight_constant`, the templates whose groups no longer split less often) and rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
 shell action format by default. The test set is held-out instances of the trained templates
 (`heldout_instances`), instances of templates never trained on (`heldout_templates`) and, with
 `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)`
@@ -23,7 +23,7 @@ from tinkrl.agents.session import Message, TaskSession
 from tinkrl.agents.shell_actions import reference_reply
 from tinkrl.envs.agent_tasks.env import TaskGroupBuilder, renderer_for
 from tinkrl.envs.shell.config import ShellEnvConfig
-from tinkrl.envs.shell.focus import SolvedTally
+from tinkrl.envs.shell.focus import GroupTally
 from tinkrl.envs.shell.tasks import held_out, to_task, train_instance
 from tinkrl.envs.shell.templates import Instance
 from tinkrl.errors import ConfigError, InfraFailure
@@ -38,8 +38,8 @@ STREAM_LENGTH = 1_000_000  # batches the train stream offers (the run's max_step
 
 class ShellStream(RLDataset):
     """Batch `index` holds the stream's instances at positions index*G .. index*G+G-1. With
-    `downweight_solved`, each batch draws its templates by the outcomes of the steps before it
-    (`SolvedTally`, fed by `on_step` and, for a resumed run, read back from `episodes_dir`); a
+    `downweight_constant`, each batch draws its templates by the outcomes of the steps before it
+    (`GroupTally`, fed by `on_step` and, for a resumed run, read back from `episodes_dir`); a
     resumed run sees the same batches either way."""
 
     def __init__(
@@ -54,8 +54,8 @@ class ShellStream(RLDataset):
     ):
         self.cfg, self.groups_per_batch, self.seed, self.exclude = cfg, groups_per_batch, seed, exclude
         self.make_builder, self.key = make_builder, key
-        self.tally = SolvedTally()
-        if cfg.downweight_solved and episodes_dir is not None:
+        self.tally = GroupTally()
+        if cfg.downweight_constant and episodes_dir is not None:
             self.tally.load(episodes_dir)
 
     def instance_at(self, position: int, weights: list[float] | None = None) -> Instance:
@@ -64,16 +64,16 @@ class ShellStream(RLDataset):
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         weights = None
-        if self.cfg.downweight_solved:
-            weights = self.tally.weights(self.cfg.templates, index, self.cfg.downweight_solved)
+        if self.cfg.downweight_constant:
+            weights = self.tally.weights(self.cfg.templates, index, self.cfg.downweight_constant)
         start = index * self.groups_per_batch
         return [self.make_builder(self.instance_at(p, weights)) for p in range(start, start + self.groups_per_batch)]
 
     def on_step(self, step: int, groups: list[TrajectoryGroup]) -> Metrics:
-        """Record the step's outcomes; reports how many templates every attempt of their recent groups solved."""
+        """Record the step's outcomes; reports how many templates had only constant groups lately."""
         self.tally.record(step, groups)
-        shares = self.tally.solved_shares(self.cfg.templates, step + 1).values()
-        return {f"env/{self.key}/solved_templates": sum(1 for s in shares if s == 1.0)}
+        shares = self.tally.constant_shares(self.cfg.templates, step + 1).values()
+        return {f"env/{self.key}/constant_templates": sum(1 for s in shares if s == 1.0)}
 
     def __len__(self) -> int:
         return STREAM_LENGTH
@@ -177,5 +177,5 @@ def build_datasets(cfg: ShellEnvConfig, ctx: EnvContext) -> EnvDatasets:
         train=train,
         test=FixedSet(test_builders) if test_builders else None,
         demonstrations=demonstrations,
-        on_step=train.on_step if cfg.downweight_solved else None,
+        on_step=train.on_step if cfg.downweight_constant else None,
     )
