@@ -1,8 +1,9 @@
 """The `shell` environment: generated shell tasks as multi-turn agent episodes in sandboxes.
 
 Training draws a seeded stream of instances (a template, then its names and contents; with
-`downweight_constant`, the templates whose groups no longer split less often) and rolls each out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the
-shell action format by default. The test set is held-out instances of the trained templates
+`downweight_constant`, the templates whose groups no longer split less often) and rolls each
+out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the shell
+action format by default. The test set is held-out instances of the trained templates
 (`heldout_instances`), instances of templates never trained on (`heldout_templates`) and, with
 `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)`
 runs the templates' reference solutions through the same episode and keeps the ones that score
