@@ -140,7 +140,7 @@ def episode_row(key: str, problem: int, tag: str, mode: str, traj: Trajectory) -
     """One held-out episode as a row of `evals/step_*.jsonl`: the environment, the problem's index in its
     held-out set and its tag, the mode, the reward (None for an infrastructure failure), and what the
     environment logged (agent tasks: the task's id, how the episode ended, the grade, the transcript)."""
-    logs = {k: v for t in traj.transitions for k, v in t.logs.items()}
+    logs = traj.logs
     failed = traj.failure_mode is not None
     return {
         "env": key,

@@ -152,7 +152,7 @@ def episode_rows(
         rewards = group.total_rewards()
         advantages = compute_advantages(rewards, adv_estimator, adv_beta) if rewards else []
         for i, (traj, reward, adv) in enumerate(zip(group.trajectories_G, rewards, advantages)):
-            logs = {k: v for t in traj.transitions for k, v in t.logs.items()}
+            logs = traj.logs
             row = {
                 "step": step,
                 "env": key,

@@ -91,6 +91,12 @@ class Trajectory:
     def total_reward(self) -> float:
         return sum(t.reward for t in self.transitions)
 
+    @property
+    def logs(self) -> dict[str, Any]:
+        """What the environment logged over the episode: its transitions' logs merged (a later turn's
+        value replaces an earlier one's)."""
+        return {k: v for t in self.transitions for k, v in t.logs.items()}
+
 
 @dataclass
 class TrajectoryGroup:

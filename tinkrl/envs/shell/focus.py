@@ -31,8 +31,8 @@ class GroupTally:
         """Note `step`'s groups (a group without a finished attempt, or not from this family, is left out)."""
         outcomes = []
         for group in groups:
-            logs = {k: v for traj in group.trajectories_G for t in traj.transitions for k, v in t.logs.items()}
-            template = template_of(logs.get("tasks/task") or "")
+            task = group.trajectories_G[0].logs.get("tasks/task") if group.trajectories_G else None
+            template = template_of(task or "")
             if template is not None:
                 outcomes.append((template, len(set(group.total_rewards())) == 1))
         self.by_step[step] = outcomes
