@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train train-agent test test-all test-harness harness lint bench bench-deps clean
+.PHONY: install train train-agent test test-avx2 test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ train-agent: install
 
 test: install
 	$(VENV)/bin/python -m pytest -q -rs -m "not slow and not harness" tests
+
+# The tests whose paths depend on the CPU class, once more as a CPU without AVX-512 (most laptops')
+# runs them: torch's and oneDNN's instructions capped at AVX2, the kernels built for x86-64-v3.
+test-avx2: install
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(VENV)/bin/python -m pytest -q -rs -m "cpu_class and not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff format --check .

@@ -27,28 +27,35 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def fake_cpu(monkeypatch):
-    """`fake_cpu(flags, vendor_id="GenuineIntel", kernels=True)` makes the plan's one probe see another
-    CPU: /proc/cpuinfo's flags and vendor as given, the kernels built for this machine limited to what
-    those flags allow (none with `kernels=False`), oneDNN's bf16 products as those flags allow. Returns
-    the probe's `Machine`; engines made meanwhile are the test's own."""
+    """`fake_cpu(flags, vendor_id="GenuineIntel", kernels=None)` makes the plan's one probe see another
+    CPU, whole: the flags the libraries may use there as given, its vendor, and the kernels such a CPU
+    builds (by default every kernel, the bf16 products only with AVX512-BF16, AMX tiles lent where it
+    has AMX; `kernels=False` for none, as without a compiler; or an explicit set, with AMX tiles as
+    Linux lends them here). oneDNN's bf16
+    products are faked as those flags allow. Returns the faked `Machine`; engines made meanwhile are
+    the test's own. A plan made of it is what that CPU gets, whatever this machine is; a test that
+    runs an engine on it passes the kernels this machine built (`probe().kernels`, read first), so
+    the engine calls only kernels that exist here."""
     from tinkrl.local import plan, transformer
     from tinkrl.local.engine import Engine
-    from tinkrl.local.kernels import library
 
     monkeypatch.setattr(Engine, "_engines", {})
+    real = plan.probe()  # the kernels library built here, which the faked machine's engines load
 
-    def fake(flags: str, vendor_id: str = "GenuineIntel", kernels: bool = True):
-        monkeypatch.setattr(plan, "cpuinfo", lambda: {"vendor_id": vendor_id, "flags": flags})
-        if not kernels:
-            monkeypatch.setattr(library, "load", lambda isa=(): (None, "no C compiler (cc) on PATH"))
-        plan.cpu.cache_clear()
-        plan.probe.cache_clear()
-        monkeypatch.setattr(transformer, "_ONEDNN_BF16", transformer._ONEDNN and plan.onednn_bf16(plan.cpu()[1]))
-        return plan.probe()
+    def fake(flags: str, vendor_id: str = "GenuineIntel", kernels: bool | frozenset[str] | None = None):
+        usable = frozenset(flags.split())
+        bf16 = "avx512_bf16" in usable
+        if kernels is None:
+            kernels = frozenset(n for n in plan._KERNELS if bf16 or n not in plan._BF16_KERNELS)
+        built = frozenset(kernels or ())
+        why = "" if built else "no C compiler (cc) on PATH"
+        amx = "amx_bf16" in usable and bool(built) and (kernels is None or real.amx_lent)
+        machine = plan.Machine(plan.vendor_of(vendor_id), usable, built, why, amx, real.isa)
+        monkeypatch.setattr(plan, "_machine", machine)
+        monkeypatch.setattr(transformer, "_ONEDNN_BF16", transformer._ONEDNN and plan.onednn_bf16(usable))
+        return machine
 
-    yield fake
-    plan.cpu.cache_clear()  # the real CPU again once monkeypatch restores /proc/cpuinfo's reader
-    plan.probe.cache_clear()
+    return fake
 
 
 @pytest.fixture(scope="session")

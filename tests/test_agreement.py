@@ -20,7 +20,7 @@ from tinkrl.local.models import default_dtype, parse_dtype
 from tinkrl.local.plan import AGREEMENT_BOUND
 from tinkrl.renderers import get_renderer
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.cpu_class]  # cpu_class: `make test-avx2` runs it again
 
 QUESTIONS = ["What is 12 + 30?", "Name a colour of the sky.", "Write one word that rhymes with cat."]
 # bf16 on an AMX CPU runs its products in bf16 (5.3e-2 to over 1e-1 apart on two Xeons: `BF16_ON_AMX`),

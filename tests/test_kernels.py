@@ -24,9 +24,11 @@ from tinker import types
 
 from tinkrl.local import ServiceClient
 from tinkrl.local.kernels import library, ops
-from tinkrl.local.kernels.paths import CpuKernels, Reference
+from tinkrl.local.kernels.paths import CpuKernels, Reference, for_plan
 from tinkrl.local.plan import Choice, Machine, make_plan, probe
 from tinkrl.local.transformer import KVCache, _rotate_half
+
+pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
 
 
 def _case(B: int, H: int, Hkv: int, D: int, T: int, cache_len: int, mask_rows: int, seed: int = 0):
@@ -98,6 +100,12 @@ def test_sampler_decodes_the_same_through_the_kernels_and_the_reference(monkeypa
     service = ServiceClient(device="cpu", dtype="float32")
     client = service.create_sampling_client(base_model=TINY)
     engine = service._engine(TINY)
+    assert type(engine.paths) is type(for_plan(engine.plan)), engine.plan.decode.why  # what the plan chose runs
+    if not {"rope_decode_attention", "rms_norm", "silu_mul"} <= probe().kernels:
+        pytest.skip(f"the decode kernels are not built here ({probe().kernels_why})")
+    # the kernels' decode, also where the plan leaves it out (without AVX-512 it ran slower, not wrong)
+    kernels = CpuKernels(dataclasses.replace(engine.plan, decode=Choice("kernels", "the test's")))
+    monkeypatch.setattr(engine, "paths", kernels)
     tok = client.get_tokenizer()
     calls, kept = [], []
     real_keep, real_attention = KVCache.keep, ops.rope_decode_attention
@@ -122,7 +130,6 @@ def test_sampler_decodes_the_same_through_the_kernels_and_the_reference(monkeypa
         calls.append(args[3].rows is not None)
         return real_attention(*args)
 
-    assert isinstance(engine.paths, CpuKernels), engine.plan.decode.why
     monkeypatch.setattr(KVCache, "keep", keep)
     monkeypatch.setattr("tinkrl.local.kernels.paths.rope_decode_attention", counting)
     fused = sample()

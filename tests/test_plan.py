@@ -21,6 +21,8 @@ from tinkrl.local import ServiceClient
 from tinkrl.local.plan import Choice, make_plan, usable_flags
 from tinkrl.tinker_server.app import serve_in_thread
 
+pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
+
 ZEN4 = "fpu sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16"
 SAPPHIRE_RAPIDS = ZEN4 + " amx_tile amx_bf16 amx_int8"
 LAPTOP = "fpu sse4_2 avx avx2 fma f16c"

@@ -22,6 +22,8 @@ from tinkrl.local import ServiceClient
 from tinkrl.local.models import default_dtype, parse_dtype
 from tinkrl.local.plan import AGREEMENT_BOUND, CPU_RULES, CpuClass, cpu_class_of, default_rule, probe
 
+pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
+
 
 def test_every_cpu_class_has_a_measured_default():
     assert set(CPU_RULES) == set(get_args(CpuClass))

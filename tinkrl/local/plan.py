@@ -184,16 +184,21 @@ def onednn_bf16(flags: frozenset[str]) -> bool:
     return {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
 
 
-@functools.cache
+_machine: Machine | None = None  # what `probe` read (the tests' `fake_cpu` puts another CPU here)
+
+
 def probe() -> Machine:
     """This machine, read once: `cpu()`, and the kernels built for it (compiled now when not yet): the
     bf16 products only where the flags have AVX512-BF16, AMX tiles only where they have AMX."""
-    vendor, flags, isa = cpu()
-    lib, why = library.load(isa)
-    bf16 = "avx512_bf16" in flags
-    kernels = frozenset(n for n in _KERNELS if library.has(lib, n) and (bf16 or n not in _BF16_KERNELS))
-    amx = "amx_bf16" in flags and library.has(lib, "amx_lent") and bool(lib.amx_lent())
-    return Machine(vendor, flags, kernels, why, amx, isa)
+    global _machine
+    if _machine is None:
+        vendor, flags, isa = cpu()
+        lib, why = library.load(isa)
+        bf16 = "avx512_bf16" in flags
+        kernels = frozenset(n for n in _KERNELS if library.has(lib, n) and (bf16 or n not in _BF16_KERNELS))
+        amx = "amx_bf16" in flags and library.has(lib, "amx_lent") and bool(lib.amx_lent())
+        _machine = Machine(vendor, flags, kernels, why, amx, isa)
+    return _machine
 
 
 def parse_precision(name: str) -> Precision:
