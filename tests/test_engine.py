@@ -8,6 +8,7 @@ Fast: the tiny random-weight models (tinkrl/tiny-*), which share SmolLM2's token
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,12 +31,14 @@ from helpers.engine import (  # noqa: F401
 )
 from tinker import types
 
-from tinkrl.local import LocalFuture, ServiceClient
+from tinkrl.local import LocalFuture, ServiceClient, transformer
 from tinkrl.local.checkpoints import CheckpointNotFound
 from tinkrl.local.models import DEFAULT_MODEL, ModelNotFoundError
 from tinkrl.local.packing import pack_sequences, pack_tensors, shared_opening
 from tinkrl.local.sampler import _inverse_cdf
 from tinkrl.local.transformer import frozen_linear, ieee_attention
+
+pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
 
 
 @pytest.fixture(scope="module")
@@ -726,6 +729,26 @@ def test_tiny_architectures_match_transformers_and_train(service, model, seqs):
 
 
 # -- torch.compile ---------------------------------------------------------------------------------------------
+
+
+def test_compiled_code_is_cached_per_instruction_set(service, tmp_path, monkeypatch):
+    """torch.compile's cache is tinkrl's own (under ~/.cache/tinkrl, kept across reboots, which `tinkrl
+    train --prepare` fills), a folder per instruction set: code compiled under `ATEN_CPU_CAPABILITY=avx2`
+    aborts a process running without the cap. A cache directory the user set is kept."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))  # restored after
+    monkeypatch.setattr(transformer, "_USER_COMPILE_CACHE", None)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    here = transformer.compile_cache_dir()
+    assert here.parent == tmp_path / "tinkrl" / "inductor"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    capped = transformer.compile_cache_dir()
+    assert capped.parent == here.parent and capped != here
+    tree = service._engine(TINY).new_tree()
+    assert transformer.compile_layers(tree)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(capped)  # where inductor writes when it compiles
+    monkeypatch.setattr(transformer, "_USER_COMPILE_CACHE", str(tmp_path / "mine"))
+    assert transformer.compile_cache_dir() == tmp_path / "mine"
 
 
 def test_compiled_training_matches_eager(service, seqs, tok):

@@ -159,3 +159,17 @@ def test_resume_after_sigkill(home, tmp_path):
     assert ckpts[-1]["batch"] == steps and ckpts[-1]["name"] == "final"
     assert sorted({c["batch"] for c in ckpts}) == list(range(1, steps + 1))
     assert any(c["batch"] == killed_at for c in ckpts)
+
+
+def test_prepare_runs_one_step_and_leaves_no_run(home, tmp_path):
+    """`--prepare` runs one step of the job in a scratch directory (what the model's files, the kernels and
+    the compile cache keep is what it is for; `compile_cache_dir` is tested in test_engine.py): no run
+    directory and no checkpoint are left behind, and it excludes `--dry-run`."""
+    out = train(home, tmp_path, "run_name=job", "--prepare")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"prepared {TINY} for this job" in out.stdout and "step 0 |" in out.stdout
+    assert not (tmp_path / "runs").exists()
+    checkpoints = home / "checkpoints"
+    assert not checkpoints.exists() or not any(checkpoints.iterdir())
+    both = train(home, tmp_path, "--prepare", "--dry-run")
+    assert both.returncode == 2 and "--dry-run and --prepare exclude each other" in both.stderr

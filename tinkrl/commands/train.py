@@ -2,9 +2,10 @@
 
 Reads the config (YAML plus dotted overrides, `--config_path X --overrides a=b ...` too, in
 any dialect), resolves its environments, prints the run's plan (`tinkrl.commands.plan`; with
-`--dry-run` as JSON, and stops there), and runs the RL loop (`tinkrl.rl.train`). `--help` prints every
-config key with its default and documentation. Neither `--help` nor a config error imports
-torch, so both answer at once.
+`--dry-run` as JSON, and stops there), and runs the RL loop (`tinkrl.rl.train`). `--prepare` pays
+the job's one-time costs on this machine instead (`make install` runs it for the default job), so a
+timed run does not. `--help` prints every config key with its default and documentation. Neither
+`--help` nor a config error imports torch, so both answer at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import sys
+import tempfile
+import time
 import typing
 from pathlib import Path
 
@@ -21,25 +25,33 @@ from pydantic import BaseModel
 from tinkrl.config import TrainConfig, load_config, load_dotenv_file
 from tinkrl.errors import ConfigError, TinkrlError
 
-USAGE = """usage: tinkrl train [CONFIG.yaml] [key=value ...] [--dry-run]
-       tinkrl train --config_path CONFIG.yaml --overrides key=value ... [--dry-run]
+USAGE = """usage: tinkrl train [CONFIG.yaml] [key=value ...] [--dry-run | --prepare]
+       tinkrl train --config_path CONFIG.yaml --overrides key=value ... [--dry-run | --prepare]
 
 Dotted keys reach nested fields (wandb.project=x); env=NAME env.field=value picks one
 environment (e.g. env=arithmetic env.max_value=999). The tinking trainer's keys (optim.lr,
 num_batches, env=MathConfig, minitb.*) and the OpenReward trainer's tinker-config.yaml are read
-as their sources meant (dialect=auto). --dry-run prints the resolved plan as JSON and exits."""
+as their sources meant (dialect=auto). --dry-run prints the resolved plan as JSON and exits.
+--prepare pays what the job costs once per machine on the embedded engine (the model's files, the
+kernels, the compiled training step) by one step in a scratch directory, then exits."""
+
+# One step of the job, nothing else: no evals, checkpoints, warm start or logging beyond the scratch run.
+PREPARE = ("max_steps=1", "eval_every=0", "eval_problems=0", "save_every=0", "time_budget_s=null",
+           "warm_start.steps=0", "wandb.enabled=false", "docent.export_every=0")  # fmt: skip
 
 
-def parse_cli(argv: list[str]) -> tuple[str | None, list[str], bool]:
-    """(config path or None, key=value overrides, --dry-run) from the command line; `-h` prints the help and
-    exits."""
-    config_path, overrides, dry_run, i = None, [], False, 0
+def parse_cli(argv: list[str]) -> tuple[str | None, list[str], str | None]:
+    """(config path or None, key=value overrides, "dry-run" / "prepare" / None) from the command line;
+    `-h` prints the help and exits."""
+    config_path, overrides, mode, i = None, [], None, 0
     while i < len(argv):
         a = argv[i]
         if a in ("-h", "--help"):
             raise SystemExit(print(help_text()) or 0)
-        if a in ("--dry-run", "--dry_run"):
-            dry_run, i = True, i + 1
+        if a in ("--dry-run", "--dry_run", "--prepare"):
+            if mode is not None and mode != a.lstrip("-").replace("_", "-"):
+                raise ConfigError("--dry-run and --prepare exclude each other")
+            mode, i = a.lstrip("-").replace("_", "-"), i + 1
             continue
         if a in ("--config_path", "--config-path", "--config"):
             if i + 1 >= len(argv):
@@ -57,7 +69,7 @@ def parse_cli(argv: list[str]) -> tuple[str | None, list[str], bool]:
         else:
             overrides.append(a)
         i += 1
-    return config_path, overrides, dry_run
+    return config_path, overrides, mode
 
 
 def help_text() -> str:
@@ -106,13 +118,43 @@ def run(config: TrainConfig) -> dict[str, float]:
     return asyncio.run(main(config, factory, checkpoint_metadata(config)))
 
 
+def prepare(config: TrainConfig) -> None:
+    """One step of `config`'s job on the embedded engine in a scratch run directory, removed after with the
+    checkpoint it saved: what stays is what every later run of the job reuses (the model's files under
+    $TINKRL_HOME/models, the kernels and the compiled training layers under ~/.cache/tinkrl)."""
+    from tinkrl.local.checkpoint_paths import checkpoint_dir
+    from tinkrl.tracking import read_jsonl
+
+    t0 = time.time()
+    try:
+        run(config)
+    finally:
+        for row in read_jsonl(config.run_dir / "checkpoints.jsonl"):
+            for key in ("state_path", "sampler_path"):
+                if row.get(key):
+                    shutil.rmtree(checkpoint_dir(row[key]).parents[1], ignore_errors=True)  # <run_id>/
+    print(f"prepared {config.model_name} for this job in {time.time() - t0:.0f}s: later runs start warm")
+
+
 def cli_main(argv: list[str]) -> int:
-    """`tinkrl train`: exit 0 when the run finishes (or the dry run's plan is printed), 2 on a config error,
-    1 on another error."""
+    """`tinkrl train`: exit 0 when the run finishes (or the dry run's plan is printed, or the job is
+    prepared), 2 on a config error, 1 on another error."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     load_dotenv_file()
     try:
-        config_path, overrides, dry_run = parse_cli(argv)
+        config_path, overrides, mode = parse_cli(argv)
+    except ConfigError as e:
+        print(f"tinkrl train: error: {e}", file=sys.stderr)
+        return 2
+    if mode != "prepare":
+        return _train(config_path, overrides, mode)
+    with tempfile.TemporaryDirectory(prefix="tinkrl-prepare-") as scratch:
+        return _train(config_path, [*overrides, *PREPARE, f"log_path={scratch}/run"], mode)
+
+
+def _train(config_path: str | None, overrides: list[str], mode: str | None) -> int:
+    """Load, plan and run (or only print the plan, or prepare): `cli_main`'s work and exit code."""
+    try:
         config = load(config_path, overrides)
         from tinkrl.commands.plan import make_plan, plan_line
 
@@ -120,8 +162,11 @@ def cli_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"tinkrl train: error: {e}", file=sys.stderr)
         return 2
-    if dry_run:
+    if mode == "dry-run":
         print(json.dumps(plan, indent=2))
+        return 0
+    if mode == "prepare" and plan["backend"] != "local":
+        print(f"tinkrl train --prepare: nothing to prepare on backend {plan['backend']} (the service holds the model)")
         return 0
     print(plan_line(plan), flush=True)
     if plan["problems"]:
@@ -131,7 +176,7 @@ def cli_main(argv: list[str]) -> int:
         print(f"{plan['log_path']}: {plan['start']} (raise max_steps to train it further)")
         return 0
     try:
-        run(config)
+        prepare(config) if mode == "prepare" else run(config)
     except ConfigError as e:
         print(f"tinkrl train: error: {e}", file=sys.stderr)
         return 2

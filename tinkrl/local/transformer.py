@@ -22,10 +22,13 @@ and round their inputs to bf16. docs/engine.md explains these choices.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import platform
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -522,6 +525,24 @@ def build_causal_lm(hf_model: nn.Module, compute_dtype: torch.dtype, device) -> 
     return lm.to(device)
 
 
+# As the user set it before torch.compile (which sets it to inductor's default when unset) was ever called.
+_USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps the training layers' compiled code: `$TORCHINDUCTOR_CACHE_DIR` where the
+    user set it, else `$XDG_CACHE_HOME/tinkrl/inductor/<key>` (default `~/.cache`), kept across reboots
+    (inductor's own default is under /tmp) so that `make install` can pay the compile once. The key
+    names the torch build, `ATEN_CPU_CAPABILITY` and the CPU flags the libraries may use: code compiled
+    under one instruction set aborts a process that runs under another, so each gets its own folder."""
+    if _USER_COMPILE_CACHE:
+        return Path(_USER_COMPILE_CACHE)
+    _, flags, isa = cpu()
+    key = "\0".join([torch.__version__, os.environ.get("ATEN_CPU_CAPABILITY", ""), *isa, *sorted(flags)])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return base / "tinkrl" / "inductor" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def compile_layers(model: CausalLM) -> bool:
     """torch.compile every decoder layer of a training tree; False (left eager) where it can't.
 
@@ -529,8 +550,8 @@ def compile_layers(model: CausalLM) -> bool:
     RoPE, SiLU, residual adds, LoRA scaling) between the matrix products; inductor fuses it,
     forward and backward. All layers run the same code, so one graph (per input kind and
     shape class) serves them all; shapes are dynamic, so varying pack lengths don't
-    recompile. The first step pays the compile (inductor caches it on disk for later runs). Matrix products are unchanged, so logprobs agree with
-    the eager sampler as before.
+    recompile. The first step pays the compile; inductor caches it on disk (`compile_cache_dir`) for
+    later runs. Matrix products are unchanged, so logprobs agree with the eager sampler as before.
     """
     import shutil
 
@@ -539,6 +560,7 @@ def compile_layers(model: CausalLM) -> bool:
 
         warnings.warn("compile=True needs a C++ compiler for torch.compile on CPU; training runs eager", stacklevel=2)
         return False
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())  # read by inductor when it compiles
     for layer in model.model.layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     model.compiled = True
