@@ -1,13 +1,15 @@
 """The figures of a `make train` run, from its run directory, as a benchmark result.
 
-    make train && python bench/make_train.py [runs/arithmetic] [--train-command "make train"] [--results DIR]
+    make train && python bench/make_train.py [runs/arithmetic] [--train-command "make train"] [--fresh] [--results DIR]
 
 Reads the run's config.yaml and metrics.jsonl and writes bench/results/make_train/<machine
 class>.json: steps run within the time budget, the late steps' seconds (each step's total, its
 sampling and its training; late = the second half of the run, the last step left out because it
 also runs the final eval), held-out greedy accuracy before and after, sampled accuracy after,
-and the run's wall time (model loading included). The record names the commit checked out now,
-so summarise a run from the tree that made it.
+and the run's wall time (model loading included). `--fresh` says the run is a new user's: a fresh
+clone, `make install`, then `make train`, with `~/.cache/tinkrl` and `$TINKRL_HOME` empty first (the
+table keeps such runs apart). The record names the commit checked out now, so summarise a run from
+the tree that made it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", nargs="?", type=Path, default=Path("runs/arithmetic"))
     ap.add_argument("--train-command", default="make train", help="what made the run (recorded with the figures)")
+    ap.add_argument("--fresh", action="store_true", help="a fresh clone's make install then make train, caches empty")
     add_results_arg(ap)
     args = ap.parse_args()
     config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
@@ -93,6 +96,7 @@ def main() -> None:
     run_json = args.run_dir / "run.json"
     compute = json.loads(run_json.read_text()).get("compute") if run_json.is_file() else None
     settings["sampler_precision"] = run_sampler(config, compute)
+    settings["start"] = "fresh clone" if args.fresh else "as found"
     if compute:
         settings["plan"] = compute["line"]
     command = f"{args.train_command} && {command_line()}"

@@ -302,11 +302,17 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{med} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def by_setting(records: list[Record]) -> dict[tuple[str, str], list[Record]]:
-    """`make train` runs by model and sampler precision, the runs a summary row may pool."""
+def start_of(r: Record) -> str:
+    """How a `make train` run started: `fresh clone` (a new user's make install, then make train, caches
+    empty first) or `as found` (whatever the machine held; every run recorded before the field)."""
+    return str(r.settings.get("start", "as found"))
 
-    def key(r: Record) -> tuple[str, str]:
-        return str(r.settings.get("model_name")), sampler_of(r)
+
+def by_setting(records: list[Record]) -> dict[tuple[str, str, str], list[Record]]:
+    """`make train` runs by model, sampler precision and start, the runs a summary row may pool."""
+
+    def key(r: Record) -> tuple[str, str, str]:
+        return str(r.settings.get("model_name")), sampler_of(r), start_of(r)
 
     return {k: [r for r in records if key(r) == k] for k in sorted({key(r) for r in records})}
 
@@ -315,14 +321,14 @@ def make_train_summary_rows(records: list[Record]) -> list[tuple[list[str], list
     """One row per model and sampler precision: how many runs, and the median (lowest-highest)
     of each figure over them."""
     rows = []
-    for (model, sampler), runs in by_setting(records).items():
+    for (model, sampler, start), runs in by_setting(records).items():
 
         def of(metric: str, fmt: str, runs: list[Record] = runs) -> str:
             values = [r.median[metric] for r in runs if metric in r.median]
             return spread(values, fmt) if values else "no eval"
 
         wall = minutes(statistics.median([r.median["wall_s"] for r in runs]))
-        cells = [model, sampler, str(len(runs)), of("steps", ".0f"), of("late_step_s", ".2f")]
+        cells = [model, sampler, start, str(len(runs)), of("steps", ".0f"), of("late_step_s", ".2f")]
         rows.append((cells + [of("greedy_after", ".2f"), of("sampled_after", ".2f"), wall], runs))
     return rows
 
@@ -521,6 +527,7 @@ TABLES = (
         (
             "model",
             "sampler",
+            "start",
             "runs",
             "steps in budget",
             "late s/step",
@@ -734,7 +741,7 @@ def current_block(results_dir: Path) -> str:
 
     for cls, records in by_class("make_train").items():
         settings = by_setting(records)
-        for (model, sampler), runs in settings.items():
+        for (model, sampler, start), runs in settings.items():
 
             def med(metric: str, runs: list[Record] = runs) -> float | None:
                 values = [r.median[metric] for r in runs if metric in r.median]
@@ -748,8 +755,9 @@ def current_block(results_dir: Path) -> str:
             )
             figure = f"{med('steps'):.0f} steps in the budget, {learned}, late steps {med('late_step_s'):.2f} s/step"
             runs_note = f"median of {len(runs)} runs" if len(runs) > 1 else "1 run"
-            of_model = f", {model}" if len({m for m, _ in settings}) > 1 else ""  # named when the class ran several
-            what = f"`make train`{of_model}, {sampler} sampler ({runs_note})"
+            of_model = f", {model}" if len({m for m, _, _ in settings}) > 1 else ""  # named when the class ran several
+            fresh = ", fresh clone" if start == "fresh clone" else ""
+            what = f"`make train`{of_model}, {sampler} sampler{fresh} ({runs_note})"
             commits, date = last_day(runs)
             rows.setdefault(cls, []).append([f"`{cls}`", what, figure, commits, date])
 

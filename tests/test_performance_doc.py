@@ -229,11 +229,11 @@ def test_make_train_runs_are_summarised_per_class_and_sampler(tmp_path):
     summary = next(t for t in report.TABLES if t.block == "make_train")
     rows = summary.markdown(tmp_path).splitlines()
     assert (
-        "| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | 3 | 120 (100-140) | 3.00 (3.00-3.00) | 0.84 (0.80-0.90) | no eval"
+        "| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | as found | 3 | 120 (100-140) | 3.00 (3.00-3.00) | 0.84 (0.80-0.90) | no eval"
         " | 9m10s | bbbbbbb | 2026-12-01 to 2026-12-03 |" in rows
     )
     assert (
-        "| `cpu-amd-avx2-4c` | SmolLM2 | matched | 1 | 90 | 3.00 | 0.86 | no eval | 9m10s | ddddddd | 2026-12-03 |"
+        "| `cpu-amd-avx2-4c` | SmolLM2 | matched | as found | 1 | 90 | 3.00 | 0.86 | no eval | 9m10s | ddddddd | 2026-12-03 |"
         in rows
     )
     every_run = next(t for t in report.TABLES if t.block == "make_train_runs").markdown(tmp_path)
@@ -250,12 +250,27 @@ def test_make_train_runs_are_summarised_per_class_and_sampler(tmp_path):
     path.write_text(json.dumps(doc))
     rows = summary.markdown(tmp_path).splitlines()
     assert (
-        "| `cpu-amd-avx2-4c` | OtherLM | bfloat16 | 1 | 120 | 3.00 | 0.84 | no eval | 9m10s | ccccccc | 2026-12-02 |"
+        "| `cpu-amd-avx2-4c` | OtherLM | bfloat16 | as found | 1 | 120 | 3.00 | 0.84 | no eval | 9m10s | ccccccc | 2026-12-02 |"
         in rows
     )
-    assert any(line.startswith("| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | 2 | 120 (100-140) |") for line in rows)
+    assert any(
+        line.startswith("| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | as found | 2 | 120 (100-140) |") for line in rows
+    )
     assert any(
         "| `make train`, OtherLM, bfloat16 sampler (1 run) |" in line
+        for line in report.current_block(tmp_path).splitlines()
+    )
+    # a new user's runs (fresh clone, caches empty) are never pooled with runs on a machine as found
+    doc["runs"]["c"]["settings"]["model_name"] = "SmolLM2"
+    doc["runs"]["b"]["settings"]["start"] = "fresh clone"
+    path.write_text(json.dumps(doc))
+    rows = summary.markdown(tmp_path).splitlines()
+    assert any(line.startswith("| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | fresh clone | 1 | 140 |") for line in rows)
+    assert any(
+        line.startswith("| `cpu-amd-avx2-4c` | SmolLM2 | bfloat16 | as found | 2 | 110 (100-120) |") for line in rows
+    )
+    assert any(
+        "| `make train`, bfloat16 sampler, fresh clone (1 run) |" in line
         for line in report.current_block(tmp_path).splitlines()
     )
 
