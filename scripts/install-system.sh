@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages tinkrl needs outside Python: bubblewrap (the local sandbox), Debian's python3 +
+# System packages tinkrl needs outside Python: bubblewrap (the local sandbox), tcmalloc, Debian's python3 +
 # pytest (what sandboxed task tests run with: the sandbox never sees our venv), and the tools the
 # tests drive (podman, chromium).
 set -u
@@ -12,6 +12,8 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)  # bwrap sandbox: native pid 1 (tinkrl/sandbox/bwrap/bwrap_init.c)
 command -v g++ >/dev/null 2>&1 || need+=(g++)  # engine compile=true: torch.compile builds C++ kernels on CPU
+# the `tinkrl` command's allocator (tinkrl/allocator.py): freed tensor memory reused, not left resident
+ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
 # docker provider tests: rootful podman (Docker API via `podman system service`), runc (crun
 # fails on this kind's cgroup hybrid mode), busybox-static for the test image's root fs
 command -v podman >/dev/null 2>&1 || need+=(podman)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from tinkrl.allocator import reexec_on_tcmalloc
+
 # subcommand -> one-line help; `tinkrl NAME` runs tinkrl.commands.NAME
 COMMANDS: dict[str, str] = {
     "train": "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
@@ -43,6 +45,8 @@ def _run(module: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `tinkrl COMMAND ...`; returns the exit code."""
+    if argv is None:  # the command itself, not a caller in-process: start again on tcmalloc where there is one
+        reexec_on_tcmalloc()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
