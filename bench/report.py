@@ -333,6 +333,26 @@ def make_train_summary_rows(records: list[Record]) -> list[tuple[list[str], list
     return rows
 
 
+def training_memory_rows(r: Record) -> list[list[str]]:
+    """One row per sequence length: the step's seconds and tokens/s, its peak memory and that per token."""
+    m, s = r.median, r.settings
+    system = " ".join(str(x) for x in (s.get("system"), s.get("label")) if x)
+    lengths = sorted({int(k.split("/")[0]) for k in m if k.endswith("/seconds")})
+    return [
+        [
+            str(s.get("model")),
+            system,
+            str(s.get("allocator", "glibc")),
+            str(n),
+            f"{m[f'{n}/seconds']:.1f}",
+            f"{m[f'{n}/tok_s']:.0f}",
+            f"{m[f'{n}/peak_gb']:.2f}",
+            f"{m[f'{n}/peak_mb_per_token']:.2f}",
+        ]
+        for n in lengths
+    ]
+
+
 def sweep_rows(r: Record) -> list[list[str]]:
     m, rows = r.median, []
     for name, overrides in (r.settings.get("variants") or {}).items():
@@ -610,6 +630,13 @@ TABLES = (
             "sampling/hf_generate_tok_s",
         ),
         (CPU_REFERENCE, GPU_REFERENCE),
+    ),
+    Table(
+        "training_memory",
+        "python bench/training_memory.py",
+        ("model", "system", "allocator", "tokens", "step s", "tokens/s", "peak GB", "peak MB/token"),
+        training_memory_rows,
+        (),
     ),
     Table(
         "sweep",

@@ -50,7 +50,7 @@ def fake_cpu(monkeypatch):
         built = frozenset(kernels or ())
         why = "" if built else "no C compiler (cc) on PATH"
         amx = "amx_bf16" in usable and bool(built) and (kernels is None or real.amx_lent)
-        machine = plan.Machine(plan.vendor_of(vendor_id), usable, built, why, amx, real.isa)
+        machine = plan.Machine(plan.vendor_of(vendor_id), usable, built, why, amx, real.isa, real.memory)
         monkeypatch.setattr(plan, "_machine", machine)
         monkeypatch.setattr(transformer, "_ONEDNN_BF16", transformer._ONEDNN and plan.onednn_bf16(usable))
         return machine

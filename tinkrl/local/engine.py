@@ -26,8 +26,18 @@ from torch import nn
 from tinkrl.local.futures import LocalFuture
 from tinkrl.local.kernels.paths import for_plan
 from tinkrl.local.lora import LoraSpec, add_lora
+from tinkrl.local.memory import step_memory
 from tinkrl.local.models import load_model, parse_dtype, pick_device
-from tinkrl.local.plan import Choice, ComputePlan, default_rule, make_plan, probe, resolve_precision, resolve_sampler
+from tinkrl.local.plan import (
+    Choice,
+    ComputePlan,
+    default_rule,
+    make_plan,
+    probe,
+    resolve_precision,
+    resolve_sampler,
+    with_training_memory,
+)
 from tinkrl.local.prefix_cache import PrefixCache, Prefixes, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, head_dim, to_bf16_sampling
@@ -106,7 +116,7 @@ class Engine:
             warnings.warn(f"the sampler's kernels: {why}; sampling runs the reference forward (slower)", stacklevel=3)
         loaded = load_model(model_name, device, torch.float32)
         self.config = loaded.model.config
-        self.plan: ComputePlan = make_plan(
+        plan = make_plan(
             machine,
             device.type,
             precision,
@@ -115,6 +125,8 @@ class Engine:
             self.config.model_type == "qwen3",
             cuda_bf16,
         )
+        memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else machine.memory
+        self.plan: ComputePlan = with_training_memory(plan, device.type, memory, step_memory(self.config))
         self.model_name, self.device, self.sampler = model_name, device, sampler.path
         self.dtype = parse_dtype(precision.path)
         self.paths = for_plan(self.plan)  # how the sampler runs its steps

@@ -89,6 +89,12 @@ def pack_sequences(seqs: list[list[int]], min_shared: int = MIN_SHARED, max_toke
     return packs
 
 
+def plain_causal(packs: list[Pack]) -> bool:
+    """Whether a micro-batch's rows are each one whole sequence of the same length: plain causal
+    attention, which needs no [S, S] mask (`pack_tensors`' mask is then all causal)."""
+    return len({len(p.tokens) for p in packs}) == 1 and all(len(p.members) == 1 for p in packs)
+
+
 def batch_packs(packs: list[Pack], max_tokens: int = 4096) -> list[list[Pack]]:
     """Micro-batches of packs whose padded size stays within `max_tokens`."""
     batches: list[list[Pack]] = []
@@ -104,8 +110,11 @@ def batch_packs(packs: list[Pack], max_tokens: int = 4096) -> list[list[Pack]]:
     return batches + ([cur] if cur else [])
 
 
-def pack_tensors(packs: list[Pack], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids [B, S], positions [B, S], boolean attention mask [B, 1, S, S] (padding sees only itself)."""
+def pack_tensors(
+    packs: list[Pack], device, with_mask: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """ids [B, S], positions [B, S], boolean attention mask [B, 1, S, S] (padding sees only itself); without
+    `with_mask`, None for the mask (rows that `plain_causal` says need none)."""
     S = max(len(p.tokens) for p in packs)
     B = len(packs)
     ids = torch.zeros(B, S, dtype=torch.long)
@@ -116,6 +125,8 @@ def pack_tensors(packs: list[Pack], device) -> tuple[torch.Tensor, torch.Tensor,
         ids[b, :n] = torch.tensor(p.tokens)
         pos[b, :n] = torch.tensor(p.positions)
         seg[b, :n] = torch.tensor(p.segment)
+    if not with_mask:
+        return ids.to(device), pos.to(device), None
     q = torch.arange(S)
     causal = (q[None, :] <= q[:, None])[None]  # [1, S(query), S(key)]
     seg_q, seg_k = seg[:, :, None], seg[:, None, :]

@@ -14,6 +14,7 @@ explains the paths). No torch here: plans and docs read the rules too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -23,6 +24,7 @@ from typing import Literal, get_args
 
 from tinkrl.errors import TinkrlError
 from tinkrl.local.kernels import library
+from tinkrl.local.memory import TRAIN_SHARE, StepMemory, machine_memory
 
 # The largest sampler/trainer disagreement (max |dlogprob|) a default precision may have.
 AGREEMENT_BOUND = 2e-2
@@ -141,6 +143,7 @@ class Machine:
     kernels_why: str  # why there are none, where there are none
     amx_lent: bool
     isa: tuple[str, ...] = ("-march=native", "-mcpu=native")
+    memory: int = 0  # bytes this process may use (MemTotal, capped by a cgroup limit); 0: unknown
 
     @property
     def cpu_class(self) -> CpuClass:
@@ -197,7 +200,7 @@ def probe() -> Machine:
         bf16 = "avx512_bf16" in flags
         kernels = frozenset(n for n in _KERNELS if library.has(lib, n) and (bf16 or n not in _BF16_KERNELS))
         amx = "amx_bf16" in flags and library.has(lib, "amx_lent") and bool(lib.amx_lent())
-        _machine = Machine(vendor, flags, kernels, why, amx, isa)
+        _machine = Machine(vendor, flags, kernels, why, amx, isa, machine_memory())
     return _machine
 
 
@@ -283,6 +286,10 @@ class ComputePlan:
     product_rows: int = 0
     one_call_rows: int = 0
     dots: str = "dpbf16"
+    recompute: Choice = Choice("never", "no model's training memory given")
+    recompute_tokens: int = 0  # training micro-batches over this many tokens recompute their layers; 0: never
+    recompute_row: int = 0  # so does one whose longest row (an episode, not a pack of short ones) is longer; 0: never
+    train_tokens: int = 0  # the most tokens one training micro-batch may have here; 0: no limit known
 
     def line(self) -> str:
         """The plan in one line, for a run's first lines."""
@@ -290,8 +297,9 @@ class ComputePlan:
         if self.sampler.path == "bfloat16":
             parts += [f"projections {self.projections.path}", f"logits {self.logits.path}"]
         cpu = f", {self.cpu}" if self.cpu else ""
+        training = f", layers recomputed {self.recompute.path}" if self.recompute_tokens or self.recompute_row else ""
         return (
-            f"{self.device}{cpu}, {self.precision.path} with {self.products.path} products; sampling: "
+            f"{self.device}{cpu}, {self.precision.path} with {self.products.path} products{training}; sampling: "
             f"{', '.join(parts)}, sampler {self.sampler.path}"
         )
 
@@ -365,3 +373,37 @@ def make_plan(
         decode = Choice("one call", f"each layer in one kernel call up to {layer_rows} rows, op by op above")
     return ComputePlan(device_type, cpu, precision, products, sampler, cache, decode, prefill, projections, logits,
                        rows, layer_rows, dots)  # fmt: skip
+
+
+# The trainer's padded tokens per micro-batch, by device: on CPU the measured best (larger ran slower,
+# smaller no faster); on CUDA launches bound a small model's step, so its micro-batches are larger.
+MICROBATCH_TOKENS = {"cpu": 2048, "cuda": 8192}
+# A row longer than this (one long episode, rather than a pack of short ones) recomputes its layers:
+# kept, its activations cost several times the memory per token the recomputed backward needs, while a
+# micro-batch of short packed rows stays bounded by MICROBATCH_TOKENS and keeps its speed.
+LONG_ROW_TOKENS = {"cpu": 512, "cuda": 4096}
+
+
+def with_training_memory(plan: ComputePlan, device_type: str, memory: int, step: StepMemory) -> ComputePlan:
+    """`plan` with its training limits for a model whose step needs `step` (`memory.step_memory`) on a
+    device of `memory` bytes (0: unknown): a micro-batch with a row over `recompute_row` tokens (a long
+    episode), or over `recompute_tokens` tokens in all (longer than the trainer packs, or than this memory
+    keeps every layer's activations for), recomputes its layers in the backward; `train_tokens`, the
+    longest micro-batch that fits even so, bounds a datum."""
+    packed = MICROBATCH_TOKENS.get(device_type, MICROBATCH_TOKENS["cuda"])
+    row = LONG_ROW_TOKENS.get(device_type, LONG_ROW_TOKENS["cuda"])
+    budget = max(0.0, TRAIN_SHARE * memory - step.weights)
+    keep = int(budget // step.kept_per_token) if memory else packed
+    fits = int(budget // step.recomputed_per_token) if memory else 0
+    if keep >= packed:
+        threshold = packed
+        path = f"for rows over {row} tokens"
+        why = "a long episode's activations kept would cost several times the memory per token of recomputing them"
+    else:
+        threshold = max(1, keep)
+        row = min(row, threshold)
+        path = f"for rows over {row} tokens or micro-batches over {threshold}"
+        why = "beyond it every layer's activations would pass this machine's memory for training"
+    return dataclasses.replace(
+        plan, recompute=Choice(path, why), recompute_tokens=threshold, recompute_row=row, train_tokens=fits
+    )

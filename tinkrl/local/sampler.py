@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tinker import types
 
 from tinkrl.local.kernels.paths import Reference
+from tinkrl.local.logprobs import log_softmax_chunks
 from tinkrl.local.packing import MIN_SHARED, common_prefix_len
 from tinkrl.local.prefix_cache import Prefixes, Stored
 from tinkrl.local.transformer import CausalLM, KVCache, additive_mask, causal_mask
@@ -316,14 +317,19 @@ def _prompt_logprobs(lm: CausalLM, paths: Reference, jobs: list[SampleJob], at: 
         h = hidden[u, at.attn[u, at.C : at.P].bool()]
         if at.starts[u]:  # the opening, run apart
             h = torch.cat([opening_hidden[0], h])
-        lp = paths.logits(lm, h).log_softmax(-1)
         targets = torch.tensor(j.prompt[1:], device=h.device)
         vals = np.full(len(j.prompt), np.nan, dtype=np.float32)
-        vals[1:] = lp[:-1].gather(-1, targets[:, None])[:, 0].cpu().numpy()
+        k, picked, top = 0, [], [None]  # position k's logits give token k+1's logprob
+        for lp in log_softmax_chunks(lambda x: paths.logits(lm, x), h[:-1], lm.config.vocab_size):
+            picked.append(lp.gather(-1, targets[k : k + lp.shape[0], None])[:, 0])
+            if j.topk_prompt_logprobs:
+                tv, ti = lp.topk(j.topk_prompt_logprobs, -1)
+                top += [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
+            k += lp.shape[0]
+        if picked:
+            vals[1:] = torch.cat(picked).cpu().numpy()
         prompt_lp[i] = vals
-        if j.topk_prompt_logprobs:
-            tv, ti = lp[:-1].topk(j.topk_prompt_logprobs, -1)
-            topk[i] = [None] + [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
+        topk[i] = top if j.topk_prompt_logprobs else None
     return prompt_lp, topk
 
 

@@ -4,9 +4,11 @@ A `Trainer` holds a LoRA tree that shares the engine's base weights, its trainab
 AdamW and the step count. Its methods run on the engine thread (the TrainingClient submits
 them there), so they never race with sampling or with each other. forward/backward packs
 datums that share a prefix so it runs once (packing.py; on CPU), runs micro-batches of a
-bounded padded size, and computes every position's target logprob with the exact fp32 head
-where a loss can be non-zero and the compute-dtype head, once per distinct (hidden state,
-target), where none can.
+bounded padded size (one holding a long episode recomputes its layers in the backward, and one
+longer than this machine holds is refused before any work: the plan's limits), and computes every
+position's target logprob with the exact fp32 head where a loss can be non-zero and the
+compute-dtype head, once per distinct (hidden state, target), where none can, a chunk of positions
+at a time (logprobs.py).
 """
 
 from __future__ import annotations
@@ -21,29 +23,27 @@ from pathlib import Path
 import torch
 from tinker import types
 
+from tinkrl.allocator import release_free_memory
 from tinkrl.local import losses
 from tinkrl.local.checkpoints import read_lora, read_meta, read_optimizer, write_checkpoint
 from tinkrl.local.engine import Engine, Snapshot
+from tinkrl.local.logprobs import target_logprobs, token_logprobs
 from tinkrl.local.lora import LORA_ALPHA, LoraSpec
-from tinkrl.local.packing import MIN_SHARED, batch_packs, pack_sequences, pack_tensors, shared_opening
+from tinkrl.local.packing import (
+    MIN_SHARED,
+    Pack,
+    batch_packs,
+    pack_sequences,
+    pack_tensors,
+    plain_causal,
+    shared_opening,
+)
+from tinkrl.local.plan import MICROBATCH_TOKENS, ComputePlan
 from tinkrl.local.transformer import compile_layers
-
-# Padded tokens per forward/backward micro-batch on CPU: the measured best, larger micro-batches
-# ran slower and smaller ones no faster (docs/engine.md).
-MAX_TOKENS_PER_MICROBATCH = 2048
-# On CUDA, kernel launches rather than tokens bound a small model's step: every datum runs as its
-# own row, unpacked, in micro-batches this large (the head's fp32 logits: 8192 x vocab x 4 bytes).
-MAX_TOKENS_PER_MICROBATCH_CUDA = 8192
-
-
-def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[target] per row, without materialising the vocabulary-wide log_softmax."""
-    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
-
 
 # With compile=True: one fused pass per row instead of logsumexp's several memory-bound passes
 # over [tokens, vocab] temporaries.
-compiled_token_logprobs = torch.compile(_token_logprobs, dynamic=True)
+compiled_token_logprobs = torch.compile(token_logprobs, dynamic=True)
 
 
 @dataclass
@@ -53,6 +53,7 @@ class _Forwarded:
     hidden: torch.Tensor
     members: list[tuple[int, int, list[int]]]  # (datum index, pack row, the datum's positions in that row)
     shared: int  # leading positions every row shares (run once; identical in every row)
+    recomputed: bool = False  # its layers recompute in the backward (a long episode)
 
     def sizes(self) -> list[int]:
         """Each member datum's number of positions, in member order."""
@@ -80,6 +81,20 @@ def _loss_inputs(data: list[types.Datum]) -> list[dict[str, torch.Tensor]]:
                 )
         inputs.append(tensors)
     return inputs
+
+
+def check_fits(micro_batch: list[Pack], plan: ComputePlan) -> None:
+    """Raise a clear `LossInputError` when a training micro-batch (rows x their longest) has more tokens
+    than `plan.train_tokens`, the most this machine holds with every layer recomputed."""
+    tokens = len(micro_batch) * max(len(p.tokens) for p in micro_batch)
+    if plan.train_tokens and tokens > plan.train_tokens:
+        datums = sorted(i for p in micro_batch for i, _ in p.members)
+        what = f"datum {datums[0]}" if len(datums) == 1 else f"datums {datums[0]}..{datums[-1]} (packed together)"
+        raise losses.LossInputError(
+            f"{what}: {tokens} tokens, but one training micro-batch fits at most {plan.train_tokens} in this "
+            f"{plan.device}'s memory, layers recomputed: shorten the episodes (max_tokens, turns) or train "
+            "on a machine with more memory"
+        )
 
 
 class Trainer:
@@ -118,19 +133,26 @@ class Trainer:
         attention and of the two-pass shared opening cost more than the tokens they save.
         """
         seqs = [d.model_input.to_ints() for d in data]
-        cuda = self.engine.device.type == "cuda"
-        max_tokens = max_tokens or (MAX_TOKENS_PER_MICROBATCH_CUDA if cuda else MAX_TOKENS_PER_MICROBATCH)
+        plan, cuda = self.engine.plan, self.engine.device.type == "cuda"
+        max_tokens = max_tokens or MICROBATCH_TOKENS["cuda" if cuda else "cpu"]
         packs = pack_sequences(seqs, min_shared=1 << 30 if cuda else MIN_SHARED, max_tokens=max_tokens)
-        for mb in batch_packs(packs, max_tokens):
-            ids, positions, mask = pack_tensors(mb, self.engine.device)
+        batches = batch_packs(packs, max_tokens)
+        if grad:  # before any work: a micro-batch this machine cannot hold is one clear error, not an OOM kill
+            for mb in batches:
+                check_fits(mb, plan)
+        for mb in batches:
             # Packs of different prompts still open alike (the chat template's system turn): run that once.
             shared = 0 if cuda else shared_opening(mb)
+            # whole sequences alone need no [S, S] mask: causal attention, less memory and time for a long datum
+            ids, positions, mask = pack_tensors(mb, self.engine.device, with_mask=bool(shared) or not plain_causal(mb))
+            long_row, many = 0 < plan.recompute_row < ids.shape[-1], 0 < plan.recompute_tokens < ids.numel()
+            recompute = grad and (long_row or many)
             with torch.set_grad_enabled(grad):
                 if shared:
-                    hidden = self.model.forward_shared_prefix(ids, positions, mask, shared)
+                    hidden = self.model.forward_shared_prefix(ids, positions, mask, shared, recompute=recompute)
                 else:
-                    hidden = self.model(ids, positions, mask)
-            yield _Forwarded(hidden, [(i, r, idx) for r, p in enumerate(mb) for i, idx in p.members], shared)
+                    hidden = self.model(ids, positions, mask, recompute=recompute)
+            yield _Forwarded(hidden, [(i, r, idx) for r, p in enumerate(mb) for i, idx in p.members], shared, recompute)
 
     def _logprobs(self, fwd: _Forwarded, targets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Target logprobs of every position of the micro-batch's datums, in member order: the exact
@@ -139,20 +161,21 @@ class Trainer:
         rows, cols = fwd.coordinates()
         lp = fwd.hidden.new_zeros(targets.shape[0])
         idle = ~active
-        token_logprobs = compiled_token_logprobs if self.model.compiled else _token_logprobs
+        select = compiled_token_logprobs if self.model.compiled else token_logprobs
+        V = self.model.config.vocab_size
         if bool(idle.any()):
             with torch.no_grad():
                 # A group's datums repeat their prompt's positions (one pack row), and every row
                 # repeats the shared opening (row 0 holds it): most of a GRPO batch's idle positions.
-                S, V = fwd.hidden.shape[1], self.model.config.vocab_size
+                S = fwd.hidden.shape[1]
                 r, c, t = torch.where(cols[idle] < fwd.shared, 0, rows[idle]), cols[idle], targets[idle]
                 keys, inverse = torch.unique((r * S + c) * V + t, return_inverse=True)
                 r, c, t = keys // V // S, keys // V % S, keys % V
-                logits = self.model.logits(fwd.hidden[r, c].detach(), exact=False)
-                lp[idle] = token_logprobs(logits, t)[inverse]
+                fast = lambda h: self.model.logits(h, exact=False)  # noqa: E731
+                lp[idle] = target_logprobs(fast, fwd.hidden[r, c].detach(), t, V, select)[inverse]
         if bool(active.any()):
-            logits = self.model.logits(fwd.hidden[rows[active], cols[active]])
-            lp = lp.index_put((active,), token_logprobs(logits, targets[active]))
+            h = fwd.hidden[rows[active], cols[active]]
+            lp = lp.index_put((active,), target_logprobs(self.model.logits, h, targets[active], V, select))
         return lp
 
     def forward_backward(
@@ -187,6 +210,9 @@ class Trainer:
             if backward and loss.requires_grad:
                 loss.backward()
             total += float(loss.detach())
+            if fwd.recomputed:  # a long episode's freed activations go back to the system, not to the next one's peak
+                del fwd, all_lps, loss
+                release_free_memory()
         outputs = [{"logprobs": types.TensorData.from_torch(lp)} for lp in out_lp]
         return types.ForwardBackwardOutput(
             loss_fn_output_type=loss_fn, loss_fn_outputs=outputs, metrics={"loss:sum": total}

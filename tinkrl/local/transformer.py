@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tinkrl.local.model_files import SUPPORTED_ARCHS
 from tinkrl.local.plan import cpu, onednn_bf16
@@ -277,9 +278,14 @@ class Attention(nn.Module):
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, blocks: bool) -> torch.Tensor:
         """torch's attention of q [B, H, T, D] over k, v's S positions, the last T of them q's own; with
         `blocks` and a causal `mask` [B or 1, 1, T, S], in blocks of `QUERY_BLOCK` queries, each over
-        the keys up to its last query (the mask hides the later ones from it anyway)."""
+        the keys up to its last query (the mask hides the later ones from it anyway). `mask` None:
+        causal over q's own positions (S == T)."""
         gqa = self.n_kv != self.n_heads
         T, S = q.shape[2], k.shape[2]
+        if mask is None:  # rows of one sequence each, unpadded: causal without a [T, S] mask (faster, linear memory)
+            if T != S:
+                raise ValueError(f"causal attention without a mask needs keys for exactly the {T} queries, got {S}")
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         if not blocks or T <= QUERY_BLOCK or mask is None or mask.shape[2:] != (T, S):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         out = []
@@ -363,13 +369,16 @@ class CausalLM(nn.Module):
         mask: torch.Tensor,
         cache: KVCache | None = None,
         cache_pos: int | torch.Tensor = 0,
+        recompute: bool = False,
     ) -> torch.Tensor:
         """`cache_pos` as an int: keys/values land at that offset and attention sees the cache up to
         them. As a 1-element tensor: they land at that index and attention sees the whole cache
-        under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays."""
+        under `mask` ([B, 1, T, cache length]), the fixed-shape step the sampler's CUDA graph replays.
+        `recompute` (training): each layer keeps only its input for the backward, which runs the layer
+        again (activation checkpointing), so a long sequence holds one layer's activations at a time."""
         x, cos, sin, mask = self.embed(input_ids, position_ids, mask)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache, cache_pos)
+            x = _run(layer, recompute, x, cos, sin, mask, cache, cache_pos)
         return self.model.norm(x)
 
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor):
@@ -380,7 +389,7 @@ class CausalLM(nn.Module):
         return x, cos, sin, additive_mask(mask)
 
     def forward_shared_prefix(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, shared: int, recompute=False
     ) -> torch.Tensor:
         """`forward` for rows that all begin with the same `shared` tokens: those run once.
 
@@ -397,8 +406,8 @@ class CausalLM(nn.Module):
         cos_r, sin_r = (t.float() for t in self.rotary(rest, position_ids[:, shared:]))
         mask_p, mask_r = mask[:1, :, :shared, :shared], mask[:, :, shared:, :]
         for layer in self.model.layers:
-            pre, kv = layer(pre, cos_p, sin_p, mask_p, None, 0, return_kv=True)
-            rest = layer(rest, cos_r, sin_r, mask_r, None, 0, prefix_kv=kv)
+            pre, kv = _run(layer, recompute, pre, cos_p, sin_p, mask_p, None, 0, return_kv=True)
+            rest = _run(layer, recompute, rest, cos_r, sin_r, mask_r, None, 0, prefix_kv=kv)
         return torch.cat([self.model.norm(pre).expand(B, -1, -1), self.model.norm(rest)], dim=1)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -415,6 +424,13 @@ class CausalLM(nn.Module):
             return self.lm_head(hidden)
         finally:
             head.fast = False
+
+
+def _run(layer: nn.Module, recompute: bool, *args, **kwargs):
+    """`layer(*args, **kwargs)`, under activation checkpointing with `recompute` where autograd records."""
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+    return layer(*args, **kwargs)
 
 
 class Head(nn.Linear):
@@ -481,9 +497,10 @@ def to_bf16_sampling(tree: CausalLM) -> CausalLM:
     return tree
 
 
-def additive_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A boolean attention mask as an additive fp32 one (CPU attention kernels run faster with it)."""
-    if mask.dtype != torch.bool:
+def additive_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A boolean attention mask as an additive fp32 one (CPU attention kernels run faster with it); None
+    (plain causal attention, no mask tensor) stays None."""
+    if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
 
