@@ -2,10 +2,10 @@
 
 A model's logits for N positions are an [N x vocab] fp32 tensor, four bytes per vocabulary entry a
 position, and a loss's backward holds their softmax and gradient as well: for long sequences more
-than the rest of a LoRA step. Here no more than `chunk_rows(vocab)` positions' logits are alive at once, in the forward or
-the backward: each chunk's head product runs under activation checkpointing when there is more than
-one chunk (its logits recomputed in the backward, one chunk at a time), so a batch that fits in one
-chunk, as a short RL step's does, computes exactly as one call.
+than the rest of a LoRA step. Here no more than `chunk_rows(vocab)` positions' logits are alive at
+once, in the forward or the backward: each chunk's head product runs under activation checkpointing
+when there is more than one chunk (its logits recomputed in the backward, one chunk at a time), so a
+batch that fits in one chunk, as a short RL step's does, computes exactly as one call.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def target_logprobs(
     """`select(head(hidden), targets)` (default: each target's logprob) for hidden states [N, d] and
     targets [N], chunk by chunk: differentiable in `hidden` and the head's trainable weights, with at
     most one chunk's logits alive."""
-    rows = chunk_rows(vocab)
-    if hidden.shape[0] <= rows:
-        return select(head(hidden), targets)
-    recompute = torch.is_grad_enabled()
 
     def part(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return select(head(h), t)
 
+    rows = chunk_rows(vocab)
+    if hidden.shape[0] <= rows:
+        return part(hidden, targets)
+    recompute = torch.is_grad_enabled()
     out = []
     for h, t in zip(hidden.split(rows), targets.split(rows), strict=True):
         out.append(checkpoint(part, h, t, use_reentrant=False) if recompute else part(h, t))

@@ -286,7 +286,7 @@ class Attention(nn.Module):
             if T != S:
                 raise ValueError(f"causal attention without a mask needs keys for exactly the {T} queries, got {S}")
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        if not blocks or T <= QUERY_BLOCK or mask is None or mask.shape[2:] != (T, S):
+        if not blocks or T <= QUERY_BLOCK or mask.shape[2:] != (T, S):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         out = []
         for t0 in range(0, T, QUERY_BLOCK):
