@@ -350,6 +350,9 @@ def training_memory_rows(r: Record) -> list[list[str]]:
             f"{m[f'{n}/peak_mb_per_token']:.2f}",
         ]
         for n in lengths
+    ] + [
+        [str(s.get("model")), system, str(s.get("allocator", "glibc")), n, f"did not run: {why}", "", "", ""]
+        for n, why in (s.get("failed") or {}).items()
     ]
 
 

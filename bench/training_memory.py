@@ -103,6 +103,14 @@ def child_peft(model: str, tokens: int) -> dict:
     return _measure(lambda: step(datum))
 
 
+def _why_failed(out: subprocess.CompletedProcess) -> str:
+    """A failed child in a few words: killed for memory, or its error's last line."""
+    if out.returncode in (-9, 137):
+        return "killed by the kernel (out of memory)"
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else f"exit status {out.returncode}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -120,6 +128,7 @@ def main() -> None:
         return
     for system in args.systems:
         repeats: dict[str, list[float]] = {}
+        failed: dict[str, str] = {}  # length: why it did not run (out of memory, the plan's refusal)
         plan = ""
         for tokens in args.tokens:
             for _ in range(args.repeats if tokens <= 4096 else args.long_repeats):
@@ -127,6 +136,7 @@ def main() -> None:
                 out = subprocess.run(cmd, capture_output=True, text=True, env=preload_env(dict(os.environ)))
                 if out.returncode != 0:
                     print(f"{system} at {tokens} tokens failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+                    failed[str(tokens)] = _why_failed(out)
                     break
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 plan = row.get("plan", plan)
@@ -136,7 +146,7 @@ def main() -> None:
                 repeats.setdefault(f"{tokens}/peak_gb", []).append(row["peak_bytes"] / 2**30)
                 print(f"{system} {tokens} tokens: {row['seconds']:.1f} s, peak +{row['peak_bytes'] / 2**30:.2f} GB")
         settings = {"model": args.model, "system": system, "label": args.label, "tokens": args.tokens, "plan": plan}
-        settings |= {"loss": "importance_sampling", "precision": "float32", "lora_rank": 16}
+        settings |= {"loss": "importance_sampling", "precision": "float32", "lora_rank": 16, "failed": failed}
         settings["allocator"] = (
             "tcmalloc" if tcmalloc_path() and os.environ.get("TINKRL_ALLOCATOR") != "system" else "glibc"
         )

@@ -154,6 +154,48 @@ def test_the_budget_evicts_least_recently_used_batches_and_old_versions():
     assert [rows.longest("v", [i, 0], 2)[1] for i in range(5)] == [0, 2, 2, 2, 2]  # the oldest batch went
 
 
+def test_a_batch_whose_every_row_goes_on_in_a_newer_one_is_dropped():
+    """The next turn's batch holds its conversations' earlier keys and values: the previous turn's batch
+    goes once every row of it is continued, and stays while one is not (an episode that ended)."""
+    cache = PrefixCache(1 << 30)
+    cache.add("v", *_kv(1024), [([1, 2, 3], 0, torch.arange(3)), ([1, 2, 4], 1, torch.arange(3))])
+    cache.add("v", *_kv(1024), [([5, 6], 0, torch.arange(2)), ([7, 8], 1, torch.arange(2))])
+    cache.add("v", *_kv(1024), [([1, 2, 3, 9, 9], 0, torch.arange(5)), ([5, 6, 9], 1, torch.arange(3))])
+    first, _ = cache.longest("v", [1, 2, 4, 0], 3)  # one of its rows did not go on: it stays
+    assert first is not None and first.row == 1
+    second, n = cache.longest("v", [7, 8, 0], 2)
+    assert n == 2 and second.tokens.tolist() == [7, 8]
+    cache.add("v", *_kv(1024), [([1, 2, 4, 1], 0, torch.arange(4)), ([7, 8, 1], 1, torch.arange(3))])
+    assert cache.longest("v", [1, 2, 4, 0], 3)[0].tokens.tolist() == [1, 2, 4, 1]  # the first batch went
+    assert len({id(b) for b in cache._batches()}) == 2  # the third and the fourth (the second went too)
+    assert cache.longest("v", [1, 2, 3, 9, 9, 0], 5)[1] == 5
+
+
+def test_a_versions_prefixes_go_when_its_sampling_clients_do():
+    """Entries of a watched version are dropped once every owner watched for it is garbage; another
+    version's stay, and a version watched again by a new owner is kept."""
+
+    class Owner:
+        pass
+
+    cache = PrefixCache(1 << 30)
+    old, twice, new = Owner(), Owner(), Owner()
+    cache.watch(old, "v0")
+    cache.watch(twice, "v0")
+    cache.watch(new, "v1")
+    cache.add("v0", *_kv(1024), [([1, 2, 3], 0, torch.arange(3))])
+    cache.add("v1", *_kv(1024), [([1, 2, 3], 0, torch.arange(3))])
+    del old
+    assert cache.longest("v0", [1, 2, 3, 4], 3)[1] == 3  # one owner of v0 is alive still
+    del twice
+    assert cache.longest("v0", [1, 2, 3, 4], 3) == (None, 0)
+    assert cache.longest("v1", [1, 2, 3, 4], 3)[1] == 3 and len(cache._batches()) == 1
+    again = Owner()
+    cache.watch(again, "v0")
+    cache.add("v0", *_kv(1024), [([1, 2, 3], 0, torch.arange(3))])
+    assert cache.longest("v0", [1, 2, 3, 4], 3)[1] == 3
+
+
 def test_the_budget_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("TINKRL_PREFIX_CACHE_MB", "0")
     assert budget_from_env() == 0 and not PrefixCache(budget_from_env()).enabled

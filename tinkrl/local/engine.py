@@ -40,7 +40,14 @@ from tinkrl.local.plan import (
 )
 from tinkrl.local.prefix_cache import PrefixCache, Prefixes, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
-from tinkrl.local.transformer import CausalLM, build_causal_lm, fuse_projections, head_dim, to_bf16_sampling
+from tinkrl.local.transformer import (
+    CausalLM,
+    Linear,
+    build_causal_lm,
+    fuse_projections,
+    head_dim,
+    to_bf16_sampling,
+)
 
 # Concurrent sample() calls are batched: gathered until none arrives for GAP, at most MAX after the first.
 SAMPLE_GATHER_GAP_S = 0.01
@@ -164,6 +171,7 @@ class Engine:
     def submit_sample(self, snapshot: Snapshot, job: SampleJob) -> LocalFuture:
         """Sample `job` from `snapshot`'s weights, batched with the requests that arrive with it."""
         fut = LocalFuture()
+        self.prefix_cache.watch(snapshot, snapshot.key)  # its prefixes go when its clients do
         with self._cv:
             self._samples.append((snapshot, job, fut))
             self._cv.notify()
@@ -270,17 +278,21 @@ class Engine:
         stays apart (`sampler_tree`): a merged weight would round differently from the trainer's W
         and B @ A. bf16 sampling stores the merged weight in bf16, one rounding more of a sampler
         that is already off-policy by its rounding. The tree's q/k/v and gate/up projections are
-        fused (`fuse_projections`), so it owns those weights from the start.
+        fused (`fuse_projections`), so it owns those weights from the start; a bf16 sampler's tree
+        owns a bf16 copy of every projection, made from the fp32 base, so a run that never samples
+        the base model never holds the bf16 base (`_sampling_base`) beside it.
         """
-        base = self._sampling_base()
         tree = self._merged_tree
         if tree is None:
-            tree = self._merged_tree = copy_tree(base)
-            self._merged_own = set(fuse_projections(tree))  # own copies from the start; the rest on first merge
+            tree = self._merged_tree = copy_tree(self.base)
+            if self.sampler == "bfloat16":  # its own bf16 copy of every projection, not the bf16 base's
+                to_bf16_sampling(tree)
+                self._merged_own = {n for n, m in tree.named_modules() if isinstance(m, Linear)}
+            else:
+                self._merged_own = set(fuse_projections(tree))  # own copies from the start; the rest on first merge
         if self._merged_key == snap.key:
             return tree
-        modules, base_modules = dict(tree.named_modules()), dict(base.named_modules())
-        fp32_modules = dict(self.base.named_modules())
+        modules, fp32_modules = dict(tree.named_modules()), dict(self.base.named_modules())
         scale = snap.config.scale
         adapted = set()
         with torch.no_grad():
@@ -291,7 +303,7 @@ class Engine:
                 b = snap.lora[name.replace(".lora_A.", ".lora_B.")]
                 if module not in self._merged_own:  # shares the base weight until first adapted
                     modules[module].weight = nn.Parameter(
-                        torch.empty_like(base_modules[module].weight), requires_grad=False
+                        torch.empty_like(fp32_modules[module].weight), requires_grad=False
                     )
                     self._merged_own.add(module)
                 weight, w0 = modules[module].weight, fp32_modules[module].weight
@@ -302,7 +314,7 @@ class Engine:
                     weight.copy_(torch.addmm(w0, b, a, alpha=scale))
                 adapted.add(module)
             for module in self._merged_adapted - adapted:  # adapted by the previous version's config only
-                modules[module].weight.copy_(base_modules[module].weight)
+                modules[module].weight.copy_(fp32_modules[module].weight)
         self._merged_key, self._merged_adapted = snap.key, adapted
         return tree
 

@@ -22,7 +22,7 @@ TRAIN_SHARE = 0.6  # of the machine's memory, what training micro-batches may us
 @dataclass(frozen=True)
 class StepMemory:
     """A model's training memory: bytes per token with every layer's activations kept, with layers
-    recomputed, and the bytes of its weights (the base tree and a sampler's copy)."""
+    recomputed, and the bytes of its weights (the base tree, and a sampler's copy of its projections)."""
 
     kept_per_token: int
     recomputed_per_token: int
@@ -43,9 +43,9 @@ def step_memory(cfg) -> StepMemory:
     kept = (layers * layer + ends) * FP32 * MARGIN
     recomputed = (layers * h + 2 * layer + ends) * FP32 * MARGIN  # inputs kept, one layer (and its grads) live
     q, kv = _widths(cfg)
-    params = cfg.vocab_size * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-    params += layers * (3 * h * f + 2 * h * q + 2 * h * kv)
-    return StepMemory(kept, recomputed, 2 * params * FP32)
+    projections = layers * (3 * h * f + 2 * h * q + 2 * h * kv)
+    params = projections + cfg.vocab_size * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    return StepMemory(kept, recomputed, (params + projections) * FP32)  # the sampler's copy at most fp32
 
 
 def _widths(cfg) -> tuple[int, int]:

@@ -11,12 +11,17 @@ Entries belong to one weight version (the engine's snapshot key): keys and value
 by other weights are never reused. The cache holds batch caches whole and evicts them least
 recently used first, within a byte budget (`TINKRL_PREFIX_CACHE_MB`, default 1024; 0 turns it
 off), `MAX_ENTRIES` rows and `MAX_VERSIONS` weight versions, since training moves on to new
-weights every step.
+weights every step. Two kinds of batch go at once, since no lookup could want them: one whose
+every row a newer row continues (the previous turn of conversations that went on: the newer batch
+holds those keys and values too), and every batch of a version whose sampling clients are all
+gone (`watch`), which is what an on-policy run's previous step leaves behind.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,12 +67,14 @@ class _Batch:
 
 @dataclass
 class Stored:
-    """One row's sequence: `tokens` have their keys/values in `batch`'s cache row `row`, at `positions`."""
+    """One row's sequence: `tokens` have their keys/values in `batch`'s cache row `row`, at `positions`;
+    `continued` once a newer row starts with them."""
 
     tokens: np.ndarray
     batch: _Batch
     row: int
     positions: torch.Tensor = field(repr=False)
+    continued: bool = False
 
     def keys_values(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values [layers, kv_heads, n, head_dim] of the first `n` tokens."""
@@ -83,6 +90,10 @@ class PrefixCache:
         self._entries: dict[str, list[Stored]] = {}
         self._tokens: dict[str, np.ndarray] = {}  # per version: the entries' tokens, padded with -1
         self._clock = 0
+        self._lock = threading.Lock()  # owners die on whichever thread drops them last
+        self._owners: dict[int, str] = {}  # id of each watched owner: its version
+        self._live: dict[str, int] = {}  # per watched version: how many of its owners are alive
+        self._gone: set[str] = set()  # watched versions without owners, dropped at the next add or lookup
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +105,33 @@ class PrefixCache:
         """Bytes held: the kept batch caches."""
         return sum(b.nbytes for b in self._batches())
 
+    def watch(self, owner: object, version: str) -> None:
+        """Drop `version`'s entries once `owner` (a sampling client's snapshot), and every other owner
+        watched for it, is garbage. A version never watched stays until evicted."""
+        with self._lock:
+            if id(owner) in self._owners:
+                return
+            self._owners[id(owner)] = version
+            self._live[version] = self._live.get(version, 0) + 1
+            self._gone.discard(version)
+        weakref.finalize(owner, self._owner_gone, id(owner), version)
+
+    def _owner_gone(self, owner_id: int, version: str) -> None:
+        with self._lock:
+            self._owners.pop(owner_id, None)
+            self._live[version] -= 1
+            if self._live[version] == 0:
+                del self._live[version]
+                self._gone.add(version)
+
+    def _drop_gone(self) -> None:
+        """Forget the entries of versions whose owners are all gone (on the thread that uses the cache)."""
+        with self._lock:
+            gone, self._gone = self._gone, set()
+        for version in gone:
+            self._entries.pop(version, None)
+            self._tokens.pop(version, None)
+
     def clear(self) -> None:
         """Forget every entry and free the kept caches."""
         self._entries.clear()
@@ -101,6 +139,7 @@ class PrefixCache:
 
     def longest(self, version: str, prompt: Sequence[int], limit: int) -> tuple[Stored | None, int]:
         """The entry sharing the most leading tokens with `prompt` (at most `limit`), and how many."""
+        self._drop_gone()
         entries = self._entries.get(version)
         if not entries or limit <= 0:
             return None, 0
@@ -126,12 +165,15 @@ class PrefixCache:
         in the batch's KV-cache tensors `k`/`v`, which the cache then keeps (never written again)."""
         if not self.enabled or not rows:
             return
+        self._drop_gone()
         self._clock += 1
         batch = _Batch(version, k, v, self._clock, len(rows))
         if batch.nbytes > self.budget_bytes:
             return
-        entries = self._entries.setdefault(version, [])
-        entries.extend(Stored(np.asarray(t, dtype=np.int64), batch, row, at) for t, row, at in rows)
+        new = [Stored(np.asarray(t, dtype=np.int64), batch, row, at) for t, row, at in rows]
+        entries = self._entries.get(version, [])
+        dropped = _continued(entries, new)
+        self._entries[version] = [e for e in entries if id(e.batch) not in dropped] + new
         self._tokens.pop(version, None)
         self._evict()
 
@@ -166,6 +208,18 @@ class PrefixCache:
                 self._entries[version] = kept
             else:
                 del self._entries[version]
+
+
+def _continued(older: list[Stored], newer: list[Stored]) -> set[int]:
+    """Mark the `older` entries a `newer` row continues, and return the ids of the batches all of whose
+    rows are now marked: newer batches hold those keys and values too, so no lookup would choose them."""
+    for e in older:
+        n = len(e.tokens)
+        e.continued = e.continued or any(len(f.tokens) >= n and np.array_equal(f.tokens[:n], e.tokens) for f in newer)
+    batches: dict[int, bool] = {}
+    for e in older:
+        batches[id(e.batch)] = batches.get(id(e.batch), True) and e.continued
+    return {b for b, all_continued in batches.items() if all_continued}
 
 
 class Prefixes:
