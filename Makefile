@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install qwen-coder train train-agent test test-avx2 test-all test-harness harness lint bench bench-deps clean
+.PHONY: install qwen-coder train train-agent train-agent-qwen test test-avx2 test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ train: install
 train-agent: install
 	$(VENV)/bin/tinkrl train configs/agent.yaml
 	$(PY) bench/plot_agent.py runs/agent --out runs/agent/curve.png
+
+train-agent-qwen: qwen-coder
+	$(VENV)/bin/tinkrl train configs/agent-qwen.yaml
+	$(PY) bench/plot_agent.py runs/agent-qwen --out runs/agent-qwen/curve.png
 
 test: install
 	$(VENV)/bin/python -m pytest -q -rs -m "not slow and not harness" tests
