@@ -138,6 +138,8 @@ def test_yaml_env_shorthand(in_tmp):
     assert c.environments["arithmetic"].env == {"max_value": 50, "min_value": 3}
     c = load_config("e.yaml", ["env.max_value=60"])  # overrides go on top of env_config
     assert c.environments["arithmetic"].env == {"max_value": 60, "min_value": 3}
+    c = load_config("e.yaml", ["environments.arithmetic.env.max_value=70"])  # the map's spelling wins too
+    assert c.environments["arithmetic"].env == {"max_value": 70, "min_value": 3}
     c = load_config("e.yaml", ["env=gsm8k"])  # the command line picks another env: the YAML's fields are dropped
     assert list(c.environments) == ["gsm8k"] and c.environments["gsm8k"].env == {}
 

@@ -527,10 +527,14 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
     """Apply (dotted key, value) pairs in tinkrl's keys to the raw config dict, in order; returns it.
 
     `env=NAME`, `env.x=...` and `env_config:` (the YAML spelling of env.*) become a one-entry
-    `environments:` map; a later `env=` naming another environment drops the earlier one's fields."""
+    `environments:` map; a later `env=` naming another environment drops the earlier one's fields, and
+    an `environments.NAME...` pair after them (a command line's, over a YAML's `env_config:`) wins."""
     env_name: str | None = None
     env_fields: dict[str, Any] = {}
-    for key, value in pairs:
+    last_sugar = -1  # the last pair of env sugar: `environments.*` pairs after it are applied after it
+    for i, (key, value) in enumerate(pairs):
+        if key == "env" or key == "env_config" or key.startswith("env."):
+            last_sugar = i
         if key == "groups_per_batch":
             raise ConfigError("groups_per_batch: tinkrl calls it groups_per_step")
         if key == "num_batches":  # the seeds' name for it
@@ -563,6 +567,9 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
         for k, v in env_fields.items():
             set_dotted(fields, k, v)
         raw["environments"] = {env_name: entry}
+        for key, value in pairs[last_sugar + 1 :]:  # e.g. a command line's environments.NAME.env.x after env_config
+            if key.startswith("environments."):
+                set_dotted(raw, key, value)
     return raw
 
 
