@@ -533,8 +533,6 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
     env_fields: dict[str, Any] = {}
     last_sugar = -1  # the last pair of env sugar: `environments.*` pairs after it are applied after it
     for i, (key, value) in enumerate(pairs):
-        if key == "env" or key == "env_config" or key.startswith("env."):
-            last_sugar = i
         if key == "groups_per_batch":
             raise ConfigError("groups_per_batch: tinkrl calls it groups_per_step")
         if key == "num_batches":  # the seeds' name for it
@@ -542,13 +540,15 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
         if key == "env":
             if env_name is not None and str(value) != env_name:
                 env_fields = {}
-            env_name = str(value)
+            env_name, last_sugar = str(value), i
         elif key == "env_config":
             if not isinstance(value, dict):
                 raise ConfigError("env_config: must be a mapping of the environment's fields")
             env_fields.update(value)
+            last_sugar = i
         elif key.startswith("env."):
             set_dotted(env_fields, key[4:], value)
+            last_sugar = i
         else:
             set_dotted(raw, key, value)
     if env_name or env_fields:
