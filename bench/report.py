@@ -356,6 +356,14 @@ def training_memory_rows(r: Record) -> list[list[str]]:
     ]
 
 
+def trainer_memory_rows(r: Record) -> list[list[str]]:
+    """One row per tree: the trainer's peak RSS and each step's seconds (medians over the repeats)."""
+    m = r.median
+    steps = sorted({k.split("/")[0] for k in m if k.startswith("step")})
+    times = ", ".join(f"{m[f'{s}/sample_s']:.1f} + {m[f'{s}/train_s']:.1f} = {m[f'{s}/step_s']:.1f}" for s in steps)
+    return [[r.workload, str(len(r.repeats["max_rss_gb"])), f"{m['max_rss_gb']:.2f}", times]]
+
+
 def sweep_rows(r: Record) -> list[list[str]]:
     m, rows = r.median, []
     for name, overrides in (r.settings.get("variants") or {}).items():
@@ -639,6 +647,13 @@ TABLES = (
         "python bench/training_memory.py",
         ("model", "system", "allocator", "tokens", "step s", "tokens/s", "peak GB", "peak MB/token"),
         training_memory_rows,
+        (),
+    ),
+    Table(
+        "trainer_memory",
+        "python bench/trainer_memory.py",
+        ("run", "runs", "trainer max RSS GB", "steps: sample + train = step s"),
+        trainer_memory_rows,
         (),
     ),
     Table(
