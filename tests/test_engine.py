@@ -361,6 +361,36 @@ def test_frozen_linear_equals_f_linear_in_value_and_input_gradient(with_bias):
         )
 
 
+@pytest.mark.skipif(not transformer._ONEDNN, reason="oneDNN's products are for x86 CPUs; here F.linear runs")
+def test_onednn_sees_a_few_dozen_row_counts_whatever_the_batches(monkeypatch):
+    """oneDNN compiles and keeps kernels for every row count it is given (what grew a long-running
+    server's memory with every new prompt length): products of any length, with and without autograd,
+    reach it only in the sizes `padded_rows` allows, with the values and input gradients of `F.linear`."""
+    seen: set[int] = set()
+    call = transformer._onednn_call
+
+    def recorded(x, weight, bias):
+        seen.add(x.shape[0])
+        return call(x, weight, bias)
+
+    monkeypatch.setattr(transformer, "_onednn_call", recorded)
+    g = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    for rows in [*range(1, 70), 255, 256, 257, 511, 512, 513, 1024, 1500, 2049]:
+        x = torch.randn(rows, 16, generator=g, requires_grad=True)
+        y = frozen_linear(x, weight, bias)
+        y.backward(torch.ones_like(y))
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad, weight.sum(0).expand(rows, -1), rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(frozen_linear(x, weight), x @ weight.T, rtol=1e-5, atol=1e-5)
+    allowed = {transformer.padded_rows(r) for r in range(1, transformer.ROW_CHUNK + 1)}
+    assert seen <= allowed and len(allowed) <= 36, sorted(seen - allowed)
+    assert all(transformer.padded_rows(r) <= 1.25 * r for r in range(1, transformer.ROW_CHUNK + 1))
+    with pytest.raises(ValueError, match="ROW_CHUNK"):
+        transformer.padded_rows(transformer.ROW_CHUNK + 1)
+
+
 # -- sampling ----------------------------------------------------------------------------------------------------
 
 

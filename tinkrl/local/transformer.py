@@ -45,8 +45,49 @@ _ONEDNN = torch.backends.mkldnn.is_available() and platform.machine().lower() in
 _ONEDNN_BF16 = _ONEDNN and onednn_bf16(cpu()[1])
 
 
+# oneDNN compiles kernels for every row count it is given and keeps them (two caches of up to 1,024
+# entries, each entry a few 256 KiB blocks of machine code): a server or a trainer whose batches hold
+# ever new token counts grows by those blocks, and pays the compile, with every new count. Products of
+# more than ROW_CHUNK rows run ROW_CHUNK rows at a time, and a row count goes up to the next of a few
+# sizes (`padded_rows`), so a bounded set of row counts ever reaches oneDNN.
+ROW_CHUNK = 512
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a product of `rows` rows (1 to ROW_CHUNK) is padded to: exact up to 16 (decode
+    batches), then the next multiple of a quarter of the power of two below (17 -> 20, 33 -> 40,
+    257 -> 320): at most a quarter more rows, 36 sizes in all."""
+    if not 0 < rows <= ROW_CHUNK:
+        raise ValueError(f"padded_rows: {rows} rows, not 1 to ROW_CHUNK ({ROW_CHUNK})")
+    if rows <= 16:
+        return rows
+    step = 1 << ((rows - 1).bit_length() - 3)
+    return -(-rows // step) * step
+
+
+def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's x @ weight.T + bias for 2-D `x` of at most ROW_CHUNK rows, padded to `padded_rows`."""
+    rows = x.shape[0]
+    padded = padded_rows(rows)
+    if padded != rows:
+        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+    out = _onednn_call(x, weight, bias)
+    return out if padded == rows else out[:rows]
+
+
+def _onednn_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's product itself: the one place a row count reaches it."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def _pointwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    """oneDNN's x @ weight.T + bias for any leading shape, over the few row counts `padded_rows` allows."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    if flat.shape[0] <= ROW_CHUNK:
+        out = _onednn_product(flat, weight, bias)
+    else:
+        out = torch.cat([_onednn_product(part, weight, bias) for part in flat.split(ROW_CHUNK)])
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 @torch.library.custom_op("tinkrl::onednn_linear", mutates_args=())
