@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -158,6 +159,62 @@ def test_training_presets_tasks_load_from_the_images_working_directory(monkeypat
     assert len(tasks) >= 10 and "hello-file" in {t.id for t in tasks}
 
 
+# Every route `tinkrl serve openai` serves but /health (tinkrl.proxy.server).
+PROXY_ROUTES = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/x"),
+    ("POST", "/rollouts/r1/v1/chat/completions"),
+    ("POST", "/rollouts/r1/v1/completions"),
+    ("GET", "/rollouts/r1/v1/models"),
+    ("POST", "/rollouts/r1/sandbox/exec"),
+    ("GET", "/v1/rollouts/r1"),
+    ("DELETE", "/v1/rollouts/r1"),
+    ("POST", "/v1/admin/weights"),
+    ("GET", "/v1/admin/weights"),
+]
+
+
+def _generated_key(docs: list[dict]) -> str:
+    import base64
+
+    secret = next(d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-proxy-key"))
+    return base64.b64decode(secret["data"]["TINKRL_API_KEY"]).decode()
+
+
+def test_proxy_gets_a_generated_key_and_only_the_orchestrator_reaches_it():
+    docs = manifests([])
+    key = _generated_key(docs)
+    assert re.fullmatch(r"tml-[A-Za-z0-9]{40}", key)  # serve tinker takes it too
+    assert _generated_key(manifests([])) != key  # a fresh install draws a new one
+    deps = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
+    for name in ("tinkrl-proxy", "tinkrl-orchestrator"):
+        env = deps[name]["spec"]["template"]["spec"]["containers"][0]["env"]
+        ref = next(e for e in env if e["name"] == "TINKRL_API_KEY")["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "tinkrl-proxy-key", "key": "TINKRL_API_KEY"}, name
+    assert not any(key in json.dumps(d) for d in docs if d["kind"] != "Secret")  # never in a spec or config
+    policy = next(d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"] == "tinkrl-proxy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deps["tinkrl-proxy"]["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    orchestrator = deps["tinkrl-orchestrator"]["spec"]["template"]["metadata"]["labels"]
+    assert rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/instance": "tinkrl", "app.kubernetes.io/component": "orchestrator"}
+            }
+        }
+    ]
+    assert all(orchestrator[k] == v for k, v in rule["from"][0]["podSelector"]["matchLabels"].items())
+    # a key of the user's own: no generated Secret, the Deployments read theirs
+    docs = manifests([], ["proxy.apiKey.existingSecret=mine"])
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-proxy-key")]
+    proxy = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "tinkrl-proxy")
+    env = proxy["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+
+
 def _proxy_args(docs: list[dict]) -> list[str]:
     dep = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-proxy"))
     return dep["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -179,28 +236,44 @@ def test_default_presets_proxy_starts_and_serves_the_default_model(tmp_path):
     args = _proxy_args(manifests([]))
     assert args[:2] == ["serve", "openai"] and args[args.index("--backend") + 1] == "local"
     assert "--model" not in args and "--checkpoint" not in args
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_") and not k.startswith("TINKRL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    # as rendered (all addresses) but without the Secret's key: it does not start
+    open_run = subprocess.run(
+        [sys.executable, "-m", "tinkrl.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert open_run.returncode == 2 and "refusing to listen on 0.0.0.0 without a key" in open_run.stderr
     port = free_port()
     args[args.index("--host") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    key = _generated_key(manifests([]))
     proc = subprocess.Popen(
         ["nice", "-n", "19", sys.executable, "-m", "tinkrl.cli", *args],
         cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, "TINKRL_API_KEY": key},  # as the Deployment's secretKeyRef hands it over
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    url = f"http://127.0.0.1:{port}"
     try:
         deadline, models = time.monotonic() + 240, None
         while time.monotonic() < deadline and proc.poll() is None and models is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                request = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+                with urllib.request.urlopen(request, timeout=5) as r:
                     models = json.loads(r.read())
             except OSError:
                 time.sleep(1)
         assert proc.poll() is None, proc.stdout.read()
         assert models is not None, "the proxy did not answer within 240 s"
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL]
+        for method, path in PROXY_ROUTES:  # without the key, every route but /health is refused
+            for headers in ({}, {"Authorization": "Bearer tml-not-the-key"}):
+                data = b"{}" if method == "POST" else None
+                request = urllib.request.Request(url + path, data=data, method=method, headers=headers)
+                with pytest.raises(urllib.error.HTTPError) as e:
+                    urllib.request.urlopen(request, timeout=30)
+                assert e.value.code == 401, (method, path, headers)
     finally:
         proc.terminate()
         proc.wait(30)

@@ -41,7 +41,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("engine", ["tinkrl.local"]),
     (
         "foundations",
-        ["tinkrl.config", "tinkrl.dialects", "tinkrl.storage", "tinkrl.aio_thread", "tinkrl.errors", "tinkrl"],
+        [
+            "tinkrl.config",
+            "tinkrl.dialects",
+            "tinkrl.storage",
+            "tinkrl.aio_thread",
+            "tinkrl.errors",
+            "tinkrl.access",
+            "tinkrl",
+        ],
     ),
 ]
 

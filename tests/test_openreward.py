@@ -194,6 +194,14 @@ def test_key_is_never_sent_to_a_self_hosted_server(monkeypatch):
 
     assert ORSClient("adder", "http://127.0.0.1:1", None, "secret").api_key is None
     assert ORSClient("Owner/Env", None, None, "secret").api_key == "secret"
+    # a self-hosted server's own key (env.server_key_env), and only that, goes to it
+    assert ORSClient("adder", "http://127.0.0.1:1", None, "secret", "tml-server").api_key == "tml-server"
+    from tinkrl.envs.ors.config import OpenRewardEnvConfig
+    from tinkrl.envs.ors.env import resolve_client
+
+    monkeypatch.delenv("MY_ORS_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"server_key_env: \$MY_ORS_KEY is not set"):
+        resolve_client("adder", "adder", "http://127.0.0.1:1", OpenRewardEnvConfig(server_key_env="MY_ORS_KEY"))
 
 
 def test_server_killed_mid_episode_is_an_infra_failure(renderer):

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"an agent setting (repeatable): {', '.join(AGENT_KWARGS)}; model_name with checkpoint_path is its "
         "base model",
     )
-    p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY)")
+    p.add_argument("--api-key", help="key for --base-url (default: $OPENAI_API_KEY, else $TINKRL_API_KEY)")
     p.add_argument("--served-model", help="model name at --base-url (default: the first it lists)")
     p.add_argument("--n", "--n-attempts", dest="n", type=int, default=1, help="trials per task (K)")
     p.add_argument(

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
 from tinkrl.errors import ConfigError
 
 
@@ -46,16 +47,24 @@ def cli_main(argv: list[str]) -> int:
     )
     parser.add_argument("--eval-problems", type=int, default=100, help="problems in the test split")
     parser.add_argument("--seed", type=int, default=0)
+    add_key_arguments(parser, "request (clients send it as X-API-Key; trainers name it in env.server_key_env)")
     args = parser.parse_args(argv)
+    problem = exposure_problem("tinkrl serve env", args.host, args.api_key, args.no_api_key)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         classes = environment_classes(parse_env_args(args.envs), args.train_size, args.eval_problems, args.seed)
-        app = make_app(classes)
+        app = make_app(classes, args.api_key)
     except ConfigError as e:
         print(f"tinkrl serve env: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
     names = ", ".join(c.name().lower() for c in classes)
+    warning = exposure_warning("tinkrl serve env", args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"serving {names} over ORS at http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=60)
     return 0

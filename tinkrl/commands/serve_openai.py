@@ -1,11 +1,13 @@
 """`tinkrl serve openai`: an OpenAI-compatible server over the policy, with token capture.
 
     tinkrl serve openai [--host 127.0.0.1] [--port 8001] [--model NAME | --checkpoint PATH]
-                        [--backend local|tinker] [--api-key KEY]
+                        [--backend local|tinker] [--api-key KEY] [--admin-key KEY]
 
 Point any OpenAI client at it (`OPENAI_BASE_URL=http://127.0.0.1:8001/v1`); a base URL of
 `http://127.0.0.1:8001/rollouts/<id>/v1` captures every call under rollout `<id>`, fetched
 with `GET /v1/rollouts/<id>`. `POST /v1/admin/weights {"model_path": ...}` swaps weights.
+On an address other than loopback it needs a key (`tinkrl.access`); `--admin-key` guards the weight
+swap and the captured rollouts with a key of their own.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from aiohttp import web
+
+from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+
+ADMIN_KEY_ENV = "TINKRL_ADMIN_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         help="local: the embedded engine; tinker: the Tinker API at --base-url / TINKER_BASE_URL",
     )
     p.add_argument("--base-url", default=None, help="Tinker service URL for --backend tinker")
-    p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY); default: any")
+    add_key_arguments(p, "request")
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get(ADMIN_KEY_ENV) or None,
+        help=f"require this key, not --api-key, to swap weights or read captured rollouts; default ${ADMIN_KEY_ENV}",
+    )
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the base model)")
     p.add_argument("--max-context", type=int, default=None, help="context length in tokens (default: the model's)")
     p.add_argument("--tool-format", choices=["hermes", "xml"], default="hermes", help="tool-call syntax in the prompt")
@@ -91,6 +103,7 @@ def build_server(args: argparse.Namespace):
             model_name=model_name,
             served_model_name=args.served_model_name,
             api_key=args.api_key,
+            admin_key=args.admin_key,
             max_context=args.max_context,
             tool_format=args.tool_format,
             service_client=service,
@@ -104,6 +117,10 @@ def cli_main(argv: list[str]) -> int:
     """Serve until interrupted; exit 2 on a missing checkpoint or a model or backend that fails to load."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problem = exposure_problem("tinkrl serve openai", args.host, args.api_key, args.no_api_key)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if (
         args.checkpoint
         and args.backend == "local"
@@ -125,9 +142,12 @@ def cli_main(argv: list[str]) -> int:
         print(f"tinkrl serve openai: {e}", file=sys.stderr)
         return 2
     url = f"http://{args.host}:{args.port}"
+    warning = exposure_warning("tinkrl serve openai", args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     print(
         f"tinkrl serve openai: {server.served_model_name} ({server.policy.label}) on {url}/v1\n"
-        f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={args.api_key or 'EMPTY'}\n"
+        f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={'<the --api-key>' if args.api_key else 'EMPTY'}\n"
         f"  per-rollout capture: {url}/rollouts/<rollout_id>/v1",
         flush=True,
     )

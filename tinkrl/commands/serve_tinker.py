@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
 from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
 
 
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="base model to load at start (repeatable); others load on first use",
     )
-    p.add_argument("--api-key", default=None, help="accept only this key (default: any tml-… key)")
+    add_key_arguments(p, "request (on loopback without one: any tml-… key)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
 
@@ -52,6 +53,10 @@ def cli_main(argv: list[str]) -> int:
     if args.api_key is not None and not (args.api_key.startswith("tml-") or args.api_key.startswith("eyJ")):
         print("tinkrl serve tinker: --api-key must start with 'tml-' (the SDK refuses other keys)", file=sys.stderr)
         return 2
+    problem = exposure_problem("tinkrl serve tinker", args.host, args.api_key, args.no_api_key)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from tinkrl.local import ServiceClient
@@ -63,11 +68,14 @@ def cli_main(argv: list[str]) -> int:
         print(f"tinkrl serve tinker: cannot load model: {e}", file=sys.stderr)
         return 2
     server = TinkerServer(engine, api_key=args.api_key)
-    key_hint = args.api_key or "tml-local"
+    key_hint = "<the --api-key>" if args.api_key else "tml-local"
     banner = (
         f"tinkrl serve tinker: Tinker protocol (SDK {SDK_VERSION}) on http://{args.host}:{args.port}\n"
         f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}"
     )
+    warning = exposure_warning("tinkrl serve tinker", args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     try:  # run_app calls `print` once the socket is bound
         web.run_app(
             server.app, host=args.host, port=args.port, access_log=None, print=lambda _msg: print(banner, flush=True)

@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+
 
 def cli_main(argv: list[str]) -> int:
     """`tinkrl view`: exit 2 when a path does not exist or holds no run or eval directory."""
@@ -18,7 +20,12 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="run dirs, tinkrl eval output dirs, or folders of them")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    add_key_arguments(parser, "page and API request (open /?key=KEY once in the browser)")
     args = parser.parse_args(argv)
+    problem = exposure_problem("tinkrl view", args.host, args.api_key, args.no_api_key)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     from aiohttp import web
 
     from tinkrl.traces.runs import find_dirs
@@ -36,6 +43,9 @@ def cli_main(argv: list[str]) -> int:
             + " (a folder given is watched: runs that start later appear)",
             file=sys.stderr,
         )
+    warning = exposure_warning("tinkrl view", args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"tinkrl view: {len(found)} run/eval dirs at http://{args.host}:{args.port}/ (Ctrl-C to stop)", flush=True)
-    web.run_app(make_app(args.paths), host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(make_app(args.paths, args.api_key), host=args.host, port=args.port, print=None, access_log=None)
     return 0

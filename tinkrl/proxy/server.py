@@ -13,6 +13,11 @@ that rollout id, for agents that cannot set headers):
     POST /rollouts/<id>/sandbox/exec  {"command", "timeout", "workdir"}: run a shell command in the
                                 rollout's sandbox (registered by the runner while the rollout runs)
 
+Keys: with `api_key` every route but `/health` needs it (`Authorization: Bearer KEY`); with
+`admin_key` too, the routes that change or read what the server holds for others (the weight swap,
+the captured calls of a rollout) need that one instead, so an agent that holds the sampling key
+can neither swap the weights nor read other rollouts. Keys are compared in constant time.
+
 The sandbox route lets an agent process act on its rollout's tinkrl sandbox (bwrap, no network)
 instead of the host: the runner registers the sandbox under the rollout id (`sandboxes`) for
 as long as the agent runs; any other id is a 404.
@@ -47,6 +52,7 @@ from typing import Any
 import tinker
 from aiohttp import web
 
+from tinkrl.access import key_matches, request_key
 from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.errors import InfraFailure
 from tinkrl.proxy.capture import AssistantTokens, CapturedCall, CapturedSample, CaptureStore
@@ -103,6 +109,7 @@ class ProxyServer:
         model_name: str,
         served_model_name: str | None = None,
         api_key: str | None = None,
+        admin_key: str | None = None,
         max_context: int | None = None,
         tool_format: str = "hermes",
         service_client: Any = None,
@@ -111,6 +118,7 @@ class ProxyServer:
         self.model_name = model_name
         self.served_model_name = served_model_name or model_name
         self.api_key = api_key
+        self.admin_key = admin_key
         self.service_client = service_client
         self.tokenizer = sampling_client.get_tokenizer()
         self.renderer: Renderer = get_renderer(self.tokenizer, model_name, tool_format)
@@ -200,12 +208,14 @@ class ProxyServer:
             self.in_flight -= counted
 
     def _check_key(self, request: web.Request) -> None:
-        if self.api_key is None:
+        admin = self.admin_key is not None and _is_admin_route(request)
+        expected = self.admin_key if admin else self.api_key
+        if expected is None:
             return
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("api-key", "")
-        if given != self.api_key:
-            hint = "no API key was sent" if not given else "the API key is not the one this server accepts"
+        given = request_key(request.headers)
+        if not key_matches(given, expected):
+            which = "admin key (--admin-key)" if admin else "API key"
+            hint = f"no {which} was sent" if not given else f"the {which} is not the one this server accepts"
             raise ApiError(401, f"Incorrect API key provided: {hint}", code="invalid_api_key")
 
     async def _json(self, request: web.Request) -> dict:
@@ -656,6 +666,11 @@ class ProxyServer:
     async def weights_info(self, request: web.Request) -> web.Response:
         p = self._policy
         return web.json_response({"policy_version": p.version, "weights": p.label})
+
+
+def _is_admin_route(request: web.Request) -> bool:
+    """The weight swap (and what it serves now) and a rollout's captured calls: what `admin_key` guards."""
+    return request.path.startswith("/v1/admin/") or request.path.startswith("/v1/rollouts/")
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import pydantic
 from aiohttp import web
 from tinker import types
 
+from tinkrl.access import key_matches, request_key
 from tinkrl.aio_thread import serve_app_in_thread
 from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, checkpoints_root
 from tinkrl.tinker_server import wire
@@ -75,7 +76,7 @@ def _key_ok(key: str | None, required: str | None) -> bool:
     if not key:
         return False
     if required is not None:
-        return key == required
+        return key_matches(key, required)
     return key.startswith("tml-") or key.startswith("eyJ")
 
 
@@ -133,10 +134,7 @@ class TinkerServer:
         if request.path in UNSUPPORTED:
             return _detail(400, f"{request.path} is not supported by tinkrl serve tinker: {UNSUPPORTED[request.path]}")
         if request.path != "/api/v1/healthz":
-            key = request.headers.get("X-API-Key")
-            if key is None and request.headers.get("Authorization", "").startswith("Bearer "):
-                key = request.headers["Authorization"][len("Bearer ") :]
-            if not _key_ok(key, self.api_key):
+            if not _key_ok(request_key(request.headers), self.api_key):
                 why = (
                     "this server was started with --api-key; send that key" if self.api_key else "send X-API-Key: tml-…"
                 )

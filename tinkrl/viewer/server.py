@@ -3,6 +3,10 @@
 Everything is served from this machine (the page, its script, the vendored uPlot), so the viewer works
 offline. The page polls the API, so a run that is still training shows its new steps without a reload;
 files are re-read only when their size or modification time changed.
+
+It serves the run files it was given and nothing else: a file of a run that resolves outside its run
+directory (a symlink out, say) is not read, and a page needs `--api-key` where one was set (sent as
+`Authorization: Bearer KEY`, or opened once as `/?key=KEY`, which keeps it in a cookie).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tinkrl.access import key_matches, request_key
 from tinkrl.traces.runs import (
     episode_steps,
     eval_episodes,
@@ -25,6 +30,15 @@ from tinkrl.traces.runs import (
 from tinkrl.tracking import read_jsonl
 
 STATIC = Path(__file__).parent / "static"
+COOKIE = "tinkrl_view_key"
+# What the API reads of a run or eval directory, relative to it.
+RUN_FILES = ("run.json", "metrics.jsonl", "warm_start.jsonl", "results.json", "results.jsonl", "episodes")
+
+
+def escapes(directory: Path, relative: str) -> bool:
+    """Whether `directory / relative` resolves to a place outside `directory` (a symlink out of it)."""
+    root = directory.resolve()
+    return not (directory / relative).resolve().is_relative_to(root)
 
 
 class _FileCache:
@@ -57,8 +71,8 @@ class Viewer:
         self.cache = _FileCache()
 
     def sources(self) -> list[Path]:
-        """The run and eval directories found now."""
-        return find_dirs(self.paths)
+        """The run and eval directories found now, but those with a file that leads out of them."""
+        return [d for d in find_dirs(self.paths) if not any(escapes(d, name) for name in RUN_FILES)]
 
     def _source(self, request: web.Request) -> Path:
         try:
@@ -92,6 +106,8 @@ class Viewer:
         except (KeyError, ValueError) as e:
             raise web.HTTPBadRequest(text="step must be an integer") from e
         path = d / "episodes" / f"step_{step:06d}.jsonl"
+        if escapes(d, str(path.relative_to(d))):
+            raise web.HTTPNotFound(text="unknown step")
         episodes = self.cache.get(path, "episodes", lambda _: [e.to_json() for e in step_episodes(d, step)])
         return web.json_response({"step": step, "episodes": episodes})
 
@@ -111,10 +127,26 @@ def _no_cache(handler):
     return wrapped
 
 
-def make_app(paths: list[Path]) -> web.Application:
-    """The viewer's aiohttp application over `paths`."""
+def _key_check(api_key: str):
+    """A middleware that lets in requests with `api_key` (header or cookie); `/?key=KEY` sets the cookie."""
+
+    @web.middleware
+    async def check(request: web.Request, handler) -> web.StreamResponse:
+        if key_matches(request.query.get("key"), api_key):
+            response = web.HTTPFound("/")
+            response.set_cookie(COOKIE, api_key, httponly=True, samesite="Strict")
+            raise response
+        if key_matches(request_key(request.headers) or request.cookies.get(COOKIE), api_key):
+            return await handler(request)
+        return web.Response(status=401, text="tinkrl view: this viewer needs its key: open /?key=KEY once\n")
+
+    return check
+
+
+def make_app(paths: list[Path], api_key: str | None = None) -> web.Application:
+    """The viewer's aiohttp application over `paths`; with `api_key`, only for requests that carry it."""
     viewer = Viewer(paths)
-    app = web.Application()
+    app = web.Application(middlewares=[] if api_key is None else [_key_check(api_key)])
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})

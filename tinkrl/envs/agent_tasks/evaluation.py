@@ -183,7 +183,7 @@ class OpenAIPolicy:
 
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
-            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or os.environ.get("TINKRL_API_KEY") or "EMPTY",
             timeout=timeout_s,
             max_retries=2,
         )

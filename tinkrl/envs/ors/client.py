@@ -40,10 +40,13 @@ def _is_hosted(base_url: str | None) -> bool:
 class ORSClient:
     """How to reach one remote environment: server, environment name/variant, credentials."""
 
-    def __init__(self, name: str, base_url: str | None, variant: str | None, api_key: str | None):
+    def __init__(
+        self, name: str, base_url: str | None, variant: str | None, api_key: str | None, server_key: str | None = None
+    ):
         self.name, self.base_url, self.variant = name, base_url, variant
-        # Never hand the OpenReward key to a server the user points us at.
-        self.api_key = api_key if _is_hosted(base_url) else ("" if "/" in name else None)
+        # Never hand the OpenReward key to a server the user points us at; that server gets the key the
+        # user gave for it (`env.server_key_env`), if any.
+        self.api_key = api_key if _is_hosted(base_url) else (server_key or ("" if "/" in name else None))
 
     @property
     def where(self) -> str:

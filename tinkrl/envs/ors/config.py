@@ -35,3 +35,6 @@ class OpenRewardEnvConfig(BaseModel):
     """Wall-clock limit of one server request (a tool call included); past it: infra failure."""
     api_key_env: str = "OPENREWARD_API_KEY"
     """Environment variable holding the OpenReward API key (hosted environments only)."""
+    server_key_env: str | None = None
+    """Environment variable holding a self-hosted server's key (`tinkrl serve env --api-key`), sent as
+    X-API-Key to `base_url` only; None: send no key there."""

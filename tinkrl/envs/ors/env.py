@@ -300,8 +300,11 @@ def _run_sync(coro_factory):
         return pool.submit(asyncio.run, coro_factory()).result()
 
 
-def _list_self_hosted(base_url: str) -> list[str]:
-    with urllib.request.urlopen(base_url.rstrip("/") + "/list_environments", timeout=30) as resp:
+def _list_self_hosted(base_url: str, server_key: str | None) -> list[str]:
+    request = urllib.request.Request(base_url.rstrip("/") + "/list_environments")
+    if server_key:
+        request.add_header("X-API-Key", server_key)
+    with urllib.request.urlopen(request, timeout=30) as resp:
         return [str(x) for x in json.loads(resp.read())]
 
 
@@ -321,8 +324,11 @@ def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnv
                 f"OpenReward environments; a self-hosted server takes base_url)"
             )
     else:
+        server_key = os.environ.get(cfg.server_key_env) if cfg.server_key_env else None
+        if cfg.server_key_env and not server_key:
+            raise ConfigError(f"environments.{key}.env.server_key_env: ${cfg.server_key_env} is not set")
         try:
-            served = _list_self_hosted(base_url)
+            served = _list_self_hosted(base_url, server_key)
         except Exception as e:
             raise ConfigError(f"environments.{key}: cannot reach the ORS server at {base_url}: {e}") from None
         if variant is None:
@@ -339,6 +345,7 @@ def resolve_client(key: str, name: str, base_url: str | None, cfg: OpenRewardEnv
                 f"environments.{key}.env.variant: {variant!r} is not served at {base_url} "
                 f"(it serves {', '.join(served)})"
             )
+        return ORSClient(name, base_url, variant, api_key, server_key)
     return ORSClient(name, base_url, variant, api_key)
 
 

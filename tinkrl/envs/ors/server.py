@@ -24,12 +24,14 @@ Mapping onto ORS (splits, tasks, prompt, tools; a session is one episode):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from openreward.environments import Environment, Message, Server, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
+from tinkrl.access import key_matches, request_key
 from tinkrl.errors import ConfigError
 
 ANSWER_INSTRUCTION = "\n\nSubmit your final answer with the `answer` tool."
@@ -173,6 +175,27 @@ def environment_classes(
     return classes
 
 
-def make_app(classes: list[type]):
-    """The `openreward` SDK's ORS server app over `classes`."""
-    return Server(classes).app
+def make_app(classes: list[type], api_key: str | None = None):
+    """The `openreward` SDK's ORS server app over `classes`; with `api_key`, every request must carry it
+    (`X-API-Key`, as the SDK's clients send their key, or `Authorization: Bearer`)."""
+    app = Server(classes).app
+    return app if api_key is None else KeyedApp(app, api_key)
+
+
+class KeyedApp:
+    """An ASGI app that answers 401 to an HTTP request without `key`, and hands every other one to `app`."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            if not key_matches(request_key(headers), self.key):
+                body = json.dumps({"detail": "invalid or missing API key (send X-API-Key: KEY)"}).encode()
+                await send(
+                    {"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]}
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

@@ -77,3 +77,15 @@ envFrom:
 - name: AWS_DEFAULT_REGION
   value: {{ default "us-east-1" .Values.results.region | quote }}
 {{- end -}}
+
+{{/* The Secret holding the proxy's key (TINKRL_API_KEY): the user's proxy.apiKey.existingSecret, else the
+     one this chart generates (proxy-key.yaml). */}}
+{{- define "tinkrl.proxyKeySecret" -}}
+{{- default (printf "%s-proxy-key" (include "tinkrl.fullname" .)) .Values.proxy.apiKey.existingSecret -}}
+{{- end -}}
+
+{{- define "tinkrl.proxyKeyEnv" -}}
+- name: TINKRL_API_KEY
+  valueFrom:
+    secretKeyRef: {name: {{ include "tinkrl.proxyKeySecret" . }}, key: TINKRL_API_KEY}
+{{- end -}}
