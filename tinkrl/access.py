@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import os
 import socket
+import sys
 from collections.abc import Mapping
 
 KEY_ENV = "TINKRL_API_KEY"
@@ -49,9 +50,7 @@ def is_loopback(host: str) -> bool:
 
 def exposure_problem(prog: str, host: str, api_key: str | None, no_api_key: bool) -> str | None:
     """The one line that stops a server from listening on `host` without a key; None when it may start."""
-    if api_key or is_loopback(host):
-        return None
-    if no_api_key:
+    if api_key or no_api_key or is_loopback(host):
         return None
     return (
         f"{prog}: refusing to listen on {host} without a key: anyone who reaches that address could use "
@@ -64,6 +63,19 @@ def exposure_warning(prog: str, host: str, api_key: str | None) -> str | None:
     if api_key or is_loopback(host):
         return None
     return f"{prog}: warning: listening on {host} with no key (--no-api-key): anyone who reaches it gets in"
+
+
+def check_exposure(prog: str, args: argparse.Namespace) -> int | None:
+    """A server command's check of `args.host` against its key: prints the refusal and returns exit code 2,
+    or prints the warning for an open server (`--no-api-key`) and returns None, as it does when all is well."""
+    problem = exposure_problem(prog, args.host, args.api_key, args.no_api_key)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    warning = exposure_warning(prog, args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr)
+    return None
 
 
 def request_key(headers: Mapping[str, str]) -> str | None:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+from tinkrl.access import add_key_arguments, check_exposure
 from tinkrl.errors import ConfigError
 
 
@@ -49,10 +49,9 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     add_key_arguments(parser, "request (clients send it as X-API-Key; trainers name it in env.server_key_env)")
     args = parser.parse_args(argv)
-    problem = exposure_problem("tinkrl serve env", args.host, args.api_key, args.no_api_key)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
+    refused = check_exposure("tinkrl serve env", args)
+    if refused is not None:
+        return refused
     try:
         classes = environment_classes(parse_env_args(args.envs), args.train_size, args.eval_problems, args.seed)
         app = make_app(classes, args.api_key)
@@ -62,9 +61,6 @@ def cli_main(argv: list[str]) -> int:
     import uvicorn
 
     names = ", ".join(c.name().lower() for c in classes)
-    warning = exposure_warning("tinkrl serve env", args.host, args.api_key)
-    if warning:
-        print(warning, file=sys.stderr)
     print(f"serving {names} over ORS at http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=60)
     return 0

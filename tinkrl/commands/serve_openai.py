@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+from tinkrl.access import add_key_arguments, check_exposure
 
 ADMIN_KEY_ENV = "TINKRL_ADMIN_KEY"
 
@@ -117,10 +117,9 @@ def cli_main(argv: list[str]) -> int:
     """Serve until interrupted; exit 2 on a missing checkpoint or a model or backend that fails to load."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    problem = exposure_problem("tinkrl serve openai", args.host, args.api_key, args.no_api_key)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
+    refused = check_exposure("tinkrl serve openai", args)
+    if refused is not None:
+        return refused
     if (
         args.checkpoint
         and args.backend == "local"
@@ -142,9 +141,6 @@ def cli_main(argv: list[str]) -> int:
         print(f"tinkrl serve openai: {e}", file=sys.stderr)
         return 2
     url = f"http://{args.host}:{args.port}"
-    warning = exposure_warning("tinkrl serve openai", args.host, args.api_key)
-    if warning:
-        print(warning, file=sys.stderr)
     print(
         f"tinkrl serve openai: {server.served_model_name} ({server.policy.label}) on {url}/v1\n"
         f"  OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY={'<the --api-key>' if args.api_key else 'EMPTY'}\n"

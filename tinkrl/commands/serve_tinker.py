@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+from tinkrl.access import add_key_arguments, check_exposure
 from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
 
 
@@ -53,10 +53,9 @@ def cli_main(argv: list[str]) -> int:
     if args.api_key is not None and not (args.api_key.startswith("tml-") or args.api_key.startswith("eyJ")):
         print("tinkrl serve tinker: --api-key must start with 'tml-' (the SDK refuses other keys)", file=sys.stderr)
         return 2
-    problem = exposure_problem("tinkrl serve tinker", args.host, args.api_key, args.no_api_key)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
+    refused = check_exposure("tinkrl serve tinker", args)
+    if refused is not None:
+        return refused
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     from tinkrl.local import ServiceClient
@@ -73,9 +72,6 @@ def cli_main(argv: list[str]) -> int:
         f"tinkrl serve tinker: Tinker protocol (SDK {SDK_VERSION}) on http://{args.host}:{args.port}\n"
         f"  TINKER_BASE_URL=http://{args.host}:{args.port} TINKER_API_KEY={key_hint}"
     )
-    warning = exposure_warning("tinkrl serve tinker", args.host, args.api_key)
-    if warning:
-        print(warning, file=sys.stderr)
     try:  # run_app calls `print` once the socket is bound
         web.run_app(
             server.app, host=args.host, port=args.port, access_log=None, print=lambda _msg: print(banner, flush=True)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinkrl.access import add_key_arguments, exposure_problem, exposure_warning
+from tinkrl.access import add_key_arguments, check_exposure
 
 
 def cli_main(argv: list[str]) -> int:
@@ -22,10 +22,9 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     add_key_arguments(parser, "page and API request (open /?key=KEY once in the browser)")
     args = parser.parse_args(argv)
-    problem = exposure_problem("tinkrl view", args.host, args.api_key, args.no_api_key)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
+    refused = check_exposure("tinkrl view", args)
+    if refused is not None:
+        return refused
     from aiohttp import web
 
     from tinkrl.traces.runs import find_dirs
@@ -43,9 +42,6 @@ def cli_main(argv: list[str]) -> int:
             + " (a folder given is watched: runs that start later appear)",
             file=sys.stderr,
         )
-    warning = exposure_warning("tinkrl view", args.host, args.api_key)
-    if warning:
-        print(warning, file=sys.stderr)
     print(f"tinkrl view: {len(found)} run/eval dirs at http://{args.host}:{args.port}/ (Ctrl-C to stop)", flush=True)
     web.run_app(make_app(args.paths, args.api_key), host=args.host, port=args.port, print=None, access_log=None)
     return 0

@@ -35,10 +35,10 @@ COOKIE = "tinkrl_view_key"
 RUN_FILES = ("run.json", "metrics.jsonl", "warm_start.jsonl", "results.json", "results.jsonl", "episodes")
 
 
-def escapes(directory: Path, relative: str) -> bool:
-    """Whether `directory / relative` resolves to a place outside `directory` (a symlink out of it)."""
+def escapes(directory: Path, *relative: str) -> bool:
+    """Whether any `directory / name` resolves to a place outside `directory` (a symlink out of it)."""
     root = directory.resolve()
-    return not (directory / relative).resolve().is_relative_to(root)
+    return any(not (directory / name).resolve().is_relative_to(root) for name in relative)
 
 
 class _FileCache:
@@ -72,7 +72,7 @@ class Viewer:
 
     def sources(self) -> list[Path]:
         """The run and eval directories found now, but those with a file that leads out of them."""
-        return [d for d in find_dirs(self.paths) if not any(escapes(d, name) for name in RUN_FILES)]
+        return [d for d in find_dirs(self.paths) if not escapes(d, *RUN_FILES)]
 
     def _source(self, request: web.Request) -> Path:
         try:
@@ -105,8 +105,9 @@ class Viewer:
             step = int(request.query["step"])
         except (KeyError, ValueError) as e:
             raise web.HTTPBadRequest(text="step must be an integer") from e
-        path = d / "episodes" / f"step_{step:06d}.jsonl"
-        if escapes(d, str(path.relative_to(d))):
+        name = f"episodes/step_{step:06d}.jsonl"
+        path = d / name
+        if escapes(d, name):
             raise web.HTTPNotFound(text="unknown step")
         episodes = self.cache.get(path, "episodes", lambda _: [e.to_json() for e in step_episodes(d, step)])
         return web.json_response({"step": step, "episodes": episodes})
