@@ -173,6 +173,7 @@ PROXY_ROUTES = [
     ("DELETE", "/v1/rollouts/r1"),
     ("POST", "/v1/admin/weights"),
     ("GET", "/v1/admin/weights"),
+    ("GET", "/openapi.json"),
 ]
 
 

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tinkrl.aio_thread",
             "tinkrl.errors",
             "tinkrl.access",
+            "tinkrl.openapi",
             "tinkrl",
         ],
     ),

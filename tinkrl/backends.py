@@ -109,7 +109,9 @@ def service_failure(exc: BaseException) -> str | None:
     The service keeps a training run's state in memory: after it restarts, the SDK reconnects and finds
     the request it waits for unknown there (410: it raises for the caller to re-send it) and the run's
     models unknown (404). Nothing is applied twice, but what was trained since the last checkpoint is
-    gone, so the way on is to start the run again, which resumes from that checkpoint."""
+    gone, so the way on is to start the run again, which resumes from that checkpoint. The same holds
+    for a service that stays unreachable, or keeps answering 429 or 5xx, until the SDK's retries (about
+    five minutes of them) give up."""
     try:
         import tinker
         from tinker.lib.retryable_exception import RetryableException
@@ -120,6 +122,11 @@ def service_failure(exc: BaseException) -> str | None:
         return f"the Tinker service lost this run's state (restarted?): {_short(str(exc))}; {how}"
     if isinstance(exc, tinker.APIConnectionError):
         return f"the Tinker service stopped answering: {_short(str(exc))}; once it is back, {how}"
+    if isinstance(exc, tinker.APIStatusError) and (exc.status_code in (408, 409, 429) or exc.status_code >= 500):
+        return (
+            f"the Tinker service kept answering HTTP {exc.status_code} past the SDK's retries: "
+            f"{_short(exc.message)}; once it answers again, {how}"
+        )
     return None
 
 

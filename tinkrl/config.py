@@ -538,6 +538,8 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
         if key == "num_batches":  # the seeds' name for it
             key = "max_steps"
         if key == "env":
+            if isinstance(value, (dict, list)):
+                raise ConfigError(f"env: must be an environment's name (env=NAME), got {value!r}")
             if env_name is not None and str(value) != env_name:
                 env_fields = {}
             env_name, last_sugar = str(value), i
@@ -552,6 +554,11 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
         else:
             set_dotted(raw, key, value)
     if env_name or env_fields:
+        environments = raw.get("environments")
+        if environments is None:  # `environments:` left empty, as YAML reads it
+            raw.pop("environments", None)
+        elif not isinstance(environments, dict):
+            raise ConfigError(f"environments: must be a mapping of names to environments, got {environments!r}")
         if env_name is None:
             if len(raw.get("environments", {})) != 1:
                 raise ConfigError("env.* overrides need env=NAME (or exactly one entry in environments:)")
@@ -563,7 +570,9 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
                 "environments: map, not both"
             )
         entry = raw.setdefault("environments", {}).setdefault(env_name, {})
-        fields = entry.setdefault("env", {})
+        if not isinstance(entry, dict) or not isinstance(entry.setdefault("env", {}), dict):
+            raise ConfigError(f"environments.{env_name}: must be a mapping with an env: mapping, got {entry!r}")
+        fields = entry["env"]
         for k, v in env_fields.items():
             set_dotted(fields, k, v)
         raw["environments"] = {env_name: entry}

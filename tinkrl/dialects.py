@@ -130,7 +130,7 @@ def _tinking_pairs(pairs: list[Pair]) -> list[Pair]:
     out: list[Pair] = [("wandb.enabled", True)]  # tinking logs to W&B unless told not to
     for key, value in pairs:
         out += _tinking_pair(key, value)
-    envs = {v for k, v in out if k == "env"}
+    envs = {str(v) for k, v in out if k == "env"}
     if len(envs) > 1 and "tasks" in envs and any(k.startswith("minitb.") for k, _ in pairs):
         other = next(v for v in envs if v != "tasks")
         raise ConfigError(f"minitb.* picks the terminal-bench tasks environment; it cannot go with env={other}")

@@ -17,15 +17,10 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
-from helpers.chaos import jsonl_rows, kill_at, train
+from helpers.chaos import assert_consistent, jsonl_rows, kill_at, train
 
 SEED = 19
 PHASES = ["sample", "train", "save_state", "save_sampler", "log", "commit"]
-
-
-def checkpoint_dir(home: Path, path: str) -> Path:
-    return home / "checkpoints" / path.removeprefix("tinker://")
 
 
 def problems_by_step(run: Path) -> dict[int, list[str]]:
@@ -35,23 +30,6 @@ def problems_by_step(run: Path) -> dict[int, list[str]]:
         rows = jsonl_rows(f)
         out[int(f.stem.split("_")[1])] = sorted(r["problem_id"] for r in rows)
     return out
-
-
-def assert_consistent(run: Path, home: Path) -> tuple[int, int]:
-    """The invariants that hold at every moment of a run's life; returns (steps logged, steps committed)."""
-    steps = [m["step"] for m in jsonl_rows(run / "metrics.jsonl")]
-    assert steps == list(range(len(steps))), f"metrics.jsonl steps {steps}: a step lost or repeated"
-    rows = jsonl_rows(run / "checkpoints.jsonl")
-    batches = [r["batch"] for r in rows]
-    assert batches == sorted(set(batches)), f"checkpoints.jsonl batches {batches} do not rise strictly"
-    for r in rows:
-        assert r["batch"] <= len(steps), f"checkpoint of step {r['batch']} recorded before its metrics line"
-        state = checkpoint_dir(home, r["state_path"])
-        meta = torch.load(state / "optimizer.pt", weights_only=False)["state"]
-        assert (state / "tinkrl_meta.json").is_file(), f"{state} recorded but incomplete"
-        optimizer_steps = {int(s["step"]) for s in meta.values()}
-        assert optimizer_steps == {r["batch"]}, f"{r['name']}: optimizer steps {optimizer_steps}, row {r['batch']}"
-    return len(steps), (batches[-1] if batches else 0)
 
 
 def kill_and_check(home: Path, tmp_path: Path, run: Path, phase: str, nth: int, argv: list[str], seen: dict) -> None:

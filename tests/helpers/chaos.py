@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.engine import TINY
 
@@ -138,3 +139,25 @@ def jsonl_rows(path: Path) -> list[dict]:
     text = path.read_text()
     assert not text or text.endswith("\n"), f"{path} ends in a cut-short line: {text[-200:]!r}"
     return [json.loads(line) for line in text.splitlines()]
+
+
+def checkpoint_dir(home: Path, path: str) -> Path:
+    """Where `tinker://RUN/...` lies under $TINKRL_HOME `home`."""
+    return home / "checkpoints" / path.removeprefix("tinker://")
+
+
+def assert_consistent(run: Path, home: Path) -> tuple[int, int]:
+    """The invariants that hold at every moment of a run's life; returns (steps logged, steps committed)."""
+    steps = [m["step"] for m in jsonl_rows(run / "metrics.jsonl")]
+    assert steps == list(range(len(steps))), f"metrics.jsonl steps {steps}: a step lost or repeated"
+    rows = jsonl_rows(run / "checkpoints.jsonl")
+    batches = [r["batch"] for r in rows]
+    assert batches == sorted(set(batches)), f"checkpoints.jsonl batches {batches} do not rise strictly"
+    for r in rows:
+        assert r["batch"] <= len(steps), f"checkpoint of step {r['batch']} recorded before its metrics line"
+        state = checkpoint_dir(home, r["state_path"])
+        meta = torch.load(state / "optimizer.pt", weights_only=False)["state"]
+        assert (state / "tinkrl_meta.json").is_file(), f"{state} recorded but incomplete"
+        optimizer_steps = {int(s["step"]) for s in meta.values()}
+        assert optimizer_steps == {r["batch"]}, f"{r['name']}: optimizer steps {optimizer_steps}, row {r['batch']}"
+    return len(steps), (batches[-1] if batches else 0)

@@ -51,6 +51,8 @@ from typing import Any
 
 import tinker
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from tinkrl.access import key_matches, request_key
 from tinkrl.aio_thread import serve_app_in_thread
@@ -127,6 +129,7 @@ class ProxyServer:
         self.sandboxes: dict[str, Any] = {}  # rollout id -> the Sandbox its agent acts on (see sandbox_exec)
         self.sandbox_failures: dict[str, InfraFailure] = {}  # rollout id -> its sandbox's first failure
         self._policy = Policy(sampling_client, 0, label or model_name)
+        self._description: dict | None = None  # the OpenAPI description, built on its first request
         self._swap_lock = threading.Lock()
         self.started = int(time.time())
         self.in_flight = 0  # requests being handled (also those whose client went away), not counting /health
@@ -165,7 +168,14 @@ class ProxyServer:
         app.router.add_delete("/v1/rollouts/{rollout_id}", self.pop_rollout)
         app.router.add_post("/v1/admin/weights", self.swap_weights)
         app.router.add_get("/v1/admin/weights", self.weights_info)
+        app.router.add_get("/openapi.json", self.openapi)
         return app
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This server's OpenAPI description (`describe_routes`)."""
+        if self._description is None:
+            self._description = describe_routes()
+        return web.json_response(self._description)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
@@ -223,6 +233,8 @@ class ProxyServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON: {e}") from None
+        except (HttpProcessingError, RequestPayloadError) as e:  # a Content-Encoding that does not decode
+            raise bad(f"the request body cannot be read: {' '.join(str(e).split())}") from None
         if not isinstance(body, dict):
             raise bad("the request body must be a JSON object")
         return body
@@ -666,6 +678,40 @@ class ProxyServer:
     async def weights_info(self, request: web.Request) -> web.Response:
         p = self._policy
         return web.json_response({"policy_version": p.version, "weights": p.label})
+
+
+def describe_routes() -> dict:
+    """The OpenAPI description of the routes served: the OpenAI API's chat and text completions with the
+    `openai` package's own request parameters (also under `/rollouts/{rollout_id}`, where each call is
+    recorded for that rollout), the models, a rollout's sandbox and captured calls, and the weight swap."""
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    from tinkrl.openapi import Route, document
+
+    exec_body = {
+        "type": "object",
+        "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}, "workdir": {"type": "string"}},
+        "required": ["command"],
+    }
+    weights_body = {"type": "object", "properties": {"model_path": {"type": "string"}}, "required": ["model_path"]}
+    routes = [Route("GET", "/health", "liveness and the policy served", refusals=())]
+    for prefix in ("", "/rollouts/{rollout_id}"):
+        routes += [
+            Route("POST", prefix + "/v1/chat/completions", "chat completion", chat_params.CompletionCreateParams, refusals=(400, 401, 404)),
+            Route("POST", prefix + "/v1/completions", "text completion", completion_create_params.CompletionCreateParams, refusals=(400, 401, 404)),
+            Route("GET", prefix + "/v1/models", "the model served", refusals=(401,)),
+            Route("GET", prefix + "/v1/models/{model}", "one model", refusals=(401, 404)),
+        ]  # fmt: skip
+    routes += [
+        Route("POST", "/rollouts/{rollout_id}/sandbox/exec", "run a command in the rollout's sandbox", exec_body, refusals=(400, 401, 404)),
+        Route("GET", "/v1/rollouts/{rollout_id}", "a rollout's captured calls", refusals=(401, 403, 404)),
+        Route("DELETE", "/v1/rollouts/{rollout_id}", "a rollout's captured calls, dropped", refusals=(401, 403, 404)),
+        Route("POST", "/v1/admin/weights", "serve other weights", weights_body, refusals=(400, 401, 403, 404)),
+        Route("GET", "/v1/admin/weights", "the weights served", refusals=(401, 403)),
+        Route("GET", "/openapi.json", "this description", refusals=(401,)),
+    ]  # fmt: skip
+    return document("tinkrl serve openai (the OpenAI API, per-rollout capture)", "1", routes)
 
 
 def _is_admin_route(request: web.Request) -> bool:

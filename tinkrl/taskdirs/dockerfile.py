@@ -97,8 +97,16 @@ def _expand(value: str, env: dict[str, str]) -> str:
     )
 
 
+def _words(text: str, where: str) -> list[str]:
+    """`text` split as a shell would; an unclosed quote or a trailing escape names the line."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise TaskLoadError(where, f"cannot split into words: {e}") from None
+
+
 def _parse_kv(args: str, where: str) -> dict[str, str]:
-    parts = shlex.split(args)
+    parts = _words(args, where)
     if len(parts) >= 1 and "=" not in parts[0]:  # legacy "ENV key value with spaces"
         key, _, rest = args.strip().partition(" ")
         return {key: rest.strip().strip('"')}
@@ -129,12 +137,12 @@ def _pip_available(req: str, python: str = "/usr/bin/python3") -> bool:
 def _check_run(cmd: str, where: str) -> str | None:
     """Why this RUN line cannot work offline, or None when it can (or is already satisfied)."""
     for m in APT_RE.finditer(cmd):
-        pkgs = [a for a in shlex.split(m.group("args")) if not a.startswith("-")]
+        pkgs = [a for a in _words(m.group("args"), where) if not a.startswith("-")]
         missing = [p for p in pkgs if not _apt_installed(p)]
         if missing:
             return f"apt packages {', '.join(missing)} are not installed here and the sandbox has no network"
     for m in PIP_RE.finditer(cmd):
-        args = shlex.split(m.group("args"))
+        args = _words(m.group("args"), where)
         if any(a in ("-r", "--requirement", "-e", ".") for a in args):
             return "pip installs from a requirements file/project; the sandbox has no network"
         reqs = [a for a in args if not a.startswith("-")]
@@ -158,9 +166,11 @@ def build_dockerfile(path: Path, context: Path, rel_name: str | None = None) -> 
     """Turn `path` (build context `context`) into sandbox build steps, or raise naming the line."""
     name = rel_name or path.name
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise TaskLoadError(name, f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise TaskLoadError(name, f"is not UTF-8 text (byte {e.start})") from None
     b = DockerBuild()
     args: dict[str, str] = {}
     froms = 0
@@ -200,10 +210,7 @@ def build_dockerfile(path: Path, context: Path, rel_name: str | None = None) -> 
         elif instr == "RUN":
             cmd = rest
             if cmd.startswith("["):
-                try:
-                    cmd = shlex.join(json.loads(cmd))
-                except ValueError:
-                    raise TaskLoadError(where, "RUN [...] is not valid JSON") from None
+                cmd = shlex.join(_json_words(cmd, "RUN", where))
             problem = _check_run(cmd, where)
             if problem:
                 raise TaskLoadError(
@@ -225,23 +232,42 @@ def build_dockerfile(path: Path, context: Path, rel_name: str | None = None) -> 
     return b
 
 
+def _json_words(text: str, instr: str, where: str) -> list[str]:
+    """The exec form, `INSTR ["a", "b"]`: a JSON list of strings, or an error naming the line."""
+    try:
+        words = json.loads(text)
+    except ValueError:
+        raise TaskLoadError(where, f"{instr} [...] is not valid JSON") from None
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise TaskLoadError(where, f"{instr} [...] must be a JSON list of strings")
+    return words
+
+
 def _copy_steps(instr: str, rest: str, workdir: str, context: Path, where: str) -> list[BuildStep]:
-    parts = shlex.split(rest)
-    flags = [p for p in parts if p.startswith("--")]
-    parts = [p for p in parts if not p.startswith("--")]
-    if any(f.startswith("--from") for f in flags):
-        raise TaskLoadError(where, f"{instr} --from needs a container builder")
     if rest.strip().startswith("["):
-        parts = json.loads(rest.strip())
+        parts = _json_words(rest.strip(), instr, where)
+    else:
+        parts = _words(rest, where)
+        if any(p.startswith("--from") for p in parts):
+            raise TaskLoadError(where, f"{instr} --from needs a container builder")
+        parts = [p for p in parts if not p.startswith("--")]
     if len(parts) < 2:
         raise TaskLoadError(where, f"{instr} needs a source and a destination")
     *srcs, dest = parts
+    if "\0" in dest:
+        raise TaskLoadError(where, f"{instr} destination {dest!r} contains a NUL byte")
     dest_abs = dest if dest.startswith("/") else os.path.join(workdir, dest)
     steps = []
     for src in srcs:
         if re.match(r"^[a-z]+://", src):
             raise TaskLoadError(where, f"{instr} {src}: downloading needs the network")
-        matches = sorted(context.glob(src)) if any(c in src for c in "*?[") else [context / src]
+        if "\0" in src:
+            raise TaskLoadError(where, f"{instr} source {src!r} contains a NUL byte")
+        rel = src.lstrip("/") or "."  # as Docker reads it: a leading / is the build context's root
+        try:
+            matches = sorted(context.glob(rel)) if any(c in rel for c in "*?[") else [context / rel]
+        except (ValueError, NotImplementedError) as e:
+            raise TaskLoadError(where, f"{instr} source {src!r}: {e}") from None
         for m in matches:
             resolved = m.resolve()
             if not resolved.exists():

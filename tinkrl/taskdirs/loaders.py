@@ -15,6 +15,7 @@ local workspace. A task with only an image loads fine and is refused when run on
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import tomllib
@@ -52,18 +53,34 @@ GIT_BASE_COMMIT = (
 
 
 def _num(value, where: str, field: str, default: float) -> float:
+    """A positive number of seconds or megabytes, or `default` when the field is not set."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TaskLoadError(where, f"must be a number, got {value!r}", field)
+    if not math.isfinite(value) or value <= 0:
+        raise TaskLoadError(where, f"must be a positive number, got {value!r}", field)
     return float(value)
+
+
+def _table(value, where: str, field: str) -> dict:
+    """A TOML table of names to values (an `env` section), or {} when the field is not set."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TaskLoadError(where, f"must be a table, got {value!r}", field)
+    return value
 
 
 def _text(path: Path, where: str) -> str:
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TaskLoadError(where, "missing (required)") from None
+    except UnicodeDecodeError as e:
+        raise TaskLoadError(where, f"is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise TaskLoadError(where, f"cannot read: {e.strerror}") from None
 
 
 def _workspace_steps(root: Path, env_dir: Path, workdir: str, rel: str) -> list[BuildStep] | None:
@@ -149,7 +166,7 @@ def load_harbor(task_dir: Path) -> Task:
             workdir = workdir or (build.workdir if build.workdir != "/" else None)
             steps, env = build.steps, dict(build.env)
     workdir = workdir or "/app"
-    env.update({str(k): str(v) for k, v in (envcfg.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in _table(envcfg.get("env"), str(toml_path), "[environment] env").items()})
     grader = meta.get("tinkrl_grader", "reward_file")
     if grader not in ("reward_file", "pytest"):
         raise TaskLoadError(toml_path, f"must be reward_file or pytest, got {grader!r}", "[metadata] tinkrl_grader")
@@ -169,12 +186,12 @@ def load_harbor(task_dir: Path) -> Task:
         env=env,
         agent_timeout_s=_num(agent.get("timeout_sec"), where, "[agent] timeout_sec", 600.0),
         verifier_timeout_s=_num(verifier.get("timeout_sec"), where, "[verifier] timeout_sec", 600.0),
-        memory_mb=int(_num(envcfg.get("memory_mb"), where, "[environment] memory_mb", 2048)),
-        disk_mb=int(_num(envcfg.get("storage_mb"), where, "[environment] storage_mb", 1024)),
+        memory_mb=math.ceil(_num(envcfg.get("memory_mb"), where, "[environment] memory_mb", 2048)),
+        disk_mb=math.ceil(_num(envcfg.get("storage_mb"), where, "[environment] storage_mb", 1024)),
         build=steps or [],
         tests=_dir_copy(d / "tests", "/tests"),
         test_command="bash /tests/test.sh",
-        verifier_env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
+        verifier_env={str(k): str(v) for k, v in _table(verifier.get("env"), where, "[verifier] env").items()},
         solution=_dir_copy(d / "solution", "/solution"),
         solution_command="bash /solution/solve.sh" if solve.is_file() else "",
         original_files=_original_protected(steps or []),

@@ -26,6 +26,8 @@ from typing import Any
 
 import pydantic
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from tinker import types
 
 from tinkrl.access import key_matches, request_key
@@ -37,6 +39,8 @@ from tinkrl.tinker_server.futures import PromiseTable
 from tinkrl.tinker_server.registry import Registry, TrainingModel, UserError
 
 log = logging.getLogger("tinkrl.tinker_server")
+# A body aiohttp cannot read as sent: a Content-Encoding (zstd, gzip, deflate) that does not decode, a body cut short.
+_UNREADABLE_BODY = (HttpProcessingError, RequestPayloadError)
 
 SDK_VERSION = "0.38.0"
 PROTO = "application/x-protobuf"
@@ -122,12 +126,14 @@ class TinkerServer:
             "/api/v1/samplers/{sampler_id}": self.get_sampler,
             "/api/v1/sessions/{session_id}": self.get_session,
             "/api/v1/training_runs/{training_run_id}": self.get_training_run,
+            "/api/v1/openapi.json": self.openapi,
         }
         for path, handler in post.items():
             self.app.router.add_post(path, handler)
         for path, handler in get.items():
             self.app.router.add_get(path, handler)
         self._supported = sorted([f"POST {p}" for p in post] + [f"GET {p}" for p in get])
+        self.description = describe_routes(list(post), list(get))
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
@@ -151,8 +157,8 @@ class TinkerServer:
             return _detail(405, f"{request.method} is not allowed on {request.path}")
         except UserError as e:
             return _detail(e.status, str(e))
-        except (wire.WireError, pydantic.ValidationError, json.JSONDecodeError) as e:
-            return _detail(400, f"bad {request.path} request: {e}")
+        except (wire.WireError, pydantic.ValidationError, json.JSONDecodeError, *_UNREADABLE_BODY) as e:
+            return _detail(400, f"bad {request.path} request: {' '.join(str(e).split())}")
         except web.HTTPException:
             raise
         except Exception as e:
@@ -182,6 +188,10 @@ class TinkerServer:
 
     async def dynamic_config(self, request: web.Request) -> web.Response:
         return web.json_response(DYNAMIC_CONFIG)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This server's OpenAPI description (`describe_routes`)."""
+        return web.json_response(self.description)
 
     async def healthz(self, request: web.Request) -> web.Response:
         """ok, and on the embedded engine how each of its engines computes (their compute plans)."""
@@ -301,12 +311,11 @@ class TinkerServer:
         return web.json_response(payload)
 
     async def forward_backward(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        encoding = request.headers.get("Content-Encoding")
+        body = await request.read()  # decoded from its Content-Encoding (zstd, gzip) by aiohttp
         if len(body) < INLINE_DECODE_BYTES:
-            call = wire.decode_forward_backward(body, encoding)
+            call = wire.decode_forward_backward(body)
         else:  # a big batch: decode off the loop so other requests keep flowing
-            call = await asyncio.to_thread(wire.decode_forward_backward, body, encoding)
+            call = await asyncio.to_thread(wire.decode_forward_backward, body)
         if not call.data:
             raise UserError("forward_backward needs at least one datum")
         model = self.registry.model(call.model_id)
@@ -501,6 +510,40 @@ def _future(request_id: str, model_id: str | None = None) -> web.Response:
     return web.json_response(body)
 
 
+# Each POST route's body, as the pinned SDK's request types define it (a route not listed: any JSON object).
+_BODIES: dict[str, Any] = {
+    "/api/v1/client/config": types.ClientConfigRequest,
+    "/api/v1/create_session": types.CreateSessionRequest,
+    "/api/v1/session_heartbeat": types.SessionHeartbeatRequest,
+    "/api/v1/telemetry": types.TelemetrySendRequest,
+    "/api/v1/create_model": types.CreateModelRequest,
+    "/api/v1/get_info": types.GetInfoRequest,
+    "/api/v1/optim_step": types.OptimStepRequest,
+    "/api/v1/save_weights": types.SaveWeightsRequest,
+    "/api/v1/save_weights_for_sampler": types.SaveWeightsForSamplerRequest,
+    "/api/v1/load_weights": types.LoadWeightsRequest,
+    "/api/v1/create_sampling_session": types.CreateSamplingSessionRequest,
+    "/api/v1/asample": types.SampleRequest,
+    "/api/v1/retrieve_future": types.FutureRetrieveRequest,
+}
+
+
+def describe_routes(post: list[str], get: list[str]) -> dict:
+    """The OpenAPI description of the routes served: JSON bodies by the SDK's types, `forward_backward` as the
+    protobuf the SDK sends, and the refusals each answers (400 bad input, 401 key, 404 unknown id, 410
+    finished session or unknown request id)."""
+    from tinkrl.openapi import Route, document
+
+    refusals = (400, 401, 404, 410)
+    routes = [Route("GET", path, f"GET {path}", refusals=refusals) for path in get]
+    for path in post:
+        if path == "/api/v1/forward_backward":
+            routes.append(Route("POST", path, "forward_backward", body=bytes, media_type=PROTO, refusals=refusals))
+        else:
+            routes.append(Route("POST", path, path.rsplit("/", 1)[-1], body=_BODIES.get(path, dict), refusals=refusals))
+    return document("tinkrl serve tinker (the Tinker protocol)", SDK_VERSION, routes)
+
+
 @contextmanager
 def serve_in_thread(
     engine: Any = None,
@@ -520,9 +563,12 @@ def serve_in_thread(
 def newest_run_meta(run_id: str) -> tuple[dict, float] | None:
     """The metadata of the newest complete checkpoint training run `run_id` saved on this machine (base
     model, LoRA settings, user_metadata) and when it was written; None when it saved none."""
-    if not run_id or "/" in run_id or run_id.startswith("."):
+    if not run_id or "/" in run_id or "\0" in run_id or run_id.startswith("."):
         return None
-    metas = sorted((m.stat().st_mtime, m) for m in checkpoint_dir(SCHEME + run_id).glob(f"*/*/{META}"))
+    try:
+        metas = sorted((m.stat().st_mtime, m) for m in checkpoint_dir(SCHEME + run_id).glob(f"*/*/{META}"))
+    except OSError:  # a name longer than the filesystem takes: no such run
+        return None
     if not metas:
         return None
     saved, newest = metas[-1]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zstandard
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
@@ -49,15 +48,9 @@ class ForwardBackwardCall:
     data: list[types.Datum]
 
 
-def decode_forward_backward(body: bytes, content_encoding: str | None) -> ForwardBackwardCall:
-    """A `forward_backward` body (protobuf, maybe zstd) as a ForwardBackwardCall; WireError when unreadable."""
-    if content_encoding and content_encoding.lower() == "zstd":
-        try:
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
-        except zstandard.ZstdError as e:
-            raise WireError(f"forward_backward body is not valid zstd: {e}") from e
-    elif content_encoding and content_encoding.lower() not in ("identity", ""):
-        raise WireError(f"unsupported Content-Encoding {content_encoding!r} (identity or zstd)")
+def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
+    """A `forward_backward` body (protobuf, already decoded from any Content-Encoding by aiohttp, zstd
+    included) as a ForwardBackwardCall; WireError when unreadable."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
