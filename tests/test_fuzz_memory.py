@@ -6,21 +6,17 @@ nothing behind: no session, promise, sampler or buffer).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import schemathesis
-from helpers.engine import real_models_dir
 from helpers.fuzz import LONG
-from helpers.ors import free_port
+from helpers.ors import free_port, start_server, stop
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fuzz_servers import KEY, TIMEOUT_S, Target, drive, operations
+from test_fuzz_servers import KEY, TIMEOUT_S, ErrorLog, Target, drive, operations
 
 from tinkrl.local.models import TINY_MODEL
 
@@ -37,41 +33,10 @@ def resident_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
-def start(tmp_path: Path, *serve: str, health: str) -> tuple[subprocess.Popen, str]:
-    """`tinkrl serve ...` as its own process on a free port, with its own $TINKRL_HOME; (process, URL)."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    if not (home / "models").exists():
-        (home / "models").symlink_to(real_models_dir(), target_is_directory=True)
+def start(*serve: str, health: str) -> tuple[subprocess.Popen, str]:
+    """`tinkrl serve ...` as its own process on a free port, keyed; (process, URL)."""
     port = free_port()
-    env = {**os.environ, "TINKRL_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    log = open(tmp_path / f"serve-{port}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tinkrl.cli", "serve", *serve, "--port", str(port), "--api-key", KEY],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + health, headers={"Authorization": f"Bearer {KEY}"}, timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError(
-        f"tinkrl serve {serve[0]} did not come up: {(tmp_path / f'serve-{port}.log').read_text()[-2000:]}"
-    )
-
-
-class NoErrors:
-    """The in-process error log's stand-in: a server in its own process logs to its own file."""
-
-    def take(self) -> list[str]:
-        return []
+    return start_server(["-m", "tinkrl.cli", "serve", *serve, "--port", str(port), "--api-key", KEY], port, health)
 
 
 def fuzz_and_read_memory(target: Target, pid: int) -> list[float]:
@@ -82,7 +47,7 @@ def fuzz_and_read_memory(target: Target, pid: int) -> list[float]:
     @settings(LONG, max_examples=REQUESTS)
     @given(st.data())
     def one(data) -> None:
-        drive(target, NoErrors(), data)  # type: ignore[arg-type]
+        drive(target, ErrorLog(), data)  # never installed: the server logs to its own file, read after
         sent[0] += 1
         if sent[0] % EVERY == 0:
             readings.append(resident_mib(pid))
@@ -100,29 +65,27 @@ def assert_flat(readings: list[float], log: Path) -> None:
 
 
 @pytest.mark.slow  # ~40 s
-def test_serve_tinker_memory_flat_over_a_long_round(tmp_path):
-    proc, url = start(tmp_path, "tinker", "--model", TINY_MODEL, "--log-level", "WARNING", health="/api/v1/healthz")
+def test_serve_tinker_memory_flat_over_a_long_round(isolated_home):
+    proc, url = start("tinker", "--model", TINY_MODEL, "--log-level", "WARNING", health="/api/v1/healthz")
     try:
         doc = httpx.get(url + "/api/v1/openapi.json", headers={"X-API-Key": KEY}, timeout=TIMEOUT_S).json()
         schema = schemathesis.openapi.from_dict(doc).exclude(path="/api/v1/forward_backward")
         readings = fuzz_and_read_memory(Target("serve tinker", operations(schema), url, {"X-API-Key": KEY}), proc.pid)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
     print(f"serve tinker resident MiB every {EVERY} requests: {[round(r) for r in readings]}")
-    assert_flat(readings, next(tmp_path.glob("serve-*.log")))
+    assert_flat(readings, Path(proc.log_path))
 
 
 @pytest.mark.slow  # ~40 s
-def test_serve_openai_memory_flat_over_a_long_round(tmp_path):
-    proc, url = start(tmp_path, "openai", "--model", TINY_MODEL, health="/health")
+def test_serve_openai_memory_flat_over_a_long_round(isolated_home):
+    proc, url = start("openai", "--model", TINY_MODEL, health="/health")
     try:
         headers = {"Authorization": f"Bearer {KEY}"}
         doc = httpx.get(url + "/openapi.json", headers=headers, timeout=TIMEOUT_S).json()
         target = Target("serve openai", operations(schemathesis.openapi.from_dict(doc)), url, headers)
         readings = fuzz_and_read_memory(target, proc.pid)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
     print(f"serve openai resident MiB every {EVERY} requests: {[round(r) for r in readings]}")
-    assert_flat(readings, next(tmp_path.glob("serve-*.log")))
+    assert_flat(readings, Path(proc.log_path))

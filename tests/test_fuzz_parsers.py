@@ -11,6 +11,8 @@ and a long `slow` round.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 import time
@@ -94,9 +96,6 @@ TOML_KEYS = {
 
 
 def _toml_value(value) -> str:
-    import json
-    import math
-
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

@@ -22,6 +22,7 @@ from helpers.fuzz import fuzz_pair
 from hypothesis import strategies as st
 from test_fuzz_parsers import wire_bodies
 
+from tinkrl.aio_thread import UNREADABLE_BODY
 from tinkrl.local.models import TINY_MODEL
 
 TIMEOUT_S = 60
@@ -36,11 +37,8 @@ class ErrorLog(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from aiohttp.http_exceptions import HttpProcessingError
-        from aiohttp.web_protocol import RequestPayloadError
-
         exc = record.exc_info[1] if record.exc_info else None
-        if record.name == "aiohttp.server" and isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+        if record.name == "aiohttp.server" and isinstance(exc, UNREADABLE_BODY):
             return  # aiohttp's own parser on a body whose Content-Encoding does not decode (answered 400)
         self.records.append(record)
 

@@ -2,7 +2,9 @@
 
 `tinkrl serve tinker` and `tinkrl serve openai` run their apps this way when embedded in
 another program: the app gets its own event loop on a daemon thread, the caller gets the
-base URL, and leaving the block shuts the server down.
+base URL, and leaving the block shuts the server down. `UNREADABLE_BODY` names the errors aiohttp
+raises when a request's body cannot be read as sent, which every server answers as the client's
+mistake (400).
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+# A body aiohttp cannot read as sent: a Content-Encoding (zstd, gzip, deflate) that does not decode, a body cut short.
+UNREADABLE_BODY = (HttpProcessingError, RequestPayloadError)
 
 
 @contextmanager

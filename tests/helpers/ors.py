@@ -22,14 +22,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120.0, health: str = "/health") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log = Path(getattr(proc, "log_path", "/dev/null")).read_text()[-3000:]
             raise RuntimeError(f"server exited with {proc.returncode}; its log ends:\n{log}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            with urllib.request.urlopen(url + health, timeout=2) as r:
                 if json.loads(r.read()).get("status") == "ok":
                     return
         except OSError:
@@ -37,8 +37,8 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> N
     raise TimeoutError(f"{url} did not come up in {timeout}s")
 
 
-def start_server(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
-    """Run `python argv...` (which must bind 127.0.0.1:port) and wait for /health."""
+def start_server(argv: list[str], port: int, health: str = "/health") -> tuple[subprocess.Popen, str]:
+    """Run `python argv...` (which must bind 127.0.0.1:port) and wait for `health` to say ok."""
     env = dict(os.environ, OPENREWARD_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1")
     # Logs go to a file: a pipe nobody reads would fill up and stall the server.
     log = tempfile.NamedTemporaryFile("w", prefix="ors-server-", suffix=".log", delete=False)
@@ -47,7 +47,7 @@ def start_server(argv: list[str], port: int) -> tuple[subprocess.Popen, str]:
     proc.log_path = log.name  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url, proc)
+        wait_until_up(url, proc, health=health)
     except Exception:
         proc.kill()
         raise

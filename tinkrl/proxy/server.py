@@ -51,11 +51,9 @@ from typing import Any
 
 import tinker
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
 from tinkrl.access import key_matches, request_key
-from tinkrl.aio_thread import serve_app_in_thread
+from tinkrl.aio_thread import UNREADABLE_BODY, serve_app_in_thread
 from tinkrl.errors import InfraFailure
 from tinkrl.proxy.capture import AssistantTokens, CapturedCall, CapturedSample, CaptureStore
 from tinkrl.proxy.openai_api import (
@@ -233,7 +231,7 @@ class ProxyServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad(f"the request body is not valid JSON: {e}") from None
-        except (HttpProcessingError, RequestPayloadError) as e:  # a Content-Encoding that does not decode
+        except UNREADABLE_BODY as e:
             raise bad(f"the request body cannot be read: {' '.join(str(e).split())}") from None
         if not isinstance(body, dict):
             raise bad("the request body must be a JSON object")

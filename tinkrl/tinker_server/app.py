@@ -26,12 +26,10 @@ from typing import Any
 
 import pydantic
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 from tinker import types
 
 from tinkrl.access import key_matches, request_key
-from tinkrl.aio_thread import serve_app_in_thread
+from tinkrl.aio_thread import UNREADABLE_BODY, serve_app_in_thread
 from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, checkpoints_root
 from tinkrl.tinker_server import wire
 from tinkrl.tinker_server.engine_calls import named_kwargs, settle_blocking
@@ -39,8 +37,6 @@ from tinkrl.tinker_server.futures import PromiseTable
 from tinkrl.tinker_server.registry import Registry, TrainingModel, UserError
 
 log = logging.getLogger("tinkrl.tinker_server")
-# A body aiohttp cannot read as sent: a Content-Encoding (zstd, gzip, deflate) that does not decode, a body cut short.
-_UNREADABLE_BODY = (HttpProcessingError, RequestPayloadError)
 
 SDK_VERSION = "0.38.0"
 PROTO = "application/x-protobuf"
@@ -157,7 +153,7 @@ class TinkerServer:
             return _detail(405, f"{request.method} is not allowed on {request.path}")
         except UserError as e:
             return _detail(e.status, str(e))
-        except (wire.WireError, pydantic.ValidationError, json.JSONDecodeError, *_UNREADABLE_BODY) as e:
+        except (wire.WireError, pydantic.ValidationError, json.JSONDecodeError, *UNREADABLE_BODY) as e:
             return _detail(400, f"bad {request.path} request: {' '.join(str(e).split())}")
         except web.HTTPException:
             raise
