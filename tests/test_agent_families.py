@@ -72,11 +72,11 @@ def bash(renderer, command: str, turn: int) -> dict:
 
 async def episode(renderer, provider):
     """Returns (the transitions, the last step's result, the observation text after the malformed call)."""
+    from tinkrl.agents.episode import SessionEnv
     from tinkrl.agents.session import TaskSession
     from tinkrl.envs.agent_tasks.config import TasksEnvConfig
-    from tinkrl.envs.agent_tasks.env import TaskEnv
 
-    env = TaskEnv(TaskSession(load_task(TASK), TasksEnvConfig(), provider), renderer)
+    env = SessionEnv(TaskSession(load_task(TASK), TasksEnvConfig(), provider), renderer)
     replies = [
         broken_call(renderer, bash(renderer, "ls /app", 0)),
         renderer.action_tokens(bash(renderer, "printf 'Hello, world!\\n' > /app/hello.txt", 1)),

@@ -41,13 +41,14 @@ def call(name: str, args: dict) -> str:
 
 
 def make_env(renderer, provider, task="hello-file", capture_patch=False, **cfg):
+    from tinkrl.agents.episode import SessionEnv
     from tinkrl.agents.session import TaskSession
     from tinkrl.envs.agent_tasks.config import TasksEnvConfig
-    from tinkrl.envs.agent_tasks.env import TaskEnv, renderer_for
+    from tinkrl.envs.agent_tasks.env import renderer_for
 
     config = TasksEnvConfig(**cfg)
     task = load_task(TASKS / task) if isinstance(task, str) else task
-    return TaskEnv(
+    return SessionEnv(
         TaskSession(task, config, provider, capture_patch),
         renderer_for(renderer, config.tool_format, "tasks"),
         config.max_tokens_per_turn,

@@ -616,17 +616,17 @@ def test_key_value_formats_need_the_tools_to_type_arguments(name):
 def test_the_openai_proxy_and_the_tasks_env_parse_by_the_episodes_tools(name):
     import asyncio
 
-    from tinkrl.envs.agent_tasks.env import TaskEnv
+    from tinkrl.agents.episode import SessionEnv
 
     r = renderer(name)
     choice = sample_to_message(r, "", typed_call_tokens(r), "stop", [], parse_tools=True, tools=[TYPED_TOOL])
     assert choice.finish_reason == "tool_calls" and call_args(choice.message) == TYPED_ARGS
 
-    class Session:  # what TaskEnv asks of a TaskSession, recording the calls it is handed
-        tools, shell, done = [TYPED_TOOL], False, True
+    class Session:  # what SessionEnv asks of a session, recording the calls it is handed
+        tools, action_format, done, max_context_tokens, label = [TYPED_TOOL], "tools", True, None, "t"
 
-        async def act(self, reply, calls, errors, cut, n):
-            self.calls = calls
+        async def act(self, reply):
+            self.calls = reply.calls
             return [], True
 
         async def finish(self):
@@ -635,10 +635,11 @@ def test_the_openai_proxy_and_the_tasks_env_parse_by_the_episodes_tools(name):
         def metrics(self):
             return {}
 
-        task, end_reason, grade_detail, messages = type("T", (), {"id": "t"}), "", "", []
+        def logs(self):
+            return {}
 
     session = Session()
-    asyncio.run(TaskEnv(session, r).step(typed_call_tokens(r)))  # type: ignore[arg-type]
+    asyncio.run(SessionEnv(session, r).step(typed_call_tokens(r)))  # type: ignore[arg-type]
     assert call_args({"tool_calls": session.calls}) == TYPED_ARGS
 
 

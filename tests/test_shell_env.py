@@ -300,8 +300,8 @@ def test_the_sandbox_limits_hold_for_every_template(name, bwrap_provider) -> Non
 @needs_bwrap
 def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> None:
     """A demonstration is the episode the reference solution produces (real output, graded 1), and as
-    supervised tokens it is exactly what TaskEnv builds when those replies are sampled."""
-    from tinkrl.envs.agent_tasks.env import TaskEnv
+    supervised tokens it is exactly what SessionEnv builds when those replies are sampled."""
+    from tinkrl.agents.episode import SessionEnv
     from tinkrl.envs.shell.env import reference_transcript
     from tinkrl.rl.supervised import conversation_datums
 
@@ -316,7 +316,7 @@ def test_reference_transcripts_are_real_episodes(bwrap_provider, renderer) -> No
     async def replay() -> list[int]:
         from tinkrl.agents.session import TaskSession
 
-        env = TaskEnv(TaskSession(to_task(inst), cfg, LazyProvider(lambda: bwrap_provider)), renderer)
+        env = SessionEnv(TaskSession(to_task(inst), cfg, LazyProvider(lambda: bwrap_provider)), renderer)
         ob, _ = await env.initial_observation()
         seq = ob.to_ints()
         try:

@@ -1,9 +1,10 @@
 """The agent-task episode on chat messages: sandbox, tool calls, limits, grading, metrics.
 
-`TaskSession` is one attempt at one task. It exists once and has three drivers: the
-token-level training env (`tinkrl.envs.agent_tasks.env.TaskEnv`, which parses sampled tokens into
-tool calls), the OpenAI-endpoint evaluator (`tinkrl eval --base-url`, fed chat messages) and
-the ORS task server (`tinkrl serve env tasks`, one session per ORS session).
+`TaskSession` is one attempt at one task, a `MessageSession` (`tinkrl.agents.episode`). It exists
+once and has three drivers: the token-level bridge (`SessionEnv`, in training, in `tinkrl eval`
+with a sampling client and in the Harbor / terminal-bench agent), the OpenAI-endpoint evaluator
+(`tinkrl eval --base-url`, fed chat messages) and the ORS task server (`tinkrl serve env tasks`,
+one session per ORS session).
 
 What the policy causes shapes or ends the episode and is trained on: a malformed tool call
 becomes an error observation, a command that hangs a timeout observation; `submit`, the turn,
@@ -13,8 +14,8 @@ only repeats the error; overflowing the context ends it with reward 0. Only infr
 failures (the sandbox died, a task cannot be built or graded) raise `InfraFailure`, so the
 rollout leaves the episode out of its group.
 
-The session reads its limits from any object with the `SessionConfig` fields (the tasks
-env's config has them) and its sandbox provider from any object with `get()`.
+The session reads its limits from `EpisodeLimits` (the tasks and shell envs' configs are ones)
+and its sandbox provider from any object with `get()`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import shlex
 import time
 from typing import Any, Protocol
 
-from tinkrl.agents.shell_actions import NO_COMMAND, SHELL_SYSTEM_PROMPT, observation_message, parse_shell_reply
+from tinkrl.agents.episode import Message, Reply
+from tinkrl.agents.limits import EpisodeLimits
+from tinkrl.agents.shell_actions import NO_COMMAND, SHELL_SYSTEM_PROMPT, observation_message
 from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
 from tinkrl.errors import InfraFailure
 from tinkrl.rl.types import Metrics
 from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
 from tinkrl.taskdirs import Task, TaskLoadError, grade, start_sandbox
-
-Message = dict[str, Any]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent in a Linux sandbox (bash, python3 and git; no network). Your working "
@@ -50,25 +51,9 @@ TRUNCATED = (
     "responses and put the tool call first."
 )
 TIMEOUT_MARKER = "[the command timed out after"  # execute_bash's timeout observation
-MIN_ACTION_TOKENS = 16  # an observation that leaves less room than this overflows the context
 REPO_FORMATS = ("swebench", "r2e")  # tasks whose workspace diff is a SWE-bench `model_patch`
 END_REASONS = ("submit", "max_turns", "max_tokens", "time_limit", "repeated_failure", "context_overflow")
 EXIT_OK = "[exit code: 0]"  # how execute_bash's observation of a command that succeeded ends
-
-
-class SessionConfig(Protocol):
-    """The episode limits and prompt a session reads (fields of the tasks env's config)."""
-
-    max_turns: int
-    max_context_tokens: int  # read by the token-level env over the session
-    max_total_tokens: int | None
-    episode_timeout_s: float | None
-    timeout_includes_sampling: bool
-    command_timeout_s: float
-    max_observation_chars: int
-    system_prompt: str | None
-    action_format: str  # "tools" (JSON tool calls) | "shell" (one ```bash block per turn)
-    end_on_repeated_failure: bool  # a command failing the same way twice ends the episode
 
 
 class SandboxSource(Protocol):
@@ -109,12 +94,12 @@ def clip(text: str, limit: int) -> str:
 class TaskSession:
     """One attempt at one task: its sandbox, the transcript, the limits, and the grade.
 
-    `start()` builds the sandbox and returns the first messages; `act()` runs one assistant
+    `start()` builds the sandbox and returns the first messages; `act(reply)` runs one assistant
     turn's tool calls and returns the observation messages and whether the episode ended;
     `finish()` grades (or scores 0 after a context overflow); `close()` destroys the sandbox.
     """
 
-    def __init__(self, task: Task, cfg: SessionConfig, provider: SandboxSource, capture_patch: bool = False):
+    def __init__(self, task: Task, cfg: EpisodeLimits, provider: SandboxSource, capture_patch: bool = False):
         self.task, self.cfg, self.provider = task, cfg, provider
         self.capture_patch = capture_patch and task.format in REPO_FORMATS
         self.sandbox: Sandbox | None = None
@@ -141,9 +126,21 @@ class TaskSession:
         return self.end_reason is not None
 
     @property
+    def label(self) -> str:
+        return f"task {self.task.id}"
+
+    @property
+    def action_format(self) -> str:
+        return self.cfg.action_format
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.cfg.max_context_tokens
+
+    @property
     def shell(self) -> bool:
         """Whether the episode speaks the shell action format (bash blocks) rather than tool calls."""
-        return getattr(self.cfg, "action_format", "tools") == "shell"
+        return self.cfg.action_format == "shell"
 
     @property
     def tools(self) -> list[dict] | None:
@@ -200,33 +197,17 @@ class TaskSession:
             self.command_timeouts += 1
         return clip(obs, self.cfg.max_observation_chars), done
 
-    async def act_text(
-        self, text: str, truncated: bool, sampled_tokens: int, visible: str | None = None
-    ) -> tuple[list[Message], bool]:
-        """Run one assistant turn given as reply text in the shell action format; `visible` is the part
-        to read commands from (the text without its reasoning), by default all of it."""
-        calls, errors, notes = parse_shell_reply(text if visible is None else visible)
-        return await self.act({"role": "assistant", "content": text}, calls, errors, truncated, sampled_tokens, notes)
-
-    async def act(
-        self,
-        assistant: Message,
-        calls: list[dict],
-        errors: list[str],
-        truncated: bool,
-        sampled_tokens: int,
-        notes: list[str] | None = None,
-    ) -> tuple[list[Message], bool]:
-        """Run one assistant turn. `assistant` goes into the transcript as given; `calls` are its
-        well-formed tool calls (OpenAI-style), `errors` one line per malformed one, `notes` further
-        lines for the model. Returns the observation messages (tool results, then notes as user
-        turns; in the shell format the command's output is a user turn) and whether the episode ended."""
+    async def act(self, reply: Reply) -> tuple[list[Message], bool]:
+        """Run one assistant turn: its transcript message goes into the transcript as given, its calls run.
+        Returns the observation messages (tool results, then errors and notes as user turns; in the shell
+        format the command's output is a user turn) and whether the episode ended."""
         if self.sandbox is None or self.done:
             raise RuntimeError("TaskSession.act before start() or after the episode ended")
+        calls, errors, truncated = reply.calls, reply.errors, reply.truncated
         self.turns += 1
-        self.sampled_tokens += sampled_tokens
+        self.sampled_tokens += reply.sampled_tokens
         self.truncated_turns += int(truncated)
-        self.messages.append(assistant)
+        self.messages.append(reply.transcript)
         observations: list[Message] = []
         submitted = False
         for call in calls:
@@ -244,7 +225,7 @@ class TaskSession:
                 break
         no_call = not calls and (not errors or errors == [NO_COMMAND])
         self.malformed_calls += 0 if no_call else len(errors)
-        lines = [f"Error: {e}" for e in errors] + list(notes or [])
+        lines = [f"Error: {e}" for e in errors] + list(reply.notes)
         if no_call:
             self.no_tool_calls += 1
             if not self.shell:
@@ -272,7 +253,7 @@ class TaskSession:
         if command is None or observation.rstrip().endswith(EXIT_OK):
             return
         failure = (command.strip(), observation)
-        if failure in self._failures and getattr(self.cfg, "end_on_repeated_failure", True):
+        if failure in self._failures and self.cfg.end_on_repeated_failure:
             self._repeated = True
         self._failures.add(failure)
 
@@ -327,6 +308,15 @@ class TaskSession:
         for reason in END_REASONS:
             m[f"tasks/end/{reason}"] = float(self.end_reason == reason)
         return m
+
+    def logs(self) -> dict[str, Any]:
+        """What the run's episode log keeps of the ended episode: the task, how it ended, the grade, the transcript."""
+        return {
+            "tasks/task": self.task.id,
+            "tasks/end": self.end_reason or "",
+            "tasks/grade": self.grade_detail[:500],
+            "tasks/transcript": self.messages,
+        }
 
     async def close(self) -> None:
         if self._closed:

@@ -2,13 +2,11 @@
 
 `CheckpointPolicy` samples a checkpoint (`tinker://...` on the hosted service or a local `tinkrl serve
 tinker`, or a base model) through the official Tinker SDK. `run_episode` drives one
-`tinkrl.agents.session.TaskSession` with it, exactly as tinkrl's training env does: the prompt is
-rendered by tinkrl's renderer and each next prompt is `renderer.next_prompt(...)`: the prompt + the
-reply's sampled tokens + the observations where the family keeps its past turns as sampled (one token
-sequence a trainer can use), the family's own rendering where it rewrites them. Actions are read in
-tinkrl's action formats (`shell`: one ```bash block per turn, `DONE` to finish; `tools`: the
-renderer's tool calls, their arguments typed by the episode's tool schemas) and run in whatever
-`Sandbox` the harness provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded
+`tinkrl.agents.session.TaskSession` with it through the training env's own turn
+(`tinkrl.agents.episode.SessionEnv.turn`): the same parsing in tinkrl's action formats (`shell`: one
+```bash block per turn, `DONE` to finish; `tools`: the renderer's tool calls, their arguments typed by
+the episode's tool schemas), the same next prompts, the actions run in whatever `Sandbox` the harness
+provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded
 (`Trajectory`).
 
 Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (`load_tokenizer`).
@@ -26,7 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
+from pydantic import ValidationError
+
+from tinkrl.agents.episode import SessionEnv
+from tinkrl.agents.limits import EpisodeLimits
+from tinkrl.agents.session import TaskSession
 from tinkrl.backends import SessionStatus, exit_status, finish_session, run_metadata
 from tinkrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from tinkrl.taskdirs.model import Task
@@ -66,22 +68,6 @@ def load_tokenizer(model_name: str, tokenizer: str | None = None) -> Any:
             f"no tokenizer for {model_name!r} on this machine and none could be downloaded ({type(e).__name__}); "
             "run the model once with tinkrl (e.g. `tinkrl serve tinker --model NAME`) or pass tokenizer=DIR"
         ) from None
-
-
-@dataclass
-class AgentLimits:
-    """The episode's limits and prompt (the fields `TaskSession` reads; the tasks env's names and defaults)."""
-
-    max_turns: int = 10
-    max_context_tokens: int = 8192
-    max_total_tokens: int | None = None
-    episode_timeout_s: float | None = None
-    timeout_includes_sampling: bool = True  # in a harness the wall clock is what the harness enforces
-    command_timeout_s: float = 60.0
-    max_observation_chars: int = 8000
-    system_prompt: str | None = None
-    action_format: str = "shell"
-    end_on_repeated_failure: bool = True
 
 
 @dataclass
@@ -265,7 +251,7 @@ def policy_from_kwargs(
     max_tokens_per_turn: int = 512,
     max_context_tokens: int = 8192,
     command_timeout_s: float = 60.0,
-) -> tuple[CheckpointPolicy, AgentLimits]:
+) -> tuple[CheckpointPolicy, EpisodeLimits]:
     """The policy and episode limits of a harness agent's kwargs (strings from the harness's command
     line are converted; a non-number where a number belongs is a PolicyError naming the kwarg). An
     action format or turn cap left unset is the one the checkpoint's training run recorded, else
@@ -284,12 +270,17 @@ def policy_from_kwargs(
     trained = policy.trained_settings() if action_format is None or turns is None else {}
     if action_format is None and trained.get("action_format") in ACTION_FORMATS:
         policy.action_format = trained["action_format"]
-    limits = AgentLimits(
-        max_turns=turns if turns is not None else _int(trained.get("max_turns", 10), "max_turns"),
-        max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
-        command_timeout_s=float(command_timeout_s),
-        action_format=policy.action_format,
-    )
+    try:
+        limits = EpisodeLimits(
+            max_turns=turns if turns is not None else _int(trained.get("max_turns", 10), "max_turns"),
+            max_context_tokens=_int(max_context_tokens, "max_context_tokens"),
+            command_timeout_s=float(command_timeout_s),
+            action_format=policy.action_format,
+            timeout_includes_sampling=True,  # in a harness the wall clock is what the harness enforces
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise PolicyError(f"agent kwarg {first['loc'][0]}: {first['msg']}") from None
     return policy, limits
 
 
@@ -318,7 +309,7 @@ def new_trajectory(policy: CheckpointPolicy) -> Trajectory:
 
 
 async def run_episode(
-    policy: CheckpointPolicy, sandbox: Sandbox, task: Task, limits: AgentLimits, traj: Trajectory | None = None
+    policy: CheckpointPolicy, sandbox: Sandbox, task: Task, limits: EpisodeLimits, traj: Trajectory | None = None
 ) -> Trajectory:
     """Play one episode of `task` in `sandbox` (already prepared by the harness) and return its trajectory.
 
@@ -328,41 +319,19 @@ async def run_episode(
     (its `end_reason` stays None)."""
     limits.action_format = policy.action_format
     session = TaskSession(task, limits, GivenSandbox(sandbox))
-    renderer = policy.renderer
+    env = SessionEnv(session, policy.renderer)
     traj = traj if traj is not None else new_trajectory(policy)
-    messages = await session.start()
+    tokens = await env.begin()
     traj.messages = session.messages  # the live transcript: the turns so far, whenever it is read
-    history = list(messages)  # the conversation the prompts render: replies as parsed, observations
-    tokens = renderer.build_generation_prompt(messages, session.tools).to_ints()
+    if not env.fits(tokens):
+        session.overflow()
     while not session.done:
-        room = limits.max_context_tokens - len(tokens)
-        if room < MIN_ACTION_TOKENS:
-            session.overflow()
-            break
         t0 = time.monotonic()
-        action, logprobs, stop = await policy.sample(tokens, min(policy.max_tokens_per_turn, room))
-        turn = Turn(list(tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
+        action, logprobs, stop = await policy.sample(env.tokens, env.max_tokens(policy.max_tokens_per_turn))
+        turn = Turn(list(env.tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
         traj.turns.append(turn)
-        parsed = renderer.parse_response(action, session.tools)
-        ended = parsed.ended_cleanly
-        if session.shell:
-            text, _ = renderer.reply_text(action)
-            _, visible = renderer.split_reasoning(text)
-            turn.text = text
-            reply = {k: v for k, v in parsed.message.items() if k != "tool_calls"}
-            observations, done = await session.act_text(text, not ended, len(action), visible)
-        else:
-            turn.text = renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
-            reply = parsed.message
-            calls = parsed.message.get("tool_calls", [])
-            observations, done = await session.act(
-                {"role": "assistant", "content": turn.text}, calls, parsed.tool_call_errors, not ended, len(action)
-            )
-        turn.observations = observations
-        if not done:
-            history.append(reply)
-            tokens = renderer.next_prompt(tokens, action, history, observations, session.tools, ended)
-            history += observations
+        result = await env.turn(action)
+        turn.text, turn.observations = result.reply.text, result.observations
     traj.messages = list(session.messages)
     traj.end_reason = session.end_reason
     traj.metrics = {k: v for k, v in session.metrics().items() if not k.startswith("tasks/reward")}

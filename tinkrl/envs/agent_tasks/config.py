@@ -9,8 +9,9 @@ import logging
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from tinkrl.agents.limits import EpisodeLimits
 from tinkrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,10 +21,9 @@ log = logging.getLogger(__name__)
 _DATASET_SPEC = re.compile(r"\s*[A-Za-z0-9][\w.-]*\s*(==\s*[\w.+-]+\s*)?")  # as taskdirs.registry.parse_spec
 
 
-class TasksEnvConfig(BaseModel):
-    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests."""
-
-    model_config = ConfigDict(extra="forbid")
+class TasksEnvConfig(EpisodeLimits):
+    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests; the
+    episode limits (`EpisodeLimits`) with their defaults for task directories."""
 
     path: str | list[str] = "tasks"
     """Task directories, directories of them, or .json/.jsonl row files (R2E-Gym, SWE-bench)."""
@@ -35,35 +35,8 @@ class TasksEnvConfig(BaseModel):
     """Only these tasks (ids or shell globs); None = every task found."""
     test_task_ids: list[str] | None = None
     """Tasks held out of training and rolled out once each as the test set (ids or globs)."""
-    max_turns: int = Field(10, ge=1)
-    """Assistant turns per episode; the last one ends the episode and it is graded."""
-    max_tokens_per_turn: int | None = Field(None, ge=1)
-    """Tokens sampled per turn (None: the trainer's max_tokens)."""
-    max_context_tokens: int = Field(8192, ge=64)
-    """Prompt + all turns must fit; an episode that overflows ends with reward 0."""
-    max_total_tokens: int | None = Field(None, ge=1)
-    """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
-    episode_timeout_s: float | None = Field(None, gt=0)
-    """Time limit of an episode (None: the task's agent timeout); see `timeout_includes_sampling`."""
-    timeout_includes_sampling: bool = False
-    """Count the model's sampling time against the limit (wall clock, as terminal-bench does). Off by
-    default: sampling latency depends on the trainer's batch and hardware, not on the policy, so only
-    the time the agent's commands take in the sandbox is counted."""
-    command_timeout_s: float = Field(60.0, gt=0)
-    """Ceiling on one execute_bash call (the model may ask for less); a timeout is an observation."""
-    end_on_repeated_failure: bool = True
-    """End the episode (graded as it stands) when a command fails the same way a second time: the same
-    command with the same output, which repeating will not change."""
-    max_observation_chars: int = Field(8000, ge=200)
-    """A tool result longer than this keeps its head and tail."""
-    action_format: Literal["tools", "shell"] = "tools"
-    """How the agent acts: `tools` (tool calls in `tool_format`, the tool list in the system prompt) or
-    `shell` (one ```bash block per turn, DONE when finished; its output comes back as the next turn: a
-    short prompt small models follow)."""
     tool_format: Literal["hermes", "xml"] = "hermes"
     """Tool-call syntax: Hermes `<tool_call>` JSON (Qwen2.5) or R2E-Gym's `<function=...>` XML."""
-    system_prompt: str | None = None
-    """System prompt (before the tool list in the tools format); `{workdir}` and `{max_turns}` are filled in."""
     gate: bool = True
     """Train only on tasks whose solution scores 1 and whose no-op scores 0 (cached per task)."""
     epochs: int = Field(100, ge=1)

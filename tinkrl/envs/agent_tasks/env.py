@@ -11,12 +11,10 @@ Two layers, so the loop exists once:
 - `TaskSession` (`tinkrl.agents.session`) works on chat messages: sandbox, tool calls, limits,
   grading, metrics. The OpenAI-endpoint evaluator (`tinkrl eval --base-url`) and the ORS task
   server drive it directly.
-- `TaskEnv` is the token-in/token-out `Env` over a session: it parses sampled tokens with the
-  renderer (each family's own tool-call format; a malformed call comes back as an error
-  observation) and gets the next prompt from `renderer.next_prompt`: the previous prompt + action,
-  token for token, with the rendered results, where the family keeps its past turns as sampled;
-  the family's own rendering of the conversation where it rewrites them (past thinking dropped),
-  so the episode trains as several datums, each on tokens the sampler saw.
+- `SessionEnv` (`tinkrl.agents.episode`) is the token-in/token-out `Env` over a session: it parses
+  sampled tokens with the renderer (each family's own tool-call format; a malformed call comes back
+  as an error observation) and lays out the next prompt with `renderer.next_prompt`, so the episode
+  trains on tokens the sampler saw.
 
 What the policy causes shapes or ends the episode and is trained on (see the session); only
 infrastructure failures raise `InfraFailure`, so the rollout leaves the episode out of its group.
@@ -32,13 +30,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import tinker
 
-from tinkrl.agents.session import MIN_ACTION_TOKENS, TaskSession
+from tinkrl.agents.episode import SessionEnv
+from tinkrl.agents.session import TaskSession
 from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
-from tinkrl.errors import ConfigError, InfraFailure
+from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
-from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, RLDataset, StepResult, StopCondition
+from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, RLDataset
 from tinkrl.sandbox import LazyProvider
 from tinkrl.sandbox.base import SandboxProvider
 from tinkrl.taskdirs import Task, run_gate
@@ -75,79 +73,6 @@ def renderer_for(renderer, tool_format: str, key: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# The token-in/token-out Env
-
-
-class TaskEnv(Env):
-    """A `TaskSession` driven by sampled tokens; each observation is the renderer's `next_prompt`."""
-
-    def __init__(self, session: TaskSession, renderer, max_tokens_per_turn: int | None = None):
-        self.session = session
-        self.renderer = renderer
-        self.max_tokens_per_turn = max_tokens_per_turn
-        self.tokens: list[int] = []  # the current prompt
-        self.history: list[dict] = []  # the conversation it renders: replies as parsed, observations
-        self._stop: StopCondition = renderer.stop_sequences()
-
-    @property
-    def max_context_tokens(self) -> int:
-        return self.session.cfg.max_context_tokens
-
-    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
-        messages = await self.session.start()
-        self.history = list(messages)
-        self.tokens = self.renderer.build_generation_prompt(messages, self.session.tools).to_ints()
-        if len(self.tokens) + MIN_ACTION_TOKENS > self.max_context_tokens:
-            raise InfraFailure(
-                f"task {self.session.task.id}: the first prompt ({len(self.tokens)} tokens) does not "
-                f"fit max_context_tokens={self.max_context_tokens}",
-                "context_too_small",
-            )
-        return tinker.ModelInput.from_ints(self.tokens), self._stop
-
-    def max_tokens(self, default: int) -> int:
-        room = self.max_context_tokens - len(self.tokens)
-        return max(1, min(self.max_tokens_per_turn or default, room))
-
-    async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
-        action = list(action)
-        parsed = self.renderer.parse_response(action, self.session.tools)
-        ended = parsed.ended_cleanly
-        if self.session.shell:
-            text, _ = self.renderer.reply_text(action)
-            _, visible = self.renderer.split_reasoning(text)
-            reply = {k: v for k, v in parsed.message.items() if k != "tool_calls"}
-            observations, done = await self.session.act_text(text, not ended, len(action), visible)
-        else:
-            reply = parsed.message
-            raw = self.renderer.tokenizer.decode(action[:-1] if ended else action, skip_special_tokens=False)
-            calls = parsed.message.get("tool_calls", [])
-            observations, done = await self.session.act(
-                {"role": "assistant", "content": raw}, calls, parsed.tool_call_errors, not ended, len(action)
-            )
-        if not done:
-            self.history += [reply]
-            nxt = self.renderer.next_prompt(self.tokens, action, self.history, observations, self.session.tools, ended)
-            self.history += observations
-            if len(nxt) + MIN_ACTION_TOKENS <= self.max_context_tokens:
-                self.tokens = nxt
-                return StepResult(0.0, False, tinker.ModelInput.from_ints(nxt), self._stop, metrics={}, logs={})
-            self.session.overflow()
-        reward = await self.session.finish()
-        s = self.session
-        logs = {
-            "tasks/task": s.task.id,
-            "tasks/end": s.end_reason or "",
-            "tasks/grade": s.grade_detail[:500],
-            "tasks/transcript": s.messages,
-        }
-        return StepResult(reward, True, tinker.ModelInput.empty(), self._stop, metrics=s.metrics(), logs=logs)
-
-    async def close(self) -> None:
-        await self.session.close()
-
-
-# ---------------------------------------------------------------------------------------------
 # Groups and datasets
 
 
@@ -169,7 +94,7 @@ class TaskGroupBuilder(EnvGroupBuilder):
 
     async def make_envs(self) -> Sequence[Env]:
         return [
-            TaskEnv(
+            SessionEnv(
                 TaskSession(self.task, self.cfg, self.provider, self.capture_patch),
                 self.renderer,
                 self.cfg.max_tokens_per_turn,

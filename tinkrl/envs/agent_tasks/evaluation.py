@@ -1,7 +1,7 @@
 """Evaluating an agent on tasks: K trials per task, pass@1 / pass@K, transcripts and SWE-bench predictions.
 
 The policy is a Tinker SamplingClient (the embedded engine or the Tinker service: the token-level
-`TaskEnv` through the trainer's own rollout loop) or any OpenAI-compatible endpoint (the same
+`SessionEnv` through the trainer's own rollout loop) or any OpenAI-compatible endpoint (the same
 `TaskSession` fed chat messages, tools sent as `tools=`, tool calls read from `tool_calls` or,
 when a server leaves them in the text, parsed with the renderer). Either way the episode, its
 limits and its grading are the training environment's. `tinkrl eval` (`tinkrl.commands.eval`)
@@ -106,19 +106,19 @@ def trial_from_session(
 
 class SamplingClientPolicy:
     """A Tinker SamplingClient (local engine or service: a base model or a checkpoint), through the
-    token-level TaskEnv."""
+    token-level SessionEnv."""
 
     def __init__(self, sampling_client, model_name: str, cfg, renderer, provider, temperature: float):
         self.sampling_client, self.model_name, self.cfg = sampling_client, model_name, cfg
         self.renderer, self.provider, self.temperature = renderer, provider, temperature
 
     async def run(self, task: Task, attempt: int) -> Trial:
+        from tinkrl.agents.episode import SessionEnv
         from tinkrl.agents.session import TaskSession
-        from tinkrl.envs.agent_tasks.env import TaskEnv
         from tinkrl.rl.rollouts import do_rollout
 
         session = TaskSession(task, self.cfg, self.provider, capture_patch=True)
-        env = TaskEnv(session, self.renderer, self.cfg.max_tokens_per_turn)
+        env = SessionEnv(session, self.renderer, self.cfg.max_tokens_per_turn)
         t0 = time.monotonic()
         traj = await do_rollout(env, self.sampling_client, self.cfg.max_tokens_per_turn, self.temperature)
         return trial_from_session(
@@ -224,7 +224,7 @@ class OpenAIPolicy:
             raise InfraFailure(f"the model endpoint failed: {type(e).__name__}: {e}", "model_error") from None
 
     async def episode(self, session) -> None:
-        from tinkrl.agents.session import MIN_ACTION_TOKENS
+        from tinkrl.agents.episode import MIN_ACTION_TOKENS, Reply, shell_reply
         from tinkrl.renderers import tool_call
 
         await session.start()
@@ -242,7 +242,7 @@ class OpenAIPolicy:
             n_tokens = usage.completion_tokens if usage else 0
             truncated = choice.finish_reason == "length"
             if session.shell:
-                _, done = await session.act_text(content, truncated, n_tokens)
+                _, done = await session.act(shell_reply(content, truncated, n_tokens))
             else:
                 calls = [
                     tool_call(c.function.name, c.function.arguments or "{}", c.id)
@@ -255,7 +255,7 @@ class OpenAIPolicy:
                 assistant: dict[str, Any] = {"role": "assistant", "content": content or ("" if not calls else None)}
                 if calls:
                     assistant["tool_calls"] = calls
-                _, done = await session.act(assistant, calls, errors, truncated, n_tokens)
+                _, done = await session.act(Reply(assistant, calls, errors, [], truncated, n_tokens))
             if done:
                 break
             if usage and usage.total_tokens + MIN_ACTION_TOKENS > self.cfg.max_context_tokens:

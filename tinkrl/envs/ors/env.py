@@ -2,9 +2,10 @@
 
 An ORS server exposes tasks in splits, a prompt per task and tools; a session is one
 episode, and each tool call may return a reward and a `finished` flag. Here one session is
-one token-level `Env`: the server's prompt and tools are rendered with the run's renderer,
-each sampled action is parsed for tool calls, the calls go to the server, and the results
-come back as tool turns that extend the previous tokens. The episode reward is the
+one `ORSToolSession` (a message session) driven by the token bridge
+(`tinkrl.agents.episode.SessionEnv`): the server's prompt and tools are rendered with the run's
+renderer, each sampled action is parsed for tool calls, the calls go to the server, and the
+results come back as tool turns that extend the previous tokens. The episode reward is the
 `reward_reduction` (sum/mean/max/min) of the rewards its calls returned, with
 `nonterminal_reward` added to them when the episode never finished (turn or token limit).
 
@@ -31,13 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import tinker
-
+from tinkrl.agents.episode import Reply, SessionEnv
 from tinkrl.envs.ors.client import ORSClient, ORSSession
 from tinkrl.envs.ors.config import OpenRewardEnvConfig
 from tinkrl.envs.ors.upload import LOG_KEY, RolloutUploader
 from tinkrl.errors import ConfigError
-from tinkrl.rl.types import Action, Env, EnvDatasets, EnvGroupBuilder, Metrics, RLDataset, StepResult, StopCondition
+from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, Metrics, RLDataset
 
 if TYPE_CHECKING:
     from tinkrl.envs import EnvContext
@@ -100,70 +100,66 @@ class RemoteEnvSpec:
     secrets: dict[str, str] = field(default_factory=dict)
 
 
-class OpenRewardEnv(Env):
-    """One ORS session driven as a multi-turn tool-calling episode."""
+class ORSToolSession:
+    """One ORS session as a `MessageSession`: the server's prompt and tools, each reply's tool calls
+    run on the server, the episode reward reduced from the rewards the calls returned."""
+
+    action_format = "tools"
 
     def __init__(self, spec: RemoteEnvSpec, split: str, index: int):
         self.spec, self.split, self.index = spec, split, index
         self.session = ORSSession(
             spec.client, split, index, spec.secrets, spec.cfg.session_retries, spec.cfg.call_timeout_s
         )
-        self.tokens: list[int] = []
+        self.max_context_tokens = spec.cfg.max_total_tokens
         self.messages: list[dict] = []
-        self.tools: list[dict] = []
+        self.tools: list[dict] | None = None
         self.terminal: Any = None
         self.rewards: list[float] = []
-        self.finished = False
+        self.finished = self.done = False
         self.turns = self.tool_calls = self.tool_errors = 0
+        self.reward = 0.0
 
     @property
-    def where(self) -> str:
+    def label(self) -> str:
         return f"{self.spec.key} {self.split}[{self.index}]"
 
-    async def initial_observation(self) -> tuple[tinker.ModelInput, StopCondition]:
+    async def start(self) -> list[dict]:
         await self.session.open()
-        messages = await self.session.call(lambda s: s.get_messages(format="openai"), f"{self.where}: prompt")
-        specs = await self.session.call(lambda s: s.list_tools(), f"{self.where}: tools")
-        self.terminal = await self.session.call(lambda s: s.terminal_tool(), f"{self.where}: tools")
-        self.tools = [chat_tool(s) for s in specs]
+        messages = await self.session.call(lambda s: s.get_messages(format="openai"), f"{self.label}: prompt")
+        specs = await self.session.call(lambda s: s.list_tools(), f"{self.label}: tools")
+        self.terminal = await self.session.call(lambda s: s.terminal_tool(), f"{self.label}: tools")
+        self.tools = [chat_tool(s) for s in specs] or None
         system = self.spec.cfg.system_prompt
         if system is not None and not (messages and messages[0].get("role") == "system"):
             messages = [{"role": "system", "content": system}] + list(messages)
         self.messages = [dict(m) for m in messages]
-        prompt = self.spec.renderer.build_generation_prompt(self.messages, self.tools or None)
-        self.tokens = prompt.to_ints()
-        return prompt, self.spec.renderer.stop_sequences()
+        return list(self.messages)
 
-    def max_tokens(self, default: int) -> int:
-        budget = self.spec.cfg.max_total_tokens
-        return default if budget is None else max(1, min(default, budget - len(self.tokens)))
-
-    async def _run_tool(self, name: str, args: dict) -> tuple[str, bool]:
-        """Call one tool. Returns (result text, whether it was an error the model made)."""
+    async def _run_tool(self, name: str, args: dict) -> str:
+        """Call one tool; its result text (a tool error the model made comes back as text)."""
         from openreward.api.errors import ToolCallError
 
         self.tool_calls += 1
         try:
-            out = await self.session.call(lambda s: s.call_tool(name, args), f"{self.where}: tool {name!r}")
+            out = await self.session.call(lambda s: s.call_tool(name, args), f"{self.label}: tool {name!r}")
         except ToolCallError as e:
             if e.reason == "episode_finished":
                 self.finished = True
             self.tool_errors += 1
-            return f"Error ({e.reason}): {e.detail}", True
+            return f"Error ({e.reason}): {e.detail}"
         if out.reward is not None:
             self.rewards.append(float(out.reward))
         if out.finished:
             self.finished = True
-        return blocks_text(out.blocks), False
+        return blocks_text(out.blocks)
 
-    async def step(self, action: Action, *, stop_reason: str = "stop") -> StepResult:
-        renderer, cfg = self.spec.renderer, self.spec.cfg
-        parsed = renderer.parse_response(action, self.tools or None)
+    async def act(self, reply: Reply) -> tuple[list[dict], bool]:
+        cfg = self.spec.cfg
         self.turns += 1
-        self.messages.append(parsed.message)
-        new_messages: list[dict] = []
-        calls = parsed.message.get("tool_calls") or []
-        for i, call in enumerate(calls):
+        self.messages.append(reply.message or reply.transcript)
+        observations: list[dict] = []
+        for i, call in enumerate(reply.calls):
             fn = call["function"]
             if self.finished:
                 text = "Not run: the episode has already finished."
@@ -171,42 +167,44 @@ class OpenRewardEnv(Env):
                 text = f"Not run: at most {cfg.max_tool_calls_per_turn} tool calls per turn."
                 self.tool_errors += 1
             else:
-                text, _ = await self._run_tool(fn["name"], json.loads(fn["arguments"] or "{}"))
-            new_messages.append({"role": "tool", "tool_call_id": call["id"], "name": fn["name"], "content": text})
-        for err in parsed.tool_call_errors:
+                text = await self._run_tool(fn["name"], json.loads(fn["arguments"] or "{}"))
+            observations.append({"role": "tool", "tool_call_id": call["id"], "name": fn["name"], "content": text})
+        for err in reply.errors:
             self.tool_errors += 1
-            new_messages.append({"role": "tool", "content": f"Error: {err}"})
-        if not calls and not parsed.tool_call_errors and not self.finished:
+            observations.append({"role": "tool", "content": f"Error: {err}"})
+        if not reply.calls and not reply.errors and not self.finished:
             if self.terminal is not None:  # the plain answer goes to the environment's terminal tool
-                text, _ = await self._run_tool(
-                    self.terminal.name,
-                    {} if self.terminal.arg is None else {self.terminal.arg: parsed.message.get("content") or ""},
-                )
-                new_messages.append({"role": "tool", "content": text})
+                content = (reply.message or reply.transcript).get("content") or ""
+                args = {} if self.terminal.arg is None else {self.terminal.arg: content}
+                observations.append({"role": "tool", "content": await self._run_tool(self.terminal.name, args)})
             else:
-                new_messages.append({"role": "user", "content": cfg.no_tool_call_message})
-        self.messages += new_messages
+                observations.append({"role": "user", "content": cfg.no_tool_call_message})
+        self.messages += observations
+        self.done = self.finished or self.turns >= cfg.max_turns
+        return observations, self.done
 
-        done = self.finished or self.turns >= cfg.max_turns
-        if not done:
-            history = self.messages[: len(self.messages) - len(new_messages)]
-            next_tokens = renderer.next_prompt(
-                self.tokens, list(action), history, new_messages, self.tools or None, parsed.ended_cleanly
-            )
-            if cfg.max_total_tokens is not None and len(next_tokens) + 8 > cfg.max_total_tokens:
-                done = True  # no room left for a meaningful next action
-            else:
-                self.tokens = next_tokens
-                return StepResult(0.0, False, tinker.ModelInput.from_ints(next_tokens), renderer.stop_sequences())
+    def overflow(self) -> None:
+        """No room left for a meaningful next action: the episode ends, its rewards reduced as they stand."""
+        self.done = True
+
+    async def finish(self) -> float:
         await self.session.close()
-        reward = reduce_rewards(self.rewards, self.finished, self.spec.reward_reduction, self.spec.nonterminal_reward)
-        metrics: Metrics = {
+        self.reward = reduce_rewards(
+            self.rewards, self.finished, self.spec.reward_reduction, self.spec.nonterminal_reward
+        )
+        return self.reward
+
+    def metrics(self) -> Metrics:
+        return {
             "finished": float(self.finished),
             "turns": float(self.turns),
             "tool_calls": float(self.tool_calls),
             "tool_errors": float(self.tool_errors),
             "num_rewards": float(len(self.rewards)),
         }
+
+    def logs(self) -> dict[str, Any]:
+        """The episode's record under `LOG_KEY`, which `upload.py` sends to OpenReward's rollout API."""
         record = {
             "env": self.spec.key,
             "name": self.spec.client.name,
@@ -215,20 +213,20 @@ class OpenRewardEnv(Env):
             "index": self.index,
             "messages": self.messages,
             "rewards": self.rewards,
-            "reward": reward,
+            "reward": self.reward,
             "finished": self.finished,
         }
-        return StepResult(
-            reward,
-            True,
-            tinker.ModelInput.empty(),
-            renderer.stop_sequences(),
-            metrics=metrics,
-            logs={LOG_KEY: json.dumps(record, ensure_ascii=False)},
-        )
+        return {LOG_KEY: json.dumps(record, ensure_ascii=False)}
 
     async def close(self) -> None:
         await self.session.close()
+
+
+class OpenRewardEnv(SessionEnv):
+    """One ORS session driven as a multi-turn tool-calling episode: the token bridge over an `ORSToolSession`."""
+
+    def __init__(self, spec: RemoteEnvSpec, split: str, index: int):
+        super().__init__(ORSToolSession(spec, split, index), spec.renderer)
 
 
 class OpenRewardGroupBuilder(EnvGroupBuilder):

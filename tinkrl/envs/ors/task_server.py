@@ -18,6 +18,7 @@ from typing import Any
 from openreward.environments import Environment, Message, TextBlock, ToolOutput, tool
 from pydantic import BaseModel, ConfigDict
 
+from tinkrl.agents.episode import Reply
 from tinkrl.agents.session import TaskSession
 from tinkrl.agents.tools import TOOL_SCHEMAS
 from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
@@ -107,7 +108,7 @@ def tasks_environment(key: str, cfg: TasksEnvConfig, provider: LazyProvider | No
                 "function": {"name": name, "arguments": json.dumps(arguments)},
             }
             observations, done = await self.session.act(
-                {"role": "assistant", "content": "", "tool_calls": [call]}, [call], [], False, 0
+                Reply({"role": "assistant", "content": "", "tool_calls": [call]}, [call])
             )
             text = "\n".join(str(m["content"]) for m in observations)
             if not done:

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from tinkrl.agents.limits import ActionFormat, EpisodeLimits
 from tinkrl.envs.shell.templates import HELD_OUT_TEMPLATES, TRAIN_TEMPLATES
 
 TRAIN_TEMPLATE_NAMES = list(TRAIN_TEMPLATES)
 HELD_OUT_TEMPLATE_NAMES = list(HELD_OUT_TEMPLATES)
 
 
-class ShellEnvConfig(BaseModel):
+class ShellEnvConfig(EpisodeLimits):
     """`env=shell`: generated shell tasks (files, directories, text tools) in sandboxes, graded on the
     whole end state of the working directory; a seeded train stream, held-out instances of the trained
-    templates, and held-out templates never trained on."""
-
-    model_config = ConfigDict(extra="forbid")
+    templates, and held-out templates never trained on. The episode limits (`EpisodeLimits`) with
+    their defaults for short shell tasks."""
 
     templates: list[str] = Field(default_factory=lambda: list(TRAIN_TEMPLATE_NAMES), min_length=1)
     """Templates to train on (default: every training template)."""
@@ -40,32 +40,21 @@ class ShellEnvConfig(BaseModel):
     The metric `env/<key>/constant_templates` counts them."""
     max_turns: int = Field(3, ge=1)
     """Assistant turns per episode; the last one ends the episode and it is graded."""
-    max_tokens_per_turn: int | None = Field(None, ge=1)
-    """Tokens sampled per turn (None: the trainer's max_tokens)."""
     max_context_tokens: int = Field(1024, ge=64)
     """Prompt + all turns must fit; an episode that overflows ends with reward 0."""
-    max_total_tokens: int | None = Field(None, ge=1)
-    """Sampled tokens per episode, all turns together (None: no limit besides the context)."""
     episode_timeout_s: float | None = Field(60.0, gt=0)
     """Time the agent's commands may take in all."""
-    timeout_includes_sampling: bool = False
-    """Count the model's sampling time against the episode's time limit too."""
     command_timeout_s: float = Field(10.0, gt=0)
     """Ceiling on one command; a timeout is an observation."""
-    end_on_repeated_failure: bool = True
-    """End the episode (graded as it stands) when a command fails the same way a second time: the same
-    command with the same output, which repeating will not change."""
     max_observation_chars: int = Field(600, ge=200)
     """A command's output longer than this keeps its head and tail."""
-    action_format: Literal["shell", "tools"] = "shell"
+    action_format: ActionFormat = "shell"
     """`shell`: one ```bash block per turn, DONE when finished; `tools`: JSON tool calls."""
     tool_format: Literal["hermes", "xml"] = "hermes"
     """Tool-call syntax when action_format is tools."""
     recovery_demonstrations: float = Field(0.0, ge=0.0, le=1.0)
     """Share of warm-start demonstrations, among templates that have a typical mistake, that first run
     the mistake, see its error and then fix it (they need max_turns >= 3)."""
-    system_prompt: str | None = None
-    """System prompt; None: the action format's own (`{workdir}`, `{max_turns}` are filled in)."""
     eval_tasks: list[str] = Field(default_factory=list)
     """Tasks written by hand (Harbor or terminal-bench task directories, or folders of them) added to the
     held-out set under the tag `handwritten`: played in this environment's action format and limits,

@@ -2,7 +2,7 @@
 
 Training draws a seeded stream of instances (a template, then its names and contents; with
 `downweight_constant`, the templates whose groups no longer split less often) and rolls each
-out as a GRPO group with the agent-task episode (`TaskEnv` over `TaskSession`), in the shell
+out as a GRPO group with the agent-task episode (`SessionEnv` over `TaskSession`), in the shell
 action format by default. The test set is held-out instances of the trained templates
 (`heldout_instances`), instances of templates never trained on (`heldout_templates`) and, with
 `eval_tasks`, tasks written by hand (`handwritten`), reported separately. `demonstrations(n)`
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tinkrl.agents.session import Message, TaskSession
+from tinkrl.agents.episode import Message, shell_reply
+from tinkrl.agents.session import TaskSession
 from tinkrl.agents.shell_actions import reference_reply
 from tinkrl.envs.agent_tasks.env import TaskGroupBuilder, renderer_for
 from tinkrl.envs.shell.config import ShellEnvConfig
@@ -105,7 +106,7 @@ async def reference_transcript(
     try:
         await session.start()
         for command in [*commands, *inst.commands, None]:
-            _, done = await session.act_text(reference_reply(command), False, 0)
+            _, done = await session.act(shell_reply(reference_reply(command)))
             if done:
                 break
         if not session.done:
