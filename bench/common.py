@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_ENV = "TINKRL_BENCH_RESULTS"
 # Files a benchmark run rewrites itself: changing them does not make the code under test "dirty".
-GENERATED_PATHS = ("bench/results", "docs/performance.md", "docs/notebook.md")
+GENERATED_PATHS = ("bench/results", "docs/performance.md", "docs/runs.md")
 MACHINE_KEYS = ("cpu_model", "cpu_vendor", "cpu_class", "cores", "threads", "ram_gib", "gpu", "torch")
 
 

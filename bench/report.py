@@ -1,4 +1,4 @@
-"""Regenerate the generated tables of docs/performance.md and docs/notebook.md from the
+"""Regenerate the generated tables of docs/performance.md and docs/runs.md from the
 benchmarks' result JSON.
 
     python bench/report.py [--results DIR] [--doc FILE ...] [--check]
@@ -33,8 +33,8 @@ from typing import Any
 from common import MACHINE_KEYS, RESULTS_DIR, ROOT
 
 DOC = ROOT / "docs" / "performance.md"
-NOTEBOOK = ROOT / "docs" / "notebook.md"
-DOCS = (DOC, NOTEBOOK)
+RUNS = ROOT / "docs" / "runs.md"
+DOCS = (DOC, RUNS)
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 RECORD_KEYS = {"command", "commit", "date", "machine", "settings", "repeats", "median"}
 # The machine classes the doc keeps figures for: the 2-core CPU `make train` is sized for, and a GPU.

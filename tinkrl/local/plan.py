@@ -68,7 +68,7 @@ CPU_SAMPLER_RULES: dict[SamplerClass, Rule] = {
     "avx512_bf16_intel": Rule(
         "bfloat16", f"bf16 sampling in dot products learned as well as matched, in more steps ({_TRAIN})"
     ),
-    "avx512_bf16": Rule("matched", "bf16 sampling learned less than matched in the same budget (docs/notebook.md)"),
+    "avx512_bf16": Rule("matched", "bf16 sampling learned less than matched in the same budget (docs/runs.md)"),
     "other": Rule("matched", "no bf16 products faster than fp32 here"),
 }
 CUDA_SAMPLER_RULE = Rule("matched", "the trainer's TF32 products are already fast on GPUs")
