@@ -116,7 +116,7 @@ def _clamp(case) -> None:
 # -- serve env (ORS) -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ors_app():
-    from tinkrl.envs.ors.server import environment_classes, make_app
+    from tinkrl.env_server.app import environment_classes, make_app
 
     return make_app(environment_classes({"arithmetic": {"max_value": 20}}, 20, 5))
 

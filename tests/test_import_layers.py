@@ -19,19 +19,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("commands", ["tinkrl.cli", "tinkrl.commands"]),
     ("harness adapters", ["tinkrl.harness"]),
     ("launch", ["tinkrl.launch"]),
-    (
-        "servers",
-        [
-            "tinkrl.proxy",
-            "tinkrl.tinker_server",
-            "tinkrl.viewer",
-            "tinkrl.envs.ors.server",
-            "tinkrl.envs.ors.task_server",
-            "tinkrl.envs.verifiers.env",  # rollouts sample through the run's OpenAI server (tinkrl.proxy)
-            "tinkrl.envs.external_agent.env",
-        ],
-    ),
+    ("servers", ["tinkrl.tinker_server", "tinkrl.viewer", "tinkrl.env_server"]),
     ("environments", ["tinkrl.envs"]),
+    ("OpenAI server", ["tinkrl.proxy"]),  # environments sample through the run's OpenAI server
     ("agents", ["tinkrl.agents"]),
     ("task directories", ["tinkrl.taskdirs"]),
     ("sandboxes", ["tinkrl.sandbox"]),

@@ -120,7 +120,7 @@ def test_tinkrl_env_trains_against_tinkrl_server(arithmetic_server, tmp_path):
 
 def test_unknown_or_unsupported_env_is_a_config_error():
     from tinkrl.commands.serve_env import cli_main, parse_env_args
-    from tinkrl.envs.ors.server import environment_classes
+    from tinkrl.env_server.app import environment_classes
 
     with pytest.raises(ConfigError, match="unknown environment"):
         environment_classes(parse_env_args(["nosuchenv"]))

@@ -119,7 +119,7 @@ def test_serve_env_keyed_refuses_requests_without_the_key():
     from starlette.testclient import TestClient
 
     from tinkrl.commands.serve_env import parse_env_args
-    from tinkrl.envs.ors.server import environment_classes, make_app
+    from tinkrl.env_server.app import environment_classes, make_app
 
     app = make_app(environment_classes(parse_env_args(["arithmetic"]), 10, 5, 0), api_key="or-key")
     with TestClient(app) as client:

@@ -2,7 +2,7 @@
 
     tinkrl serve env arithmetic arithmetic.max_value=999 tasks tasks.path=tasks --port 8080
 
-Other trainers and machines reach them as ORS environments (`tinkrl.envs.ors.server`).
+Other trainers and machines reach them as ORS environments (`tinkrl.env_server.app`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def parse_env_args(items: list[str]) -> dict[str, dict[str, Any]]:
 
 def cli_main(argv: list[str]) -> int:
     """Serve until interrupted; exit 2 on a bad environment or field."""
-    from tinkrl.envs.ors.server import environment_classes, make_app
+    from tinkrl.env_server.app import environment_classes, make_app
 
     parser = argparse.ArgumentParser(
         prog="tinkrl serve env", description="Serve tinkrl environments over the Open Reward Standard."

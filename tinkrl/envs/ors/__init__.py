@@ -1,14 +1,12 @@
-"""The Open Reward Standard (ORS), both ways, through the `openreward` SDK.
+"""Training on remote environments over the Open Reward Standard (ORS), through the `openreward` SDK.
 
-Training on remote environments (`environments: {Owner/Env: {...}}`, or `base_url:`):
+`environments: {Owner/Env: {...}}`, or `base_url:`:
 - `client.py`: reaching one remote environment and one episode's session on it.
-- `env.py`: the config the registry names (`OpenRewardEnvConfig`), the token-level episode,
-  its group builder and dataset, and building them from an `environments:` entry.
+- `env.py`: the config the registry names (`OpenRewardEnvConfig`), the episode as a message
+  session, its group builder and dataset, and building them from an `environments:` entry.
 - `upload.py`: sending finished trajectories to OpenReward's rollout API.
 
-Serving tinkrl's own environments (`tinkrl serve env`):
-- `server.py`: the command and the math environments.
-- `task_server.py`: agent tasks, one `TaskSession` per ORS session.
+Serving tinkrl's own environments over ORS (`tinkrl serve env`) is `tinkrl.env_server`.
 """
 
 import os

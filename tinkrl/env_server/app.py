@@ -165,7 +165,7 @@ def environment_classes(
         if type_name == "math":
             classes.append(math_environment(key, cfg, train_size, eval_problems, seed))
         elif type_name == "tasks":
-            from tinkrl.envs.ors.task_server import tasks_environment
+            from tinkrl.env_server.tasks import tasks_environment
 
             classes.append(tasks_environment(key, cfg))
         else:
