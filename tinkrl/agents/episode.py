@@ -37,8 +37,9 @@ class Reply:
     """One assistant turn as a session acts on it.
 
     `transcript` is the turn as the transcript keeps it (the text as sampled); `message` the turn as the
-    renderer parsed it (what later prompts render); `calls` its well-formed tool calls (OpenAI-style),
-    `errors` one line per malformed one, `notes` further lines for the model."""
+    renderer parsed it (what later prompts render; the transcript message when nothing parsed it);
+    `calls` its well-formed tool calls (OpenAI-style), `errors` one line per malformed one, `notes`
+    further lines for the model."""
 
     transcript: Message
     calls: list[dict] = field(default_factory=list)
@@ -46,7 +47,10 @@ class Reply:
     notes: list[str] = field(default_factory=list)
     truncated: bool = False
     sampled_tokens: int = 0
-    message: Message | None = None
+    message: Message = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.message = self.message or self.transcript
 
     @property
     def text(self) -> str:
@@ -162,7 +166,7 @@ class SessionEnv(Env):
         reply = parse_reply(self.renderer, action, self.session.tools, self.session.action_format)
         observations, done = await self.session.act(reply)
         if not done:
-            self.history.append(reply.message or reply.transcript)
+            self.history.append(reply.message)
             nxt = self.renderer.next_prompt(
                 self.tokens, action, self.history, observations, self.session.tools, not reply.truncated
             )

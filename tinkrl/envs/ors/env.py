@@ -157,7 +157,7 @@ class ORSToolSession:
     async def act(self, reply: Reply) -> tuple[list[dict], bool]:
         cfg = self.spec.cfg
         self.turns += 1
-        self.messages.append(reply.message or reply.transcript)
+        self.messages.append(reply.message)
         observations: list[dict] = []
         for i, call in enumerate(reply.calls):
             fn = call["function"]
@@ -174,7 +174,7 @@ class ORSToolSession:
             observations.append({"role": "tool", "content": f"Error: {err}"})
         if not reply.calls and not reply.errors and not self.finished:
             if self.terminal is not None:  # the plain answer goes to the environment's terminal tool
-                content = (reply.message or reply.transcript).get("content") or ""
+                content = reply.message.get("content") or ""
                 args = {} if self.terminal.arg is None else {self.terminal.arg: content}
                 observations.append({"role": "tool", "content": await self._run_tool(self.terminal.name, args)})
             else:
