@@ -60,12 +60,13 @@ def eval_choice(*argv: str) -> tuple[str, str]:
 def loop_choice(config, run_dir) -> str:
     """The backend the training loop records for `config` (its run directory's config.yaml and run.json),
     stopping before any model is loaded: the run is already trained to max_steps."""
+    from tinkrl.commands.plan import make_plan
     from tinkrl.rl.train import main
 
     run_dir.mkdir(parents=True)
     row = {"name": "done", "batch": config.max_steps, "state_path": "x", "sampler_path": "y", "final": True}
     (run_dir / "checkpoints.jsonl").write_text(json.dumps(row) + "\n")
-    assert asyncio.run(main(config, lambda renderer, run_dir: {})) == {}
+    assert asyncio.run(main(make_plan(config), lambda renderer, run_dir: {})) == {}
     recorded = yaml.safe_load((run_dir / "config.yaml").read_text())["backend"]
     assert json.loads((run_dir / "run.json").read_text())["identity"]["backend"] == recorded
     return recorded
@@ -102,7 +103,7 @@ def test_every_command_comes_to_the_resolvers_choice(clean_env, monkeypatch):
 
         overrides = [f"{k}={v}" for k, v in given.items()]
         config = load(None, ["env=arithmetic", f"model_name={model}", f"log_path={clean_env / f'run{i}'}", *overrides])
-        plan = make_plan(config)
+        plan = make_plan(config).as_dict()
         assert (plan["backend"], plan["backend_reason"]) == expected, case
         assert loop_choice(config, clean_env / f"run{i}") == expected[0], case
 

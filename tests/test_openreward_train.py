@@ -41,6 +41,7 @@ def adder_entry(url: str, **extra) -> dict:
 
 
 def train(tmp_path: Path, environments: dict, batch_size: int) -> tuple[dict, list[dict]]:
+    from tinkrl.commands.plan import make_plan
     from tinkrl.commands.train import load, run
 
     cfg_path = tmp_path / "config.yaml"
@@ -55,7 +56,7 @@ def train(tmp_path: Path, environments: dict, batch_size: int) -> tuple[dict, li
             }
         )
     )
-    metrics = run(load(str(cfg_path), []))
+    metrics = run(make_plan(load(str(cfg_path), [])))
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return metrics, lines
 

@@ -116,6 +116,40 @@ def test_a_model_no_rule_names_is_a_plan_problem_listing_the_choices(capsys, tmp
     assert plan["renderer"] == "chatml" and plan["problems"] == []
 
 
+def write_gguf(path, tokens: list[str], **general: str) -> str:
+    """A GGUF file holding only metadata: `general.*` fields and a vocabulary."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in general.items():
+        writer.add_string(f"general.{key}", value)
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_a_gguf_file_gets_the_renderer_its_metadata_or_its_vocabulary_names(capsys, tmp_path):
+    """The plan and `get_renderer` come to one answer for a `.gguf` path: the rule for the name the
+    file gives itself, else ChatML when its vocabulary has `<|im_end|>`, else a plan problem."""
+    from tinkrl.renderers import choose_renderer, is_chatml
+
+    named = write_gguf(tmp_path / "named.gguf", ["a", "<|im_end|>"], basename="Qwen2.5-Coder", size_label="0.5B",
+                       finetune="Instruct")  # fmt: skip
+    plan = dry_run(capsys, f"model_name={named}", "backend=tinker")
+    assert plan["renderer"] == "qwen2" and "names itself Qwen/Qwen2.5-Coder-0.5B-Instruct" in plan["renderer_reason"]
+    nameless = write_gguf(tmp_path / "nameless.gguf", ["a", "<|im_start|>", "<|im_end|>"])
+    plan = dry_run(capsys, f"model_name={nameless}", "backend=tinker")
+    assert (plan["renderer"], plan["problems"]) == ("chatml", []) and "ChatML" in plan["renderer_reason"]
+    assert choose_renderer(nameless) == "chatml" and is_chatml(nameless)
+    other = write_gguf(tmp_path / "other.gguf", ["a", "<|eot_id|>"])
+    plan = dry_run(capsys, f"model_name={other}", "backend=tinker")
+    assert plan["renderer"] is None and "no renderer for model" in plan["problems"][0]
+    assert not is_chatml(other) and choose_renderer(other) is None
+
+
 def readme_render_section() -> tuple[list[dict], list[tuple[str, str, str]]]:
     """The README's example conversation and its table: (example model, renderer, end of the prompt)."""
     text = (ROOT / "README.md").read_text()

@@ -46,10 +46,11 @@ RUN = {
 
 
 def _train(tmp_path: Path, name: str, **extra) -> list[dict]:
+    from tinkrl.commands.plan import make_plan
     from tinkrl.commands.train import load, run
 
     overrides = [f"{k}={v}" for k, v in {**RUN, **extra, "log_path": str(tmp_path / name)}.items()]
-    run(load(None, overrides))
+    run(make_plan(load(None, overrides)))
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -78,6 +79,7 @@ def test_backend_tinker_through_the_server_matches_backend_local(tmp_path, monke
 
 def test_a_run_that_fails_ends_its_session_as_errored(tmp_path, monkeypatch):
     """The error goes on to the caller; the service has recorded the run's session as errored."""
+    from tinkrl.commands.plan import make_plan
     from tinkrl.commands.train import load
     from tinkrl.rl.train import main
 
@@ -90,5 +92,5 @@ def test_a_run_that_fails_ends_its_session_as_errored(tmp_path, monkeypatch):
         overrides = [f"{k}={v}" for k, v in {**RUN, "backend": "tinker", "base_url": url}.items()]
         config = load(None, [*overrides, f"log_path={tmp_path / 'failed'}"])
         with pytest.raises(RuntimeError, match="no environments today"):
-            asyncio.run(main(config, no_environments))
+            asyncio.run(main(make_plan(config), no_environments))
     assert finish_reasons(server) == ["errored"]

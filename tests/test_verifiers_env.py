@@ -37,12 +37,13 @@ BASE = {
 
 
 def train(tmp_path: Path, environments: dict) -> tuple[dict, list[dict], Path]:
+    from tinkrl.commands.plan import make_plan
     from tinkrl.commands.train import load, run
 
     cfg_path = tmp_path / "config.yaml"
     run_dir = tmp_path / "run"
     cfg_path.write_text(yaml.safe_dump({**BASE, "log_path": str(run_dir), "environments": environments}))
-    metrics = run(load(str(cfg_path), []))
+    metrics = run(make_plan(load(str(cfg_path), [])))
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return metrics, lines, run_dir
 

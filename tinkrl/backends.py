@@ -39,7 +39,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
@@ -180,12 +180,10 @@ def _short(text: str, limit: int = 200) -> str:
 # The options of the embedded engine only.
 LOCAL_ONLY = ("device", "precision", "sampler_precision", "compile")
 
-Config = TypeVar("Config", bound=BackendConfig)
-
 
 def choose_backend(config: BackendConfig, checkpoint: str | None = None) -> tuple[str, str]:
     """(local or tinker, why) for a config, and for the checkpoint to be loaded when there is one: the one
-    place `backend: auto` is settled (`tinkrl train`'s plan and loop, `tinkrl eval`, `make_service_client`).
+    place `backend: auto` is settled (`tinkrl train`'s plan, `tinkrl eval`, `make_service_client`).
     `auto`: tinker when `base_url` is set, local when a local-engine option (`LOCAL_ONLY`) is; for a
     checkpoint, local when it is on this machine (`checkpoint_paths.is_local_checkpoint`), else tinker
     when TINKER_API_KEY is set; without one, tinker when TINKER_API_KEY is set and either TINKER_BASE_URL
@@ -216,18 +214,12 @@ def choose_backend(config: BackendConfig, checkpoint: str | None = None) -> tupl
     return "local", f"{config.model_name} is on this machine (backend=tinker trains it on the Tinker service)"
 
 
-def with_backend_chosen(config: Config) -> Config:
-    """`config` with `backend: auto` replaced by `choose_backend`'s choice (`config` itself when it names
-    a backend): for callers that record or print the backend they run on, and for `make_service_client`."""
-    if config.backend != "auto":
-        return config
-    return config.model_copy(update={"backend": choose_backend(config)[0]})
-
-
 def make_service_client(config: BackendConfig | None = None, *, api_key: str | None = None) -> Any:
-    """A ServiceClient for `config.backend` (`auto` settled by `choose_backend`); for `tinker`, checked
-    to be reachable with the key."""
-    config = with_backend_chosen(config or BackendConfig())
+    """A ServiceClient for `config.backend` (`auto` settled by `choose_backend`; a training run's plan
+    has settled it already); for `tinker`, checked to be reachable with the key."""
+    config = config or BackendConfig()
+    if config.backend == "auto":
+        config = config.model_copy(update={"backend": choose_backend(config)[0]})
     if config.backend == "local":
         from tinkrl.local import ServiceClient
 

@@ -20,15 +20,17 @@ from tinkrl.backends import choose_backend
 from tinkrl.config import TrainConfig
 from tinkrl.envs import make_env_config, resolve_type
 from tinkrl.errors import ConfigError
-from tinkrl.local.model_files import describe_model, find_local_model, unsupported_reason
+from tinkrl.local.model_files import describe_model, unsupported_reason
 from tinkrl.renderers import choose_renderer, names_help, recommend, tool_format_problem
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.run_dir import check_run_dir
+from tinkrl.rl.run_plan import RunPlan
 
 
-def make_plan(config: TrainConfig) -> dict[str, Any]:
-    """The resolved run as a JSON-able dict (see the module docstring)."""
+def make_plan(config: TrainConfig) -> RunPlan:
+    """The resolved run (see the module docstring)."""
     backend, backend_reason = choose_backend(config)
+    config = config.model_copy(update={"backend": backend})
     try:
         renderer = choose_renderer(config.model_name, config.renderer, config.thinking)
     except ValueError as e:
@@ -48,48 +50,32 @@ def make_plan(config: TrainConfig) -> dict[str, Any]:
         }
         if hasattr(env_config, "describe_source"):
             environments[key]["source"] = env_config.describe_source()
-    record = check_run_dir(config.model_copy(update={"backend": backend}))
+    record = check_run_dir(config)
     start = Checkpointer(config.run_dir).steps_done() if record is not None else 0
     wandb = wandb_plan(config)
     problems = [wandb["problem"]] if "problem" in wandb else []
     if backend == "local" and (reason := unsupported_reason(config.model_name)):
         problems.append(reason)
-    renderer_reason = _renderer_reason(config, renderer)
-    if renderer is None and _chatml_on_disk(config.model_name):
-        renderer, renderer_reason = "chatml", "no rule names this model; its tokenizer on disk is ChatML"
-    elif renderer is None:
+    if renderer is None:
         problems.append(
-            f"no renderer for model {config.model_name!r}: no rule names its family. Choose its chat format "
-            f"with renderer=NAME: {names_help()}"
+            f"no renderer for model {config.model_name!r}: no rule names its family and its tokenizer on this "
+            f"machine is not ChatML. Choose its chat format with renderer=NAME: {names_help()}"
         )
     for key, env in environments.items():
         tool_format = env["config"].get("tool_format", "hermes")
         if renderer is not None and (problem := tool_format_problem(renderer, tool_format)):
             problems.append(f"environments.{key}: {problem}")
-    return {
-        "dialect": config.dialect,
-        "dialect_reason": config.dialect_reason,
-        "backend": backend,
-        "backend_reason": backend_reason,
-        "model_name": config.model_name,
-        "model": describe_model(config.model_name) if backend == "local" else "on the Tinker service",
-        "renderer": renderer,
-        "renderer_reason": renderer_reason,
-        "groups_per_step": sum(groups.values()),
-        "rollouts_per_step": sum(n * config.group_size_for(k) for k, n in groups.items()),
-        "max_steps": config.max_steps,
-        "learning_rate": config.learning_rate,
-        "loss_fn": config.loss_fn,
-        "adv_estimator": config.adv_estimator,
-        "lora_rank": config.lora_rank,
-        "max_tokens": config.max_tokens,
-        "environments": environments,
-        "wandb": wandb,
-        "openreward": config.openreward.model_dump(),
-        "log_path": str(config.run_dir),
-        "start": _start_text(config, record is not None, start),
-        "problems": problems,
-    }
+    return RunPlan(
+        config=config,
+        backend_reason=backend_reason,
+        model=describe_model(config.model_name) if backend == "local" else "on the Tinker service",
+        renderer=renderer,
+        renderer_reason=_renderer_reason(config, renderer),
+        environments=environments,
+        wandb=wandb,
+        start=_start_text(config, record is not None, start),
+        problems=problems,
+    )
 
 
 def _renderer_reason(config: TrainConfig, renderer: str | None) -> str:
@@ -99,15 +85,6 @@ def _renderer_reason(config: TrainConfig, renderer: str | None) -> str:
     if renderer is not None and config.thinking is not None:
         reason += f", thinking={str(config.thinking).lower()}"
     return reason
-
-
-def _chatml_on_disk(model_name: str) -> bool:
-    """Whether the model's tokenizer files on disk define ChatML's `<|im_end|>` (read as text: no tokenizer loads)."""
-    found = find_local_model(model_name)
-    if found is None or not found.is_dir():
-        return False
-    files = [found / "tokenizer_config.json", found / "tokenizer.json"]
-    return any(f.is_file() and "<|im_end|>" in f.read_text(errors="replace") for f in files)
 
 
 def _start_text(config: TrainConfig, owned: bool, step: int) -> str:
@@ -148,16 +125,3 @@ def _wandb_logged_in() -> bool:
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc")).expanduser()
     return netrc.is_file() and host in netrc.read_text(errors="replace")
-
-
-def plan_line(plan: dict[str, Any]) -> str:
-    """The plan in one line, the first line of every run."""
-    envs = " + ".join(f"{k} {e['groups_per_step']}x{e['group_size']}" for k, e in plan["environments"].items())
-    wandb = plan["wandb"]
-    w = f"W&B {wandb['project']}/{wandb['run_name']} ({wandb['mode']})" if wandb["enabled"] else "no W&B"
-    return (
-        f"plan: {plan['groups_per_step']} groups ({envs}) = {plan['rollouts_per_step']} rollouts/step, "
-        f"{plan['max_steps']} steps of {plan['model_name']} on backend {plan['backend']} "
-        f"({plan['backend_reason']}), renderer {plan['renderer']}, {plan['dialect']} dialect "
-        f"({plan['dialect_reason']}), {w}, {plan['start']} in {plan['log_path']}"
-    )

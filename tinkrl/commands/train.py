@@ -25,6 +25,9 @@ from pydantic import BaseModel
 from tinkrl.config import TrainConfig, load_config, load_dotenv_file
 from tinkrl.errors import ConfigError, TinkrlError
 
+if typing.TYPE_CHECKING:
+    from tinkrl.rl.run_plan import RunPlan
+
 USAGE = """usage: tinkrl train [CONFIG.yaml] [key=value ...] [--dry-run | --prepare]
        tinkrl train --config_path CONFIG.yaml --overrides key=value ... [--dry-run | --prepare]
 
@@ -109,25 +112,26 @@ def load(config_path: str | None, overrides: list[str]) -> TrainConfig:
     return resolve_config(config)
 
 
-def run(config: TrainConfig) -> dict[str, float]:
-    """Train `config` to the end; returns the last step's metrics."""
+def run(plan: RunPlan) -> dict[str, float]:
+    """Train the planned run to the end; returns the last step's metrics."""
     from tinkrl.envs import build_environments, checkpoint_metadata
     from tinkrl.rl.train import main
 
+    config = plan.config
     factory = lambda renderer, run_dir: build_environments(config, renderer, run_dir)  # noqa: E731
-    return asyncio.run(main(config, factory, checkpoint_metadata(config)))
+    return asyncio.run(main(plan, factory, checkpoint_metadata(config)))
 
 
-def prepare(config: TrainConfig) -> None:
-    """One step of `config`'s job on the embedded engine in a scratch run directory, removed after with the
-    checkpoint it saved: what stays is what every later run of the job reuses (the model's files under
+def prepare(plan: RunPlan) -> None:
+    """One step of the planned job on the embedded engine in a scratch run directory, removed after with
+    the checkpoint it saved: what stays is what every later run of the job reuses (the model's files under
     $TINKRL_HOME/models, the kernels and the compiled training layers under ~/.cache/tinkrl)."""
     from tinkrl.local.checkpoint_paths import checkpoint_dir
     from tinkrl.tracking import read_jsonl
 
-    t0 = time.time()
+    config, t0 = plan.config, time.time()
     try:
-        run(config)
+        run(plan)
     finally:
         for row in read_jsonl(config.run_dir / "checkpoints.jsonl"):
             for key in ("state_path", "sampler_path"):
@@ -156,27 +160,27 @@ def _train(config_path: str | None, overrides: list[str], mode: str | None) -> i
     """Load, plan and run (or only print the plan, or prepare): `cli_main`'s work and exit code."""
     try:
         config = load(config_path, overrides)
-        from tinkrl.commands.plan import make_plan, plan_line
+        from tinkrl.commands.plan import make_plan
 
         plan = make_plan(config)
     except ConfigError as e:
         print(f"tinkrl train: error: {e}", file=sys.stderr)
         return 2
     if mode == "dry-run":
-        print(json.dumps(plan, indent=2))
+        print(json.dumps(plan.as_dict(), indent=2))
         return 0
-    if mode == "prepare" and plan["backend"] != "local":
-        print(f"tinkrl train --prepare: nothing to prepare on backend {plan['backend']} (the service holds the model)")
+    if mode == "prepare" and plan.backend != "local":
+        print(f"tinkrl train --prepare: nothing to prepare on backend {plan.backend} (the service holds the model)")
         return 0
-    print(plan_line(plan), flush=True)
-    if plan["problems"]:
-        print(f"tinkrl train: error: {plan['problems'][0]}", file=sys.stderr)
+    print(plan.line(), flush=True)
+    if plan.problems:
+        print(f"tinkrl train: error: {plan.problems[0]}", file=sys.stderr)
         return 2
-    if plan["start"].startswith("finished"):
-        print(f"{plan['log_path']}: {plan['start']} (raise max_steps to train it further)")
+    if plan.finished:
+        print(f"{config.run_dir}: {plan.start} (raise max_steps to train it further)")
         return 0
     try:
-        prepare(config) if mode == "prepare" else run(config)
+        prepare(plan) if mode == "prepare" else run(plan)
     except ConfigError as e:
         print(f"tinkrl train: error: {e}", file=sys.stderr)
         return 2

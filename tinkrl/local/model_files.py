@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -90,30 +91,54 @@ def default_model_gguf() -> Path | None:
 _GGUF_ORGS = {"qwen": "Qwen", "smollm": "HuggingFaceTB", "llama": "meta-llama"}  # basename prefix: hub org
 
 
+@dataclass(frozen=True)
+class GGUFHeader:
+    """What tinkrl reads of a GGUF file's metadata: the text fields of `general.*` (architecture, name,
+    basename, organization, size_label, finetune...) and the vocabulary's control tokens (`<|...|>`)."""
+
+    general: dict[str, str]
+    control_tokens: frozenset[str]
+
+
 @functools.lru_cache(maxsize=64)
-def gguf_general(path: str) -> dict[str, str]:
-    """The text fields of a GGUF file's `general.*` metadata (architecture, name, basename, organization,
-    size_label, finetune...), read once per file; empty for a file that is not a GGUF."""
+def gguf_header(path: str) -> GGUFHeader:
+    """The metadata of the GGUF file at `path`, read once per file; empty for a file that is not a GGUF."""
     import gguf
 
     try:
         fields = gguf.GGUFReader(path).fields
     except (OSError, ValueError):
-        return {}
-    found = {}
+        return GGUFHeader({}, frozenset())
+    general = {}
     for key, field in fields.items():
         if key.startswith("general."):
             value = field.contents()
             if isinstance(value, str) and value.strip():
-                found[key.removeprefix("general.")] = value.strip()
-    return found
+                general[key.removeprefix("general.")] = value.strip()
+    tokens = fields.get("tokenizer.ggml.tokens")
+    names = (bytes(tokens.parts[i]) for i in tokens.data) if tokens is not None else ()
+    control = frozenset(t.decode(errors="replace") for t in names if t.startswith(b"<|"))
+    return GGUFHeader(general, control)
+
+
+def stored_tokenizer_defines(name: str, token: str) -> bool:
+    """Whether the tokenizer of model `name` as stored on this machine defines `token`: its tokenizer
+    files read as text (a model directory, an HF cache snapshot), or a GGUF file's vocabulary (a control
+    token). Reads files only: no tokenizer loads, nothing downloads; False for a model not on disk."""
+    found = find_local_model(name) or (hf_cache_snapshot(name, weights=False) if _HUB_ID.fullmatch(name) else None)
+    if found is None:
+        return False
+    if found.suffix == ".gguf":
+        return token in gguf_header(str(found)).control_tokens
+    files = [found / "tokenizer_config.json", found / "tokenizer.json"]
+    return any(f.is_file() and token in f.read_text(errors="replace") for f in files)
 
 
 def gguf_model_name(path: str) -> str | None:
     """The hub-style name (`ORG/NAME`) a GGUF file gives itself in its metadata (organization, basename,
     size label, finetune), so that the renderer rules for that name apply to the file; the organisation,
     when the file leaves it out, from its family's basename. None for a file that names no model."""
-    meta = gguf_general(path)
+    meta = gguf_header(path).general
     base = meta.get("basename") or meta.get("name", "").replace(" ", "-")
     if not base:
         return None
@@ -274,7 +299,7 @@ def local_architecture(name: str) -> str | None:
         except (OSError, json.JSONDecodeError):
             return None
     if found is not None:  # a GGUF: the default model's is llama; another says in its metadata
-        return "llama" if name == DEFAULT_MODEL else gguf_general(str(found)).get("architecture")
+        return "llama" if name == DEFAULT_MODEL else gguf_header(str(found)).general.get("architecture")
     return next((arch for pattern, arch in _ARCH_BY_NAME if pattern.search(name)), None)
 
 

@@ -9,8 +9,8 @@ gpt-oss, Kimi K2/K2.5/K2.6, Nemotron 3, TML v0); the formats it lacks are writte
 
 A model name gets tinker-cookbook's recommended renderer (`registry.recommend`), `renderer=NAME`
 overrides it, and `thinking=false|true` picks the family's variant (`choose_renderer`). A name no
-rule knows renders as ChatML only when its tokenizer has ChatML's tokens; otherwise the caller is
-told to choose one.
+rule knows renders as ChatML only when its tokenizer has ChatML's tokens (`registry.is_chatml`, the
+one test, in a run's plan and here); otherwise the caller is told to choose one.
 
 Messages are OpenAI-style dicts: {"role", "content", "tool_calls"?: [{"id", "type": "function",
 "function": {"name", "arguments": JSON string}}], "tool_call_id"?, "name"? (tool results),
@@ -35,6 +35,7 @@ from .registry import (
     RENDERERS,
     canonical,
     choose_renderer,
+    is_chatml,
     names_help,
     recommend,
     renderer_name_for,
@@ -58,6 +59,7 @@ __all__ = [
     "choose_renderer",
     "get_renderer",
     "hosted_model",
+    "is_chatml",
     "load_tokenizer",
     "recommend",
     "renderer_name_for",
@@ -75,11 +77,6 @@ _UNREACHABLE = (OSError, RuntimeError, ValueError)
 
 Tokenizer = Any
 TokenizerSource = Tokenizer | Callable[[], Tokenizer] | None
-
-
-def _is_chatml(tokenizer: Tokenizer) -> bool:
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return im_end is not None and im_end != getattr(tokenizer, "unk_token_id", None)
 
 
 def _materialize(source: TokenizerSource) -> tuple[Tokenizer | None, Exception | None]:
@@ -148,7 +145,7 @@ def get_renderer(
     if model_tokenizer is None:
         raise ValueError(f"no tokenizer for model {model_name!r}: {error or 'none given'}")
     if spec is None:
-        if not _is_chatml(model_tokenizer):
+        if not is_chatml(model_name, model_tokenizer):
             raise ValueError(
                 f"no renderer for model {model_name!r}: no rule names its family and its tokenizer has no "
                 f"<|im_end|> (not ChatML). Choose one with renderer=NAME: {names_help()}"

@@ -9,7 +9,8 @@ lacks (Llama 3, role_colon, ChatML).
 
 `recommend(model)` maps a model name to its renderer: tinker-cookbook's first recommendation for
 every model hosted Tinker serves (`hosted_models.py`), else a few name rules for models tinkrl's
-own engine trains; a name no rule knows gets None, never a guess. `choose_renderer` adds the
+own engine trains, else ChatML for a model whose tokenizer on this machine is ChatML (`is_chatml`);
+anything else gets None, never a guess. `choose_renderer` adds the
 `renderer=` override and the `thinking=` switch. Cheap: imports nothing heavy, so a `--dry-run`
 plan calls it before any model loads.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tinkrl.local.model_files import gguf_model_name
+from tinkrl.local.model_files import gguf_model_name, stored_tokenizer_defines
 
 from .base import own_format_only
 from .hosted_models import hosted_model
@@ -363,14 +364,27 @@ def recommend(model_name: str) -> Recommendation | None:
     if model_name.endswith(".gguf") and Path(model_name).expanduser().is_file():
         named = gguf_model_name(str(Path(model_name).expanduser()))
         found = recommend(named) if named and not named.endswith(".gguf") else None
-        return found and Recommendation(found.name, f"{found.reason} (the GGUF file names itself {named})")
+        if found is not None:
+            return Recommendation(found.name, f"{found.reason} (the GGUF file names itself {named})")
     hosted = hosted_model(model_name)
     if hosted is not None:
         return Recommendation(hosted.renderers[0], "tinker-cookbook's recommendation for this model")
     for pattern, name, what in _RULES:
         if pattern.search(model_name):
             return Recommendation(name, f"tinkrl's rule for {what}")
+    if is_chatml(model_name):
+        return Recommendation("chatml", "no rule names this model; its tokenizer on this machine is ChatML")
     return None
+
+
+def is_chatml(model_name: str, tokenizer: Any = None) -> bool:
+    """Whether the model's tokenizer defines ChatML's `<|im_end|>`: `tokenizer` when given, else the
+    model's tokenizer as stored on this machine (`stored_tokenizer_defines`: files only, nothing loads).
+    The one test by which a model no rule names renders as ChatML, in a run's plan and in `get_renderer`."""
+    if tokenizer is None:
+        return stored_tokenizer_defines(model_name, "<|im_end|>")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return im_end is not None and im_end != getattr(tokenizer, "unk_token_id", None)
 
 
 def renderer_name_for(model_name: str) -> str | None:
@@ -398,7 +412,6 @@ def tool_format_problem(name: str, tool_format: str) -> str | None:
 
 def choose_renderer(model_name: str, name: str | None = None, thinking: bool | None = None) -> str | None:
     """The canonical renderer name a run uses: `name` (a name or alias) if given, else the model's
-    (`recommend`), switched by `thinking`; None when neither says one (then only a ChatML tokenizer
-    decides: `get_renderer`). An unknown `name` raises ValueError listing the choices."""
+    (`recommend`), switched by `thinking`; None when neither says one. An unknown `name` raises ValueError listing the choices."""
     chosen = canonical(name) if name else renderer_name_for(model_name)
     return None if chosen is None else with_thinking(chosen, thinking)

@@ -29,17 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tinkrl.backends import local_compute, make_service_client, with_backend_chosen
+from tinkrl.backends import local_compute, make_service_client
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
-from tinkrl.renderers import choose_renderer, get_renderer
+from tinkrl.renderers import get_renderer
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.data import add_kl_penalty, add_observation_logprobs, build_sequences, select_groups
 from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollout_rows, summary_line, timed
 from tinkrl.rl.rollouts import sample_groups
 from tinkrl.rl.run_dir import claim_run_dir, new_run_hint, record_compute
+from tinkrl.rl.run_plan import RunPlan
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.summary import before_rl_row, run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
@@ -51,15 +52,16 @@ from tinkrl.tracking import RunLogger, writing
 EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir) -> environments by key
 
 
-async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[str, str] | None = None) -> Metrics:
-    """Set up a run (service, training client, environments, logging), train it, and close it: on the
-    Tinker service its session ends as the run did (success, errored, interrupted). `user_metadata` goes
-    with the training run (and its checkpoints), as the Tinker API keeps it."""
+async def main(plan: RunPlan, make_envs: EnvFactory, user_metadata: dict[str, str] | None = None) -> Metrics:
+    """Set up the planned run (service, training client, environments, logging), train it, and close it:
+    on the Tinker service its session ends as the run did (success, errored, interrupted). The plan's
+    backend and renderer are the run's (`tinkrl train` stops on the plan's problems before calling this).
+    `user_metadata` goes with the training run (and its checkpoints), as the Tinker API keeps it."""
     import torch
 
     t0 = time.time()
+    config = plan.config
     torch.manual_seed(config.seed)
-    config = with_backend_chosen(config)  # the run directory records the backend it runs on
     run_dir = config.run_dir
     record = claim_run_dir(config)  # a directory of another run stops here, before any work
     with writing(run_dir / "config.yaml"):
@@ -75,8 +77,7 @@ async def main(config: TrainConfig, make_envs: EnvFactory, user_metadata: dict[s
     with make_service_client(config) as service:  # leaving it, the service records how the run ended
         tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
         try:
-            name = choose_renderer(config.model_name, config.renderer, config.thinking)
-            renderer = get_renderer(tc.get_tokenizer, config.model_name, name=name)  # loaded only if needed
+            renderer = get_renderer(tc.get_tokenizer, config.model_name, name=plan.renderer)  # loaded if needed
         except ValueError as e:
             raise ConfigError(str(e)) from None
         envs = make_envs(renderer, run_dir)
