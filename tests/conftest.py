@@ -36,7 +36,8 @@ def fake_cpu(monkeypatch):
     the test's own. A plan made of it is what that CPU gets, whatever this machine is; a test that
     runs an engine on it passes the kernels this machine built (`probe().kernels`, read first), so
     the engine calls only kernels that exist here."""
-    from tinkrl.local import plan, transformer
+    from tinkrl.local import compute_plan as plan
+    from tinkrl.local import transformer
     from tinkrl.local.engine import Engine
 
     monkeypatch.setattr(Engine, "_engines", {})

@@ -16,8 +16,8 @@ import torch
 from helpers.engine import BF16_ON_AMX, REAL, assert_agreement_before_and_after_a_step
 
 from tinkrl.local import ServiceClient
+from tinkrl.local.compute_plan import AGREEMENT_BOUND
 from tinkrl.local.models import default_dtype, parse_dtype
-from tinkrl.local.plan import AGREEMENT_BOUND
 from tinkrl.renderers import get_renderer
 
 pytestmark = [pytest.mark.real_model, pytest.mark.cpu_class]  # cpu_class: `make test-avx2` runs it again

@@ -19,8 +19,8 @@ from helpers.http_json import send_json
 from helpers.ors import free_port
 from helpers.requirements import needs_bwrap
 
+from tinkrl.agents.evaluation import pass_at_k
 from tinkrl.commands.eval import cli_main
-from tinkrl.envs.agent_tasks.evaluation import pass_at_k
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 

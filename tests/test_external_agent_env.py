@@ -112,9 +112,9 @@ def test_two_step_train_of_unmodified_agents(tmp_path):
 def test_mini_environment_class_runs_in_the_rollout_sandbox(tmp_path):
     from minisweagent.exceptions import Submitted
 
+    from tinkrl.envs.external_agent.run_server import RunServer
     from tinkrl.harness.mini_swe_agent import TinkrlSandboxEnvironment
     from tinkrl.local import ServiceClient
-    from tinkrl.proxy.run_server import RunServer
     from tinkrl.sandbox import get_provider
     from tinkrl.taskdirs import load_task
     from tinkrl.taskdirs.verifier import grade, start_sandbox
@@ -170,7 +170,7 @@ def test_config_errors():
 def test_mini_command_template_fills_per_rollout():
     from tinkrl.envs.external_agent.config import ExternalAgentEnvConfig
     from tinkrl.envs.external_agent.env import make_agent
-    from tinkrl.proxy.external_agents import AgentSession
+    from tinkrl.envs.external_agent.runner import AgentSession
     from tinkrl.rl.types import SamplingSettings
 
     cfg = ExternalAgentEnvConfig(

@@ -157,7 +157,7 @@ test_task_dir_fast, test_task_dir_long = fuzz_pair(
 def _renderers():
     from test_renderers_families import renderer, skip_reason
 
-    from tinkrl.renderers.registry import RENDERERS
+    from tinkrl.renderers.names import RENDERERS
 
     built = []
     for name in RENDERERS:

@@ -23,9 +23,9 @@ from helpers.engine import TEXTS, TINY
 from tinker import types
 
 from tinkrl.local import ServiceClient
+from tinkrl.local.compute_plan import Choice, Machine, make_plan, probe
 from tinkrl.local.kernels import library, ops
 from tinkrl.local.kernels.paths import CpuKernels, Reference, for_plan
-from tinkrl.local.plan import Choice, Machine, make_plan, probe
 from tinkrl.local.transformer import KVCache, _rotate_half
 
 pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU

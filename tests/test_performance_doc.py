@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tinkrl.local.plan import vendor_of
+from tinkrl.local.compute_plan import vendor_of
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

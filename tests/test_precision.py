@@ -1,4 +1,4 @@
-"""The default-precision rule (`tinkrl/local/plan.py`) and the agreement every default keeps.
+"""The default-precision rule (`tinkrl/local/compute_plan.py`) and the agreement every default keeps.
 
 What must hold: each CPU class has one default with the measurement behind it (fp32 on every
 class measured so far); this machine's engine takes the default of its own class; and with
@@ -19,8 +19,8 @@ from helpers.engine import TEXTS, TINY, assert_agreement_before_and_after_a_step
 from tinker import types
 
 from tinkrl.local import ServiceClient
+from tinkrl.local.compute_plan import AGREEMENT_BOUND, CPU_RULES, CpuClass, cpu_class_of, default_rule, probe
 from tinkrl.local.models import default_dtype, parse_dtype
-from tinkrl.local.plan import AGREEMENT_BOUND, CPU_RULES, CpuClass, cpu_class_of, default_rule, probe
 
 pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
 

@@ -17,9 +17,9 @@ from test_proxy_helpers import AGENT_SYSTEM, AGENT_TOOLS, HELLO_COMMAND, tool_po
 from tinker import types
 
 from tinkrl.agents.tools import run_tool
+from tinkrl.envs.external_agent.runner import AgentSession, CommandAgent, ExternalAgentRunner
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.proxy.external_agents import AgentSession, CommandAgent, ExternalAgentRunner
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
 from tinkrl.rl.data import trajectory_to_sequences
 from tinkrl.taskdirs import load_task

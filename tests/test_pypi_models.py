@@ -12,7 +12,7 @@ import pytest
 from tinkrl.local import pypi_models
 from tinkrl.local.model_files import default_model_gguf, gguf_model_name, local_architecture
 from tinkrl.local.pypi_models import AssemblyError, SplitGGUF, assemble
-from tinkrl.renderers.registry import recommend
+from tinkrl.renderers.names import recommend
 
 NAME = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 

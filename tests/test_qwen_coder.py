@@ -13,10 +13,10 @@ from helpers.engine import TEXTS, assert_agreement_before_and_after_a_step, asse
 from tinker import types
 
 from tinkrl.local import ServiceClient
+from tinkrl.local.compute_plan import AGREEMENT_BOUND
 from tinkrl.local.model_files import describe_model, find_local_model, tinkrl_model_dir
-from tinkrl.local.plan import AGREEMENT_BOUND
 from tinkrl.renderers import get_renderer, load_tokenizer
-from tinkrl.renderers.registry import recommend
+from tinkrl.renderers.names import recommend
 
 pytestmark = pytest.mark.slow
 MODEL = "Qwen/Qwen2.5-Coder-0.5B-Instruct"

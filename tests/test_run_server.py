@@ -9,9 +9,9 @@ import threading
 import openai
 import pytest
 
+from tinkrl.envs.external_agent.run_server import RunServer
 from tinkrl.local import ServiceClient
 from tinkrl.local.models import TINY_MODEL
-from tinkrl.proxy.run_server import RunServer
 from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.rollouts import do_group_rollout, gather_rollouts
 from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset, SamplingSettings, Trajectory

@@ -28,9 +28,9 @@ from tinkrl.backends import make_service_client
 from tinkrl.config import BackendConfig
 from tinkrl.errors import TinkrlError
 from tinkrl.local import ServiceClient
+from tinkrl.local.compute_plan import CPU_SAMPLER_RULES, Choice, SamplerClass, probe, sampler_class_of, usable_flags
 from tinkrl.local.kernels import paths
 from tinkrl.local.models import TINY_ARCHS, default_sampler_precision
-from tinkrl.local.plan import CPU_SAMPLER_RULES, Choice, SamplerClass, probe, sampler_class_of, usable_flags
 from tinkrl.local.transformer import Linear
 
 pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU

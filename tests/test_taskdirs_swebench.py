@@ -202,7 +202,7 @@ def test_predictions_jsonl_is_read_by_swebench_own_loaders(tmp_path):
     from swebench.harness.run_evaluation import get_dataset_from_preds
     from swebench.harness.utils import get_predictions_from_file
 
-    from tinkrl.envs.agent_tasks.evaluation import Trial, write_outputs
+    from tinkrl.agents.evaluation import Trial, write_outputs
 
     rows = [PYTEST_ROW, DJANGO_ROW, SYMPY_ROW]
     dataset = tmp_path / "dataset.jsonl"

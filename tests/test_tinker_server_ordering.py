@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tinkrl.tinker_server.futures import PromiseTable
-from tinkrl.tinker_server.registry import Registry
+from tinkrl.tinker_server.sessions import Registry
 
 
 def test_requests_run_in_seq_order_and_a_resent_request_runs_once():

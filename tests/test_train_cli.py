@@ -18,7 +18,7 @@ import yaml
 from helpers.engine import TINY, real_models_dir
 from tinker import types
 
-from tinkrl.local.plan import AGREEMENT_BOUND
+from tinkrl.local.compute_plan import AGREEMENT_BOUND
 
 ARGS = [
     "env=arithmetic",

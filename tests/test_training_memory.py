@@ -25,9 +25,9 @@ from helpers.engine import TINY, assert_close_vectors, datum, flat, logprobs_of,
 from tinker import types
 
 from tinkrl.local import ServiceClient, logprobs, transformer
+from tinkrl.local.compute_plan import LONG_ROW_TOKENS, MICROBATCH_TOKENS, with_training_memory
 from tinkrl.local.losses import LossInputError
 from tinkrl.local.memory import MARGIN, StepMemory, step_memory
-from tinkrl.local.plan import LONG_ROW_TOKENS, MICROBATCH_TOKENS, with_training_memory
 
 pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU
 

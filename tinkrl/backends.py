@@ -242,7 +242,7 @@ def make_service_client(config: BackendConfig | None = None, *, api_key: str | N
 
 
 def local_compute(training_client: Any) -> dict | None:
-    """The compute plan of the embedded engine behind a local training client (`tinkrl.local.plan`:
+    """The compute plan of the embedded engine behind a local training client (`tinkrl.local.compute_plan`:
     device, precisions and the sampler's paths, each with its reason), for a run's first lines and
     its run.json; None for the Tinker service's clients."""
     from tinkrl.local.service import TrainingClient

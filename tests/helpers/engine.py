@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from tinkrl.local.plan import probe
+from tinkrl.local.compute_plan import probe
 
 TINY = "tinkrl/tiny-llama"
 REAL = "HuggingFaceTB/SmolLM2-135M-Instruct"

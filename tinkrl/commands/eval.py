@@ -20,7 +20,7 @@ NAME==VERSION`, `--dataset-path`, `--task-id` (repeatable), `--n-concurrent`, `-
 service for a checkpoint not on this machine or a model not on it when TINKER_API_KEY is set, else
 the embedded engine; `local` / `tinker` decide outright); `--base-url` evaluates any
 OpenAI-compatible endpoint. Results go to `<output-path>/<run-id>/` (see
-`tinkrl.envs.agent_tasks.evaluation`).
+`tinkrl.agents.evaluation`).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.device and args.backend == "tinker":
         parser.error("--device goes with the embedded engine (--backend local or auto)")
     if args.dataset:
-        from tinkrl.taskdirs.registry import parse_spec
+        from tinkrl.taskdirs.datasets import parse_spec
 
         try:
             parse_spec(args.dataset)
@@ -232,8 +232,7 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
-    from tinkrl.envs.agent_tasks.evaluation import (
+    from tinkrl.agents.evaluation import (
         OpenAIPolicy,
         SamplingClientPolicy,
         TextToolParser,
@@ -242,6 +241,7 @@ async def _main(args: argparse.Namespace) -> int:
         summarize,
         write_outputs,
     )
+    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
     from tinkrl.sandbox import LazyProvider, get_provider
 
     cfg = TasksEnvConfig(

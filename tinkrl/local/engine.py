@@ -23,12 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tinkrl.local.futures import LocalFuture
-from tinkrl.local.kernels.paths import for_plan
-from tinkrl.local.lora import LoraSpec, add_lora
-from tinkrl.local.memory import step_memory
-from tinkrl.local.models import load_model, parse_dtype, pick_device
-from tinkrl.local.plan import (
+from tinkrl.local.compute_plan import (
     Choice,
     ComputePlan,
     default_rule,
@@ -38,6 +33,11 @@ from tinkrl.local.plan import (
     resolve_sampler,
     with_training_memory,
 )
+from tinkrl.local.futures import LocalFuture
+from tinkrl.local.kernels.paths import for_plan
+from tinkrl.local.lora import LoraSpec, add_lora
+from tinkrl.local.memory import step_memory
+from tinkrl.local.models import load_model, parse_dtype, pick_device
 from tinkrl.local.prefix_cache import PrefixCache, Prefixes, budget_from_env
 from tinkrl.local.sampler import SampleJob, sample_batch
 from tinkrl.local.transformer import (
@@ -98,7 +98,7 @@ class Engine:
         sampler: str | None = None,
     ) -> Engine:
         """The process's engine for this model, device, precision and sampler precision (defaults: the
-        hardware class's rules, `plan.py`)."""
+        hardware class's rules, `compute_plan.py`)."""
         dev = pick_device(device)
         cuda_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
         asked = None if dtype is None else str(dtype).removeprefix("torch.")

@@ -1,6 +1,6 @@
 """How much a LoRA training step may hold: the machine's memory and a step's bytes per token.
 
-The compute plan (`plan.py`) turns these into two limits: above how many tokens a training
+The compute plan (`compute_plan.py`) turns these into two limits: above how many tokens a training
 micro-batch recomputes its layers in the backward (activation checkpointing: each layer keeps only
 its input), and how many tokens one micro-batch may have at all. A datum longer than that is one
 clear error before any work, never the kernel's OOM kill. The estimates count fp32 values per token

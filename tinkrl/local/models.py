@@ -30,6 +30,14 @@ from pathlib import Path
 import torch
 
 from tinkrl.errors import TinkrlError
+from tinkrl.local.compute_plan import (
+    SamplerPrecision,
+    parse_precision,
+    parse_sampler_precision,
+    probe,
+    resolve_precision,
+    resolve_sampler,
+)
 from tinkrl.local.model_files import (
     DEFAULT_MODEL,
     TINY_ARCHS,
@@ -48,14 +56,6 @@ from tinkrl.local.model_files import (
     places_looked,
     tinkrl_home,
     tinkrl_model_dir,
-)
-from tinkrl.local.plan import (
-    SamplerPrecision,
-    parse_precision,
-    parse_sampler_precision,
-    probe,
-    resolve_precision,
-    resolve_sampler,
 )
 
 __all__ = [  # the names other modules import from here (several now live in model_files)
@@ -241,13 +241,13 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """The device's default precision by its hardware class's rule (`plan.py`); `TINKRL_DTYPE` overrides it."""
+    """The device's default precision by its hardware class's rule (`compute_plan.py`); `TINKRL_DTYPE` overrides it."""
     cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     return parse_dtype(resolve_precision(probe(), device.type, None, cuda_bf16).path)
 
 
 def default_sampler_precision(device: torch.device) -> SamplerPrecision:
-    """The device's default sampler precision by its hardware class's rule (`plan.py`);
+    """The device's default sampler precision by its hardware class's rule (`compute_plan.py`);
     `TINKRL_SAMPLER_PRECISION` overrides it."""
     return resolve_sampler(probe(), device.type, None).path  # type: ignore[return-value]
 

@@ -31,7 +31,7 @@ from tinkrl.local.training import Trainer
 
 class ServiceClient:
     """`tinker.ServiceClient` for the embedded engine. `device`, `dtype` and `sampler_precision` ("matched"
-    or "bfloat16") default to the hardware class's rules (plan.py).
+    or "bfloat16") default to the hardware class's rules (compute_plan.py).
 
     `compile=True` torch.compiles the training clients' forward (faster steps after a
     one-time compile; see transformer.compile_layers). Sampling always runs eager.

@@ -26,6 +26,7 @@ from tinker import types
 from tinkrl.allocator import release_free_memory
 from tinkrl.local import losses
 from tinkrl.local.checkpoints import read_lora, read_meta, read_optimizer, write_checkpoint
+from tinkrl.local.compute_plan import MICROBATCH_TOKENS, ComputePlan
 from tinkrl.local.engine import Engine, Snapshot
 from tinkrl.local.logprobs import target_logprobs, token_logprobs
 from tinkrl.local.lora import LORA_ALPHA, LoraSpec
@@ -38,7 +39,6 @@ from tinkrl.local.packing import (
     plain_causal,
     shared_opening,
 )
-from tinkrl.local.plan import MICROBATCH_TOKENS, ComputePlan
 from tinkrl.local.transformer import compile_layers
 
 # With compile=True: one fused pass per row instead of logsumexp's several memory-bound passes

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from tinkrl.local.compute_plan import cpu, onednn_bf16
 from tinkrl.local.model_files import SUPPORTED_ARCHS
-from tinkrl.local.plan import cpu, onednn_bf16
 
 # oneDNN's matmul on x86 CPUs: torch's fp32 `F.linear` calls MKL's sgemm, which on AMD CPUs
 # runs well below oneDNN's kernels at the engine's shapes (bf16 products already go through oneDNN).

@@ -2,6 +2,6 @@
 
 - `server.ProxyServer` / `serve_in_thread`: the HTTP server (`tinkrl serve openai`).
 - `capture`: what was sampled, per rollout; calls -> `Trajectory` + merge statistics.
-- `external_agents`: run an external agent (a Python callable or a command) per rollout and get its
-  trajectory back, rewarded by a grader.
+
+Running agent programs against it per rollout is the environments' job (`envs/external_agent/`).
 """

@@ -1,15 +1,15 @@
 """Chat messages <-> tokens, stop tokens, and tool-call parsing per model family.
 
 One interface (`Renderer`, base.py) used by environments, the trainer and the servers; one
-registry of names (`registry.py`): tinker-cookbook's renderer names, tinkrl's earlier names as
+registry of names (`names.py`): tinker-cookbook's renderer names, tinkrl's earlier names as
 aliases. Where tml-renderers (Thinking Machines' renderers, tokenizers built in) ships a family,
 it is the implementation (`tml.py`: Qwen3, Qwen3.5/3.6, Qwen3.8, DeepSeek V3.1/V4.1, GLM-5.3,
 gpt-oss, Kimi K2/K2.5/K2.6, Nemotron 3, TML v0); the formats it lacks are written by hand:
 `llama3.py` (Llama 3 Instruct), `role_colon.py` (base models), `chatml.py` (ChatML, SmolLM2, Qwen2.5).
 
-A model name gets tinker-cookbook's recommended renderer (`registry.recommend`), `renderer=NAME`
+A model name gets tinker-cookbook's recommended renderer (`names.recommend`), `renderer=NAME`
 overrides it, and `thinking=false|true` picks the family's variant (`choose_renderer`). A name no
-rule knows renders as ChatML only when its tokenizer has ChatML's tokens (`registry.is_chatml`, the
+rule knows renders as ChatML only when its tokenizer has ChatML's tokens (`names.is_chatml`, the
 one test, in a run's plan and here); otherwise the caller is told to choose one.
 
 Messages are OpenAI-style dicts: {"role", "content", "tool_calls"?: [{"id", "type": "function",
@@ -29,7 +29,7 @@ from .base import Message, ParsedResponse, Renderer, tool_call
 from .chatml import ChatMLRenderer
 from .hosted_models import HOSTED_MODELS, hosted_model
 from .llama3 import Llama3Renderer
-from .registry import (
+from .names import (
     ALIASES,
     RENDERER_NAMES,
     RENDERERS,

@@ -50,7 +50,7 @@ from typing import Any
 
 from .base import Message, ParsedResponse, Renderer, assistant_message, call_arguments, content_text, tool_call
 from .bundled_tokenizers import BundledTokenizer
-from .registry import RendererSpec, TmlBuild
+from .names import RendererSpec, TmlBuild
 
 _PROBE = "·"  # a one-token message text for the probe conversations
 _DEEPSEEK_TOOLS_INTRO = "\n\n## Tools\nYou have access to the following tools:\n"

@@ -34,7 +34,7 @@ from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, checkpoi
 from tinkrl.tinker_server import wire
 from tinkrl.tinker_server.engine_calls import named_kwargs, settle_blocking
 from tinkrl.tinker_server.futures import PromiseTable
-from tinkrl.tinker_server.registry import Registry, TrainingModel, UserError
+from tinkrl.tinker_server.sessions import Registry, TrainingModel, UserError
 
 log = logging.getLogger("tinkrl.tinker_server")
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tinkrl.taskdirs import Task
 
 log = logging.getLogger(__name__)
-_DATASET_SPEC = re.compile(r"\s*[A-Za-z0-9][\w.-]*\s*(==\s*[\w.+-]+\s*)?")  # as taskdirs.registry.parse_spec
+_DATASET_SPEC = re.compile(r"\s*[A-Za-z0-9][\w.-]*\s*(==\s*[\w.+-]+\s*)?")  # as taskdirs.datasets.parse_spec
 
 
 class TasksEnvConfig(EpisodeLimits):
@@ -58,7 +58,7 @@ class TasksEnvConfig(EpisodeLimits):
     def task_paths(self) -> list[str]:
         """Where the tasks are: `path`, or the folder of the fetched `dataset` (fetched now if not cached)."""
         if self.dataset is not None:
-            from tinkrl.taskdirs.registry import fetch_dataset
+            from tinkrl.taskdirs.datasets import fetch_dataset
 
             return [str(fetch_dataset(self.dataset))]
         return [self.path] if isinstance(self.path, str) else list(self.path)
@@ -66,7 +66,7 @@ class TasksEnvConfig(EpisodeLimits):
     def describe_source(self) -> str:
         """One line for a plan: where the tasks come from (no network, nothing fetched)."""
         if self.dataset is not None:
-            from tinkrl.taskdirs.registry import describe_dataset
+            from tinkrl.taskdirs.datasets import describe_dataset
 
             return describe_dataset(self.dataset)
         return "task paths: " + ", ".join([self.path] if isinstance(self.path, str) else self.path)

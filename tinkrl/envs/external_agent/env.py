@@ -13,7 +13,7 @@ The agent's own logs stay in the run directory, one folder per rollout:
 mini-swe-agent also `trajectory.json`, its own record of the run, and its config dir `mswea/`).
 
 An agent that crashes is `agent_error` and one that never calls the model `no_model_calls`:
-recorded, left out of its group, the run goes on (`tinkrl.proxy.external_agents`).
+recorded, left out of its group, the run goes on (`tinkrl.envs.external_agent.runner`).
 
 Layer: this module drives the run's OpenAI server (`tinkrl.proxy`), so it sits with the servers
 (tests/test_import_layers.py), above the other environments.
@@ -35,9 +35,9 @@ import tinkrl
 from tinkrl.envs.agent_tasks.config import select_tasks
 from tinkrl.envs.agent_tasks.env import TasksDataset, gated, renderer_for
 from tinkrl.envs.external_agent.config import ExternalAgentEnvConfig
+from tinkrl.envs.external_agent.run_server import RunServer
+from tinkrl.envs.external_agent.runner import CommandAgent, ExternalRollout
 from tinkrl.errors import ConfigError
-from tinkrl.proxy.external_agents import CommandAgent, ExternalRollout
-from tinkrl.proxy.run_server import RunServer
 from tinkrl.rl.rollouts import gather_rollouts
 from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, SamplingSettings, Trajectory
 from tinkrl.sandbox import LazyProvider

@@ -28,15 +28,15 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tinkrl.envs.external_agent.run_server import RunServer
 from tinkrl.envs.verifiers.config import DEFAULT_HARNESS, VerifiersEnvConfig
 from tinkrl.errors import ConfigError
-from tinkrl.proxy.run_server import RunServer
 from tinkrl.rl.rollouts import gather_rollouts
 from tinkrl.rl.types import EnvDatasets, EnvGroupBuilder, RLDataset, SamplingSettings, Trajectory
 
 if TYPE_CHECKING:
     from tinkrl.envs import EnvContext
-    from tinkrl.proxy.external_agents import AgentSession
+    from tinkrl.envs.external_agent.runner import AgentSession
 
 log = logging.getLogger("tinkrl.envs.verifiers")
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tinkrl.local.compute_plan import probe
 from tinkrl.local.kernels import library
-from tinkrl.local.plan import probe
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)  # a KV cache the kernels read and write
 KERNEL_CODES = {"dpbf16": 0, "amx": 1, "fma": 2}  # how a bf16 product multiplies (the C code's KERNEL_*)

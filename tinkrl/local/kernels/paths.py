@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tinkrl.local.compute_plan import AMX_HEAD_ROWS, ComputePlan
 from tinkrl.local.kernels.ops import (
     LayerWeights,
     decode_layer_bf16,
@@ -27,7 +28,6 @@ from tinkrl.local.kernels.ops import (
     rope_decode_attention,
     silu_mul,
 )
-from tinkrl.local.plan import AMX_HEAD_ROWS, ComputePlan
 from tinkrl.local.transformer import CausalLM, DecoderLayer, KVCache, Linear, frozen_linear, kept_on
 
 

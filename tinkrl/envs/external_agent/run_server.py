@@ -3,7 +3,7 @@
 Environments whose rollouts are driven from outside the trainer (an agent program, a
 third-party environment library) reach the policy over the OpenAI API. One `RunServer` per
 run serves it on 127.0.0.1: started on first use, its policy swapped to each step's
-sampling client, every call captured under its rollout id (see `external_agents`). It
+sampling client, every call captured under its rollout id (see `runner`). It
 answers only requests carrying its random API key (handed to each agent as OPENAI_API_KEY), as
 its per-rollout sandbox route runs commands in a rollout's sandbox.
 """
@@ -15,7 +15,7 @@ import secrets
 import threading
 from typing import Any
 
-from tinkrl.proxy.external_agents import ExternalAgentRunner
+from tinkrl.envs.external_agent.runner import ExternalAgentRunner
 from tinkrl.proxy.server import ProxyServer, serve_in_thread
 
 

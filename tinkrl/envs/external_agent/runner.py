@@ -46,7 +46,7 @@ from tinkrl.proxy.capture import MergeStats, captured_to_trajectory
 from tinkrl.proxy.server import ProxyServer
 from tinkrl.rl.types import Trajectory, TrajectoryGroup
 
-log = logging.getLogger("tinkrl.proxy.external_agents")
+log = logging.getLogger("tinkrl.envs.external_agent.runner")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The engine's compute plan (`tinkrl/local/plan.py`): one probe, the per-class rules, every decision
+"""The engine's compute plan (`tinkrl/local/compute_plan.py`): one probe, the per-class rules, every decision
 with a reason, made once, printed and recorded.
 
 What must hold: each CPU class gets the paths its flags allow (faked through the probe), with a
@@ -18,7 +18,7 @@ from helpers.engine import TINY
 from tinker import types
 
 from tinkrl.local import ServiceClient
-from tinkrl.local.plan import Choice, make_plan, usable_flags
+from tinkrl.local.compute_plan import Choice, make_plan, usable_flags
 from tinkrl.tinker_server.app import serve_in_thread
 
 pytestmark = pytest.mark.cpu_class  # `make test-avx2` runs it again as an AVX2-only CPU

@@ -26,7 +26,7 @@ from helpers.requirements import needs
 from tinkrl.config import EnvEntry
 from tinkrl.envs import make_env_config
 from tinkrl.errors import ConfigError
-from tinkrl.taskdirs.registry import (
+from tinkrl.taskdirs.datasets import (
     ZIP_PASSWORD,
     cached_dataset,
     describe_dataset,
