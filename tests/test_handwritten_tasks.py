@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers.requirements import needs_bwrap
 
+from tinkrl.sandbox.build import put_files
 from tinkrl.taskdirs import grade, load_task, start_sandbox
-from tinkrl.taskdirs.verifier import put_files
 
 pytestmark = needs_bwrap
 

@@ -80,7 +80,7 @@ class BwrapEnvironment(BaseEnvironment):
                 return start_sandbox(self.task, provider)
             spec = sandbox_spec(self.task, provider)  # the same build, on a sandbox with the host's network
             spec.network = True
-            return _start_with_spec(self.task, provider, spec)
+            return start_sandbox(self.task, provider, spec)
 
         try:
             self.sandbox = await asyncio.to_thread(make)
@@ -142,19 +142,6 @@ class BwrapEnvironment(BaseEnvironment):
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._live().copy_out, source_dir, target)
-
-
-def _start_with_spec(task: Task, provider: SandboxProvider, spec) -> Sandbox:
-    """`start_sandbox` for a spec changed by the caller (the network): create, then build the workspace."""
-    from tinkrl.taskdirs.verifier import run_build
-
-    sandbox = provider.create(spec)
-    try:
-        run_build(task, sandbox)
-    except BaseException:
-        sandbox.close()
-        raise
-    return sandbox
 
 
 __all__ = ["BwrapEnvironment", "shared_provider", "task_dir_of"]

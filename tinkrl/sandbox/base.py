@@ -106,9 +106,11 @@ class Sandbox(abc.ABC):
 
 
 class SandboxProvider(abc.ABC):
-    """Creates sandboxes; one per run, configured from `sandbox.*` config fields."""
+    """Creates sandboxes; one per run, configured from `sandbox.*` config fields. `runs_images`: whether
+    it can start a sandbox from a container image (`SandboxSpec.image`)."""
 
     name: str
+    runs_images: bool = True
 
     @abc.abstractmethod
     def create(self, spec: SandboxSpec) -> Sandbox:

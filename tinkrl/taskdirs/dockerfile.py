@@ -18,7 +18,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tinkrl.taskdirs.model import BuildStep, FileCopy, TaskLoadError
+from tinkrl.sandbox.build import BuildStep, FileCopy
+from tinkrl.taskdirs.model import TaskLoadError
 
 # Base images that are "an OS plus maybe python": the sandbox's Debian userland stands in.
 GENERIC_BASES = re.compile(

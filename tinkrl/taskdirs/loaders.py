@@ -24,9 +24,10 @@ from pathlib import Path
 
 import yaml
 
+from tinkrl.sandbox.build import BuildStep, FileCopy
 from tinkrl.taskdirs import swebench_harness
 from tinkrl.taskdirs.dockerfile import build_dockerfile
-from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError, hash_paths
+from tinkrl.taskdirs.model import Task, TaskLoadError, hash_paths
 
 # Files that steer test runs; before grading they are reset to the task's originals and any
 # new ones are removed, so a planted conftest.py/sitecustomize.py/fake pytest changes nothing.

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tinkrl.errors import TinkrlError
+from tinkrl.sandbox.build import BuildStep, FileCopy
 
 GRADERS = ("reward_file", "pytest", "r2e", "swebench")
 
@@ -22,29 +23,6 @@ class TaskLoadError(TinkrlError):
         self.field = field
         self.message = message
         super().__init__(f"{self.where}: {field + ': ' if field else ''}{message}")
-
-
-@dataclass
-class FileCopy:
-    """One file or directory put into the sandbox: from the host (`src`) or literal `data`."""
-
-    dest: str
-    src: Path | None = None
-    data: bytes | None = None
-    mode: int = 0o644
-
-
-@dataclass
-class BuildStep:
-    """One step of preparing the workspace, in order: copy files in, or run a command."""
-
-    kind: str  # "copy" | "run"
-    origin: str  # "environment/Dockerfile:7" — named in errors
-    copy: FileCopy | None = None
-    command: str = ""
-    workdir: str = "/"
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 300.0
 
 
 @dataclass

@@ -28,9 +28,11 @@ from pathlib import PurePosixPath
 
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
+from tinkrl.sandbox.build import BuildError, FileCopy, put_files
+from tinkrl.sandbox.build import start_sandbox as start_built
 from tinkrl.taskdirs import swebench_harness
 from tinkrl.taskdirs.loaders import PROTECTED_NAMES
-from tinkrl.taskdirs.model import BuildStep, FileCopy, Task, TaskLoadError
+from tinkrl.taskdirs.model import Task, TaskLoadError
 
 PINNED_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -65,7 +67,6 @@ class TaskBuildError(TaskLoadError):
 
 
 # -- sandbox preparation ---------------------------------------------------------------------
-IMAGELESS_PROVIDERS = ("bwrap",)  # providers that cannot start a container image
 
 
 @dataclass
@@ -89,7 +90,7 @@ def uses_image(task: Task, provider: SandboxProvider) -> bool:
     """
     if not task.image:
         return False
-    if getattr(provider, "name", "") not in IMAGELESS_PROVIDERS:
+    if provider.runs_images:
         return True
     if task.build:
         return False
@@ -113,31 +114,6 @@ def sandbox_spec(task: Task, provider: SandboxProvider | None = None) -> Sandbox
         labels={"task": task.id},
         image=image,
     )
-
-
-def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
-    """Put files into the sandbox: literal data, a host directory (copied in) or a host file."""
-    for f in files:
-        if f.data is not None:
-            sandbox.write_file(f.dest, f.data, f.mode)
-        elif f.src is not None and f.src.is_dir():
-            sandbox.copy_in(f.src, f.dest)
-        elif f.src is not None:
-            sandbox.write_file(f.dest, f.src.read_bytes(), f.mode)
-
-
-def run_build(task: Task, sandbox: Sandbox, steps: list[BuildStep] | None = None) -> None:
-    """Run the task's build steps (or `steps`) in the sandbox; a RUN that fails or times out is a TaskBuildError."""
-    for step in task.build if steps is None else steps:
-        if step.kind == "copy" and step.copy is not None:
-            put_files(sandbox, [step.copy])
-        elif step.kind == "run":
-            env = {**task.env, **step.env}
-            r = sandbox.exec(step.command, timeout=step.timeout_s, env=env, workdir=step.workdir)
-            if r.exit_code != 0 or r.timed_out:
-                why = "timed out" if r.timed_out else f"exited {r.exit_code}"
-                tail = r.output.strip()[-600:]
-                raise TaskBuildError(step.origin, f"build step {why}: {tail}")
 
 
 def _files_under(sandbox: Sandbox, task: Task, find_args: str) -> list[str]:
@@ -175,18 +151,21 @@ def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
     return _Baseline(files=files, restore=list(task.restore_paths), hidden_tests=hidden, path=image_path)
 
 
-def start_sandbox(task: Task, provider: SandboxProvider) -> Sandbox:
-    """A fresh sandbox with the task's workspace built (or its image started): what the agent starts from."""
-    spec = sandbox_spec(task, provider)
-    sandbox = provider.create(spec)
+def start_sandbox(task: Task, provider: SandboxProvider, spec: SandboxSpec | None = None) -> Sandbox:
+    """A fresh sandbox with the task's workspace built (or its image started, and what grading restores
+    read from it): what the agent starts from. `spec` is the task's own (`sandbox_spec`) unless the
+    caller changed it (the network). A failed build step is a TaskBuildError naming the step."""
+    spec = spec or sandbox_spec(task, provider)
     try:
-        if spec.image:
+        sandbox = start_built(provider, spec, [] if spec.image else task.build)
+    except BuildError as e:
+        raise TaskBuildError(e.origin, e.message) from None
+    if spec.image:
+        try:
             _BASELINES[sandbox] = _read_baseline(task, sandbox)
-        else:
-            run_build(task, sandbox)
-    except BaseException:
-        sandbox.close()
-        raise
+        except BaseException:
+            sandbox.close()
+            raise
     return sandbox
 
 

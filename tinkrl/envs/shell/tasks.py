@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from tinkrl.envs.shell.templates import TEMPLATES, WORKDIR, Instance, Tree
-from tinkrl.taskdirs.model import BuildStep, FileCopy, Task
+from tinkrl.sandbox.build import BuildStep, FileCopy
+from tinkrl.taskdirs.model import Task
 
 CHECKER = Path(__file__).with_name("check_tree.py")
 TEST_SH = "#!/bin/bash\nexec python3 /tests/check_tree.py /tests/expected.json\n"

@@ -147,6 +147,7 @@ class BwrapProvider(SandboxProvider):
     """
 
     name = "bwrap"
+    runs_images = False  # a workspace built on the host's system, read-only
 
     def __init__(
         self,
