@@ -1,9 +1,9 @@
 """Bridging engine futures into the server's event loop.
 
 The embedded engine (`tinkrl.local`) answers every call with a future at once, like the
-SDK. The server must never block its event loop on one, so this module turns whatever the
-engine hands back into something awaitable, preferring callbacks over parked threads:
-a server with a thousand sample requests in flight must not hold a thousand threads.
+SDK: a `LocalFuture`, which is a `concurrent.futures.Future`. The server must never block its
+event loop on one, so it awaits them by callback: a server with a thousand sample requests in
+flight must not hold a thousand threads.
 """
 
 from __future__ import annotations
@@ -14,43 +14,26 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-# Threads that park on `.result()` when a future offers nothing better, and that run
-# engine calls which might take a lock. Daemon-style pool sized for many waiters.
+# Threads that run engine calls which might take a lock (creating a client loads a model).
 _BLOCKING_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tinker-server-wait")
 
 
 def blocking_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The shared threads for waits that must block and for engine calls that may take a lock."""
+    """The shared threads for engine calls that may take a lock."""
     return _BLOCKING_POOL
 
 
 async def settle(value: Any) -> Any:
-    """The result of an engine future (or `value` itself when it is already a result)."""
+    """The result of an engine call: the engine's future (`LocalFuture`, a concurrent future) awaited
+    by callback, without a parked thread; a value the call returned at once (a client), itself."""
     if isinstance(value, concurrent.futures.Future):
         return await asyncio.wrap_future(value)
-    if isinstance(value, asyncio.Future) and value.get_loop() is asyncio.get_running_loop():
-        return await value
-    as_concurrent = getattr(value, "future", None)
-    if callable(as_concurrent):
-        inner = as_concurrent()
-        if isinstance(inner, concurrent.futures.Future):
-            return await asyncio.wrap_future(inner)
-    result = getattr(value, "result", None)
-    if callable(result):
-        return await asyncio.get_running_loop().run_in_executor(_BLOCKING_POOL, result)
-    if inspect.isawaitable(value):
-        return await value
     return value
 
 
 def settle_blocking(value: Any) -> Any:
     """The same, from a worker thread (the per-model submitter)."""
-    if isinstance(value, concurrent.futures.Future):
-        return value.result()
-    result = getattr(value, "result", None)
-    if callable(result):
-        return result()
-    return value
+    return value.result() if isinstance(value, concurrent.futures.Future) else value
 
 
 def named_kwargs(fn: Callable[..., Any]) -> set[str]:
