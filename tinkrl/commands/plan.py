@@ -58,8 +58,8 @@ def make_plan(config: TrainConfig) -> RunPlan:
         problems.append(reason)
     if renderer is None:
         problems.append(
-            f"no renderer for model {config.model_name!r}: no rule names its family and its tokenizer on this "
-            f"machine is not ChatML. Choose its chat format with renderer=NAME: {names_help()}"
+            f"no renderer for model {config.model_name!r}: no rule names its family and no ChatML tokenizer of it "
+            f"is on this machine. Choose its chat format with renderer=NAME: {names_help()}"
         )
     for key, env in environments.items():
         tool_format = env["config"].get("tool_format", "hermes")
