@@ -551,6 +551,24 @@ def make_train_agent_rows(r: Record) -> list[list[str]]:
     ]
 
 
+MERGE_AGENTS = (  # the bench's environment keys: the agent and how it is plugged in
+    ("mini_text", "mini-swe-agent, text (`mini_textbased.yaml`)", "`agent: mini-swe-agent`, `mini_mode: text`"),
+    ("mini_tools", "mini-swe-agent, tool calls (`mini.yaml`)", "`agent: mini-swe-agent`, `mini_mode: tools`"),
+    ("openai_tools", "plain OpenAI tool-calling agent (`scripts/openai_tools_agent.py`)", "`agent: command`"),
+)
+MERGE_METRICS = ("calls", "merge_rate", "datums", "splice_rate", "truncated", "reward")
+
+
+def merge_rate_rows(r: Record) -> list[list[str]]:
+    """One row per agent: calls, merge rate, datums and splice rate per rollout, truncated turns and
+    reward (medians over the runs of each run's mean over its steps)."""
+    m, rows = r.median, []
+    for key, agent, plugged in MERGE_AGENTS:
+        cells = [f"{m[f'{key}/{name}']:.2f}" for name in MERGE_METRICS[:4]]
+        rows.append([agent, plugged, *cells, f"{m[f'{key}/truncated']:.0%}", f"{m[f'{key}/reward']:.2f}"])
+    return rows
+
+
 TABLES = (
     Table(
         "make_train",
@@ -648,6 +666,22 @@ TABLES = (
         ("model", "system", "allocator", "tokens", "step s", "tokens/s", "peak GB", "peak MB/token"),
         training_memory_rows,
         (),
+    ),
+    Table(
+        "merge_rate",
+        "python bench/merge_rate.py",
+        (
+            "agent",
+            "how plugged in",
+            "calls / rollout",
+            "merge_rate",
+            "datums / rollout",
+            "splice_rate",
+            "truncated turns",
+            "reward",
+        ),  # fmt: skip
+        merge_rate_rows,
+        tuple(f"{key}/{name}" for key, _, _ in MERGE_AGENTS for name in MERGE_METRICS),
     ),
     Table(
         "trainer_memory",
