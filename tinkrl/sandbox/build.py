@@ -10,6 +10,7 @@ add what grading needs on top.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def put_files(sandbox: Sandbox, files: list[FileCopy]) -> None:
             sandbox.write_file(f.dest, f.src.read_bytes(), f.mode)
 
 
-def run_build(sandbox: Sandbox, steps: list[BuildStep], env: dict[str, str] | None = None) -> None:
+def run_build(sandbox: Sandbox, steps: Sequence[BuildStep], env: dict[str, str] | None = None) -> None:
     """Run build steps in order in the sandbox, each command with `env` and its own; a command that fails
     or times out raises BuildError with the tail of its output."""
     for step in steps:
@@ -74,11 +75,11 @@ def run_build(sandbox: Sandbox, steps: list[BuildStep], env: dict[str, str] | No
                 raise BuildError(step.origin, f"build step {why}: {r.output.strip()[-600:]}")
 
 
-def start_sandbox(provider: SandboxProvider, spec: SandboxSpec, steps: list[BuildStep] = ()) -> Sandbox:
+def start_sandbox(provider: SandboxProvider, spec: SandboxSpec, steps: Sequence[BuildStep] = ()) -> Sandbox:
     """A new sandbox of `spec` with `steps` run in it; closed again, and the error raised, when a step fails."""
     sandbox = provider.create(spec)
     try:
-        run_build(sandbox, list(steps), spec.env)
+        run_build(sandbox, steps, spec.env)
     except BaseException:
         sandbox.close()
         raise
