@@ -281,7 +281,7 @@ class OpenAIPolicy:
 # Running and reporting
 
 
-async def evaluate(
+async def run_trials(
     tasks: list[Task], policy, n: int, n_concurrent: int, progress: bool = True, partial_path: Path | None = None
 ) -> list[Trial]:
     """Every task n times, at most n_concurrent episodes at once; trials in (task, attempt) order.

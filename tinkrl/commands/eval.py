@@ -236,8 +236,8 @@ async def _main(args: argparse.Namespace) -> int:
         OpenAIPolicy,
         SamplingClientPolicy,
         TextToolParser,
-        evaluate,
         format_table,
+        run_trials,
         summarize,
         write_outputs,
     )
@@ -306,7 +306,7 @@ async def _main(args: argparse.Namespace) -> int:
         out_dir = Path(args.output_path) / run_id
         print(f"tinkrl eval: {len(tasks)} tasks x {args.n} trials with {model_label} -> {out_dir}", file=sys.stderr)
         t0 = time.monotonic()
-        trials = await evaluate(
+        trials = await run_trials(
             tasks, policy, args.n, args.n_concurrent, partial_path=out_dir / "results.partial.jsonl"
         )
         seconds = time.monotonic() - t0

@@ -33,13 +33,14 @@ from harbor.models.agent.context import AgentContext
 
 import tinkrl
 from tinkrl.harness.policy import (
-    Trajectory,
     harness_task,
-    new_trajectory,
     policy_from_kwargs,
+    rollout_detail,
     run_episode,
     split_agent_kwargs,
+    write_episode,
 )
+from tinkrl.rl.types import Trajectory
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 
 TRAJECTORY_FILE = "tinkrl_trajectory.json"
@@ -141,7 +142,7 @@ class TinkrlAgent(BaseAgent):
         workdir = workdir.strip().splitlines()[-1] if workdir.strip() else "/app"
         task = harness_task(environment.environment_name, instruction, workdir)
         sandbox = HarborSandbox(environment, asyncio.get_running_loop(), workdir)
-        traj = new_trajectory(self.policy)
+        traj = Trajectory([])
         try:
             async with self.policy:  # the episode's outcome ends the Tinker session (a timeout: interrupted)
                 await run_episode(self.policy, sandbox, task, self.limits, traj)
@@ -150,16 +151,16 @@ class TinkrlAgent(BaseAgent):
 
     def _record(self, traj: Trajectory, context: AgentContext) -> None:
         """Write the trajectory to the agent dir and fill Harbor's context from it."""
-        traj.write(self.logs_dir / TRAJECTORY_FILE)
-        context.n_input_tokens = sum(len(t.prompt_tokens) for t in traj.turns)
-        context.n_output_tokens = sum(len(t.sampled_tokens) for t in traj.turns)
-        context.rollout_details = [traj.rollout_detail()]
+        record = write_episode(self.logs_dir / TRAJECTORY_FILE, self.policy, traj)
+        context.n_input_tokens = sum(t.ob.length for t in traj.transitions)
+        context.n_output_tokens = sum(len(t.ac_tokens) for t in traj.transitions)
+        context.rollout_details = [rollout_detail(traj)]
         context.metadata = {
-            "end_reason": traj.end_reason or "stopped by the harness",
-            "turns": len(traj.turns),
-            "renderer": traj.renderer,
-            "action_format": traj.action_format,
-            "checkpoint_path": traj.checkpoint_path,
+            "end_reason": record["end_reason"] or "stopped by the harness",
+            "turns": len(record["turns"]),
+            "renderer": record["renderer"],
+            "action_format": record["action_format"],
+            "checkpoint_path": record["checkpoint_path"],
             "trajectory_file": TRAJECTORY_FILE,
-            **traj.metrics,
+            **record["metrics"],
         }

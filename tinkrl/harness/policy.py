@@ -7,7 +7,7 @@ tinker`, or a base model) through the official Tinker SDK. `run_episode` drives 
 ```bash block per turn, `DONE` to finish; `tools`: the renderer's tool calls, their arguments typed by
 the episode's tool schemas), the same next prompts, the actions run in whatever `Sandbox` the harness
 provides. Every turn's prompt tokens, sampled tokens and logprobs are recorded
-(`Trajectory`).
+in the training record (`tinkrl.rl.types.Trajectory`); `episode_record` is its file layout.
 
 Runs without torch: the tokenizer is a `transformers` tokenizer read from disk (`load_tokenizer`).
 """
@@ -20,16 +20,17 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tinker
 from pydantic import ValidationError
 
 from tinkrl.agents.episode import SessionEnv
 from tinkrl.agents.limits import EpisodeLimits
 from tinkrl.agents.session import TaskSession
 from tinkrl.backends import SessionStatus, exit_status, finish_session, run_metadata
+from tinkrl.rl.types import Trajectory, Transition
 from tinkrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from tinkrl.taskdirs.model import Task
 
@@ -68,48 +69,6 @@ def load_tokenizer(model_name: str, tokenizer: str | None = None) -> Any:
             f"no tokenizer for {model_name!r} on this machine and none could be downloaded ({type(e).__name__}); "
             "run the model once with tinkrl (e.g. `tinkrl serve tinker --model NAME`) or pass tokenizer=DIR"
         ) from None
-
-
-@dataclass
-class Turn:
-    """One assistant turn: the whole prompt it was sampled from, what was sampled, and its logprobs."""
-
-    prompt_tokens: list[int]
-    sampled_tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-    text: str
-    observations: list[dict] = field(default_factory=list)
-    sample_s: float = 0.0
-
-
-@dataclass
-class Trajectory:
-    """An episode in tokens and messages: what a harness run gives back for training."""
-
-    model_name: str
-    checkpoint_path: str | None
-    renderer: str
-    action_format: str
-    turns: list[Turn] = field(default_factory=list)
-    messages: list[dict] = field(default_factory=list)
-    end_reason: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def rollout_detail(self) -> dict[str, list]:
-        """The episode in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
-        return {
-            "prompt_token_ids": [t.prompt_tokens for t in self.turns],
-            "completion_token_ids": [t.sampled_tokens for t in self.turns],
-            "logprobs": [t.logprobs for t in self.turns],
-        }
-
-    def write(self, path: Path) -> Path:
-        """Write the trajectory as one JSON document (turns with tokens and logprobs, the messages)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self)))
-        return path
 
 
 class CheckpointPolicy:
@@ -303,9 +262,49 @@ def harness_task(task_id: str, instruction: str, workdir: str, timeout_s: float 
     )
 
 
-def new_trajectory(policy: CheckpointPolicy) -> Trajectory:
-    """An empty trajectory for an episode of `policy`."""
-    return Trajectory(policy.model_name, policy.checkpoint_path, policy.renderer.name, policy.action_format)
+def episode_record(policy: CheckpointPolicy, traj: Trajectory) -> dict[str, Any]:
+    """The episode as `tinkrl_trajectory.json` holds it: who played it (model, checkpoint, renderer,
+    action format), every turn (the whole prompt it was sampled from, the sampled tokens, their
+    logprobs, why sampling stopped, the reply's text, the observations, seconds spent sampling), the
+    transcript, how it ended (None while it runs or when the harness stopped it) and the session's
+    counts. A view of the training record: the turns are the trajectory's transitions."""
+    logs = traj.logs
+    return {
+        "model_name": policy.model_name,
+        "checkpoint_path": policy.checkpoint_path,
+        "renderer": policy.renderer.name,
+        "action_format": policy.action_format,
+        "turns": [
+            {
+                "prompt_tokens": t.ob.to_ints(),
+                "sampled_tokens": t.ac_tokens,
+                "logprobs": t.ac_logprobs,
+                "stop_reason": t.stop_reason,
+                **{k.removeprefix("turn/"): v for k, v in t.logs.items() if k.startswith("turn/")},
+            }
+            for t in traj.transitions
+        ],
+        "messages": list(logs.get("tasks/transcript", [])),
+        "end_reason": logs.get("tasks/end") or None,
+        "metrics": {k: v for t in traj.transitions for k, v in t.metrics.items()},
+    }
+
+
+def rollout_detail(traj: Trajectory) -> dict[str, list]:
+    """The episode in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
+    return {
+        "prompt_token_ids": [t.ob.to_ints() for t in traj.transitions],
+        "completion_token_ids": [t.ac_tokens for t in traj.transitions],
+        "logprobs": [t.ac_logprobs for t in traj.transitions],
+    }
+
+
+def write_episode(path: Path, policy: CheckpointPolicy, traj: Trajectory) -> dict[str, Any]:
+    """Write `episode_record` as one JSON document at `path`; the record."""
+    record = episode_record(policy, traj)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record))
+    return record
 
 
 async def run_episode(
@@ -314,25 +313,28 @@ async def run_episode(
     """Play one episode of `task` in `sandbox` (already prepared by the harness) and return its trajectory.
 
     The loop is the training env's: tokens extend turn by turn; the session runs the actions and ends the
-    episode on DONE/submit, the turn, token or time limit, or a full context. It never grades. `traj` (when
-    given) is filled turn by turn, so a harness that stops the agent at its time limit keeps the turns so far
-    (its `end_reason` stays None)."""
+    episode on DONE/submit, the turn, token or time limit, or a full context. It never grades, so every
+    reward is 0; the last turn carries the session's counts and logs (how it ended, the transcript), as a
+    training episode's does. `traj` (when given) is filled turn by turn, its transcript live, so a harness
+    that stops the agent at its time limit keeps the turns so far."""
     limits.action_format = policy.action_format
     session = TaskSession(task, limits, GivenSandbox(sandbox))
     env = SessionEnv(session, policy.renderer)
-    traj = traj if traj is not None else new_trajectory(policy)
+    traj = traj if traj is not None else Trajectory([])
     tokens = await env.begin()
-    traj.messages = session.messages  # the live transcript: the turns so far, whenever it is read
     if not env.fits(tokens):
         session.overflow()
     while not session.done:
         t0 = time.monotonic()
         action, logprobs, stop = await policy.sample(env.tokens, env.max_tokens(policy.max_tokens_per_turn))
-        turn = Turn(list(env.tokens), action, logprobs, stop, "", sample_s=round(time.monotonic() - t0, 3))
-        traj.turns.append(turn)
+        logs: dict[str, Any] = {"turn/sample_s": round(time.monotonic() - t0, 3), "tasks/transcript": session.messages}
+        turn = Transition(tinker.ModelInput.from_ints(env.tokens), action, logprobs, 0.0, False, stop, logs=logs)
+        traj.transitions.append(turn)
         result = await env.turn(action)
-        turn.text, turn.observations = result.reply.text, result.observations
-    traj.messages = list(session.messages)
-    traj.end_reason = session.end_reason
-    traj.metrics = {k: v for k, v in session.metrics().items() if not k.startswith("tasks/reward")}
+        turn.episode_done = result.done
+        logs.update({"turn/text": result.reply.text, "turn/observations": result.observations})
+    if traj.transitions:
+        metrics = session.metrics()
+        traj.transitions[-1].metrics = {k: v for k, v in metrics.items() if not k.startswith("tasks/reward")}
+        traj.transitions[-1].logs.update(session.logs())
     return traj

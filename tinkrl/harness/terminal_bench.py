@@ -22,7 +22,7 @@ from terminal_bench.agents.failure_mode import FailureMode
 from terminal_bench.terminal.tmux_session import TmuxSession
 
 from tinkrl.harness.harbor_agent import TRAJECTORY_FILE
-from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode, split_agent_kwargs
+from tinkrl.harness.policy import harness_task, policy_from_kwargs, run_episode, split_agent_kwargs, write_episode
 from tinkrl.sandbox.base import ExecResult, Sandbox, SandboxError
 from tinkrl.sandbox.files import first_file_in_tar, safe_extract, tar_file_bytes, tar_host_path
 
@@ -115,9 +115,9 @@ class TinkrlTbAgent(BaseAgent):
         except SandboxError:
             return AgentResult(failure_mode=FailureMode.UNKNOWN_AGENT_ERROR)
         if logging_dir is not None:
-            traj.write(Path(logging_dir) / TRAJECTORY_FILE)
+            write_episode(Path(logging_dir) / TRAJECTORY_FILE, self.policy, traj)
         return AgentResult(
-            total_input_tokens=sum(len(t.prompt_tokens) for t in traj.turns),
-            total_output_tokens=sum(len(t.sampled_tokens) for t in traj.turns),
+            total_input_tokens=sum(t.ob.length for t in traj.transitions),
+            total_output_tokens=sum(len(t.ac_tokens) for t in traj.transitions),
             failure_mode=FailureMode.NONE,
         )
