@@ -164,7 +164,7 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="agent: command needs `command`"):
         make_env_config("x", EnvEntry(type="external_agent", env={"agent": "command"}))
     cfg = make_env_config("x", EnvEntry(type="external_agent", env={"task_ids": ["hello-file"]}))
-    assert cfg.agent == "mini-swe-agent" and cfg.tasks_config().task_ids == ["hello-file"]
+    assert cfg.agent == "mini-swe-agent" and cfg.task_ids == ["hello-file"]
 
 
 def test_mini_command_template_fills_per_rollout():

@@ -50,11 +50,8 @@ def s3_client(endpoint_url: str | None = None):
 
 
 def _md5(path: Path) -> str:
-    h = hashlib.md5()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def _remote_index(client, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:

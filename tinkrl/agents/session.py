@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from tinkrl.agents.episode import Message, Reply
 from tinkrl.agents.limits import EpisodeLimits
 from tinkrl.agents.shell_actions import NO_COMMAND, SHELL_SYSTEM_PROMPT, observation_message
-from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, run_tool
+from tinkrl.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, clip, run_tool
 from tinkrl.errors import InfraFailure
 from tinkrl.rl.types import Metrics
 from tinkrl.sandbox.base import Sandbox, SandboxError, SandboxProvider
@@ -81,14 +81,6 @@ def bash_command(call: dict) -> str | None:
     name, args = call_arguments(call)
     command = args.get("command") if name == "execute_bash" and isinstance(args, dict) else None
     return command if isinstance(command, str) else None
-
-
-def clip(text: str, limit: int) -> str:
-    """`text` cut to about `limit` characters, keeping its head and tail."""
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
 
 
 class TaskSession:

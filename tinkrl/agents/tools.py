@@ -90,7 +90,8 @@ class ToolError(Exception):
     """A bad call: the message is the observation the model sees."""
 
 
-def _clip(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+def clip(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    """`text` cut to about `limit` characters, keeping its head and tail."""
     if len(text) <= limit:
         return text
     half = limit // 2
@@ -126,12 +127,12 @@ def execute_bash(sandbox: Sandbox, args: dict) -> str:
     r = sandbox.exec(command, timeout=timeout)
     out = r.output
     if r.timed_out:
-        return _clip(
+        return clip(
             f"{out}\n[the command timed out after {timeout:g}s and was killed; the sandbox is still usable]".lstrip(
                 "\n"
             )
         )
-    return _clip(f"{out}{'' if not out or out.endswith(chr(10)) else chr(10)}[exit code: {r.exit_code}]")
+    return clip(f"{out}{'' if not out or out.endswith(chr(10)) else chr(10)}[exit code: {r.exit_code}]")
 
 
 # -- file_editor -----------------------------------------------------------------------------
@@ -194,12 +195,12 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
             r = sandbox.exec(
                 f"find {shlex.quote(path)} -maxdepth 2 -not -path '*/.*' | sort | head -300", timeout=30, workdir="/"
             )
-            return _clip(f"Files and directories up to 2 levels deep in {path}, hidden items excluded:\n{r.output}")
+            return clip(f"Files and directories up to 2 levels deep in {path}, hidden items excluded:\n{r.output}")
         text = _read_text(sandbox, path)
         text = text[:-1] if text.endswith("\n") else text  # like cat -n: no phantom last line
         view_range = args.get("view_range")
         if view_range is None:
-            return _clip(f"Here's the result of running `cat -n` on {path}:\n{_numbered(text)}\n")
+            return clip(f"Here's the result of running `cat -n` on {path}:\n{_numbered(text)}\n")
         if (
             not isinstance(view_range, list)
             or len(view_range) != 2
@@ -211,7 +212,7 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
         end = len(lines) if end == -1 else end
         if not 1 <= start <= len(lines) or end < start or end > len(lines):
             raise ToolError(f"view_range {view_range} is out of bounds: the file has {len(lines)} lines")
-        return _clip(
+        return clip(
             f"Here's the result of running `cat -n` on {path} (lines {start}-{end}):\n"
             f"{_numbered(chr(10).join(lines[start - 1 : end]), start)}\n"
         )
@@ -273,7 +274,7 @@ def file_editor(sandbox: Sandbox, args: dict) -> str:
             sandbox.write_file(path, previous)
         except OSError as e:
             raise ToolError(f"cannot write {path}: {e.strerror or e}") from None
-        return f"Last edit of {path} undone. Now:\n{_clip(_numbered(previous.decode('utf-8', 'replace')))}"
+        return f"Last edit of {path} undone. Now:\n{clip(_numbered(previous.decode('utf-8', 'replace')))}"
     raise ToolError(f"unknown file_editor command {command!r}; use one of view, create, str_replace, insert, undo_edit")
 
 
@@ -303,8 +304,8 @@ def search(sandbox: Sandbox, args: dict) -> str:
             return f'More than {MAX_SEARCH_FILES} files matched "{term}" in {path}. Please narrow your search.'
         total = sum(int(n) for _, n in rows)
         body = "\n".join(f"{f} ({n} matches)" for f, n in rows)
-        return _clip(f'Found {total} matches for "{term}" in {path}:\n{body}\nEnd of matches for "{term}" in {path}')
-    return _clip(f'Matches for "{term}" in {path}:\n{out}')
+        return clip(f'Found {total} matches for "{term}" in {path}:\n{body}\nEnd of matches for "{term}" in {path}')
+    return clip(f'Matches for "{term}" in {path}:\n{out}')
 
 
 # -- dispatch --------------------------------------------------------------------------------

@@ -97,13 +97,14 @@ def launch_beaker(argv: list[str]) -> int:
 def launch_k8s(argv: list[str]) -> int:
     """`tinkrl launch k8s`: the Job manifest (dry run), or the Job created (and followed)."""
     from tinkrl.launch import kubernetes_job as kj
+    from tinkrl.launch.common import to_yaml
 
     line, opts, git, name = _prepare("k8s", argv, K8S_NAME, "Kubernetes Job (DNS label)")
     chart = kj.chart_settings(git, opts.release, opts.values)
     manifest = kj.job_manifest(opts, chart, line.command, git, name)
     kj.warn_ephemeral(manifest)
     if line.dry_run:
-        print(kj.manifest_yaml(manifest), end="")
+        print(to_yaml(manifest), end="")  # the Job as `kubectl apply -f` reads it
         return 0
     batch, core = kj.connect(opts)
     kj.check_release(core, chart, opts.namespace)

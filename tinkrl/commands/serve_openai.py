@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -65,16 +64,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _base_model_of_checkpoint(path: str) -> str | None:
-    """The base model recorded next to local sampler weights (the local engine's metadata)."""
-    try:
-        from tinkrl.local.checkpoints import resolve_path
-
-        return json.loads((resolve_path(path) / "tinkrl_meta.json").read_text())["base_model"]
-    except Exception:
-        return None
-
-
 def build_server(args: argparse.Namespace):
     """The `ProxyServer` the flags ask for: a base model or a checkpoint, on the local engine or the Tinker service.
     Its `service_client` is the caller's to end, as a context manager around the serving (`cli_main`); when
@@ -89,8 +78,7 @@ def build_server(args: argparse.Namespace):
         on_failure.enter_context(service)
         if args.checkpoint:
             client = service.create_sampling_client(model_path=args.checkpoint)
-            get_base = getattr(client, "get_base_model", None)
-            model_name = (get_base() if callable(get_base) else None) or _base_model_of_checkpoint(args.checkpoint)
+            model_name = client.get_base_model()  # both backends' clients know it without a call
             if not model_name:
                 raise ValueError(f"cannot tell the base model of checkpoint {args.checkpoint!r}")
             label = args.checkpoint

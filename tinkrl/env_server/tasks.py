@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from tinkrl.agents.episode import Reply
 from tinkrl.agents.session import TaskSession
 from tinkrl.agents.tools import TOOL_SCHEMAS
-from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
-from tinkrl.envs.agent_tasks.env import gated
+from tinkrl.envs.agent_tasks.config import TasksEnvConfig
 from tinkrl.errors import ConfigError
 from tinkrl.sandbox import LazyProvider
 
@@ -57,11 +56,8 @@ def _make_tool(name: str, description: str, schema: dict):
 def tasks_environment(key: str, cfg: TasksEnvConfig, provider: LazyProvider | None = None) -> type:
     """An ORS `Environment` class serving task directories with the agent tools (train tasks gated when `cfg.gate`)."""
     tasks = cfg.load_tasks()
-    test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
-    train = [t for t in tasks if t not in test]
     provider = provider or LazyProvider()
-    if cfg.gate:
-        train = gated(train, provider.get())
+    train, test = cfg.split(tasks, provider)
     if not train and not test:
         raise ConfigError(f"{key}: no tasks to serve (all failed the gate)")
     splits = {name: ts for name, ts in (("train", train), ("test", test)) if ts}

@@ -26,7 +26,8 @@ import yaml
 
 from tinkrl.config import merge_mapping
 from tinkrl.errors import ConfigError
-from tinkrl.launch.common import RESULTS_DIR, GitState, describe, option, to_yaml
+from tinkrl.launch.common import RESULTS_DIR, GitState, describe, option
+from tinkrl.sandbox.kubernetes import api_message
 
 CHART = "deploy/helm/tinkrl"
 CONFIG_DIR = "/etc/tinkrl"  # where the chart's run config ConfigMap is mounted (as in the orchestrator)
@@ -206,11 +207,6 @@ def keeps_results(manifest: dict[str, Any]) -> bool:
     return any("persistentVolumeClaim" in v for v in pod["volumes"]) or bool(pod.get("initContainers"))
 
 
-def manifest_yaml(manifest: dict[str, Any]) -> str:
-    """The Job as YAML (what `kubectl apply -f` reads)."""
-    return to_yaml(manifest)
-
-
 # -- talking to the cluster -------------------------------------------------------------------
 
 
@@ -228,15 +224,6 @@ def connect(opts: JobOptions) -> tuple[Any, Any]:
     return client.BatchV1Api(api), client.CoreV1Api(api)
 
 
-def _api_error(e: Exception) -> str:
-    import json
-
-    try:
-        return json.loads(e.body)["message"]  # type: ignore[attr-defined]
-    except (AttributeError, TypeError, ValueError, KeyError):
-        return str(e)
-
-
 def check_release(core: Any, chart: ChartSettings, namespace: str) -> None:
     """The release's ServiceAccount and run config exist in the namespace (else one line saying to
     install the chart)."""
@@ -250,7 +237,7 @@ def check_release(core: Any, chart: ChartSettings, namespace: str) -> None:
             read(name, namespace)
         except ApiException as e:
             if e.status != 404:
-                raise ConfigError(f"cannot read {kind} {name} in {namespace}: {_api_error(e)}") from None
+                raise ConfigError(f"cannot read {kind} {name} in {namespace}: {api_message(e)}") from None
             raise ConfigError(
                 f"no {kind} {name} in namespace {namespace}: install the chart first (make -C deploy deploy), "
                 "or set release= / namespace= / values= to the installed one"
@@ -264,7 +251,7 @@ def submit(batch: Any, manifest: dict[str, Any]) -> None:
     try:
         batch.create_namespaced_job(manifest["metadata"]["namespace"], manifest)
     except ApiException as e:
-        raise ConfigError(f"Kubernetes refused the Job: {_api_error(e)}") from None
+        raise ConfigError(f"Kubernetes refused the Job: {api_message(e)}") from None
 
 
 def _job_pods(core: Any, namespace: str, name: str) -> list[Any]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tinkrl.errors import TinkrlError
+from tinkrl.errors import TinkrlError, short
 from tinkrl.local.compute_plan import (
     SamplerPrecision,
     parse_precision,
@@ -116,11 +116,6 @@ def _as_directory(name: str, found: Path) -> Path:
     return materialise_gguf(found, out)
 
 
-def _short(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
-
-
 def _cannot_download(name: str, reason: str) -> ModelNotFoundError:
     return ModelNotFoundError(
         f"model {name!r} is not on this machine and cannot be downloaded ({reason}); looked in: "
@@ -150,7 +145,7 @@ def download_model(name: str, weights: bool = True) -> Path:
             "model_name=/path/to/model_dir"
         ) from None
     except Exception as e:  # noqa: BLE001  (no DNS, refused, timed out, proxy, hub down: all "cannot reach it")
-        raise _cannot_download(name, f"the hub at {endpoint} cannot be reached: {_short(e)}") from None
+        raise _cannot_download(name, f"the hub at {endpoint} cannot be reached: {short(e)}") from None
     files = files_to_download([s.rfilename for s in info.siblings or []], weights=weights)
     if "config.json" not in files or (weights and not any(f.endswith((".safetensors", ".bin")) for f in files)):
         raise ModelNotFoundError(
@@ -168,7 +163,7 @@ def download_model(name: str, weights: bool = True) -> Path:
         )
     except Exception as e:  # noqa: BLE001  (a transfer that broke off: running again resumes it)
         raise ModelNotFoundError(
-            f"model {name!r}: downloading it from {endpoint} failed ({_short(e)}); run again to resume, "
+            f"model {name!r}: downloading it from {endpoint} failed ({short(e)}); run again to resume, "
             "or set model_name=/path/to/model_dir"
         ) from None
     if not (snapshot / "config.json").is_file() or not (has_weights(snapshot) if weights else has_tokenizer(snapshot)):

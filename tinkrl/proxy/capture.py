@@ -213,10 +213,6 @@ class CaptureStore:
             self._assistant.pop(rollout_id, None)
             return self._calls.pop(rollout_id, [])
 
-    def rollout_ids(self) -> list[str]:
-        with self._lock:
-            return list(self._calls)
-
 
 # -- calls -> trajectory ---------------------------------------------------------------------------
 def _extends(prompt: list[int], prefix: list[int]) -> bool:

@@ -195,11 +195,14 @@ class Renderer(ABC):
         return list(prompt) + list(action) + self.continuation(new_messages, action_ended_cleanly)
 
     # -- parsing ------------------------------------------------------------------------------------
-    @abstractmethod
     def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
         """Sampled tokens as an assistant message; malformed tool calls become errors, never exceptions.
         `tools` are the schemas the prompt declared: where a format writes arguments as untyped text, they
-        give each argument its JSON type (a string "5" stays a string)."""
+        give each argument its JSON type (a string "5" stays a string). Here: the reply's text, its tool
+        calls as `parse_tool_calls` reads them."""
+        text, ended = self.reply_text(tokens)
+        content, calls, errors = self.parse_tool_calls(text)
+        return ParsedResponse(assistant_message(content, calls), ended, errors)
 
     @abstractmethod
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:

@@ -10,7 +10,7 @@ were sampled, so an episode extends token for token.
 
 from __future__ import annotations
 
-from .base import Message, ParsedResponse, Renderer, TextToolCalls, assistant_message, content_text
+from .base import Message, Renderer, TextToolCalls, content_text
 
 
 class ChatMLRenderer(TextToolCalls, Renderer):
@@ -82,9 +82,3 @@ class ChatMLRenderer(TextToolCalls, Renderer):
 
     def action_tokens(self, message: Message) -> list[int]:
         return self._encode(self.message_text(message)[1]) + [self.im_end]
-
-    # -- parsing -----------------------------------------------------------------------------------
-    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
-        text, ended = self.reply_text(tokens)
-        content, calls, errors = self.parse_tool_calls(text)
-        return ParsedResponse(assistant_message(content, calls), ended, errors)

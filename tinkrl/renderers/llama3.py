@@ -24,9 +24,7 @@ import re
 
 from .base import (
     Message,
-    ParsedResponse,
     Renderer,
-    assistant_message,
     call_arguments,
     call_from_object,
     content_text,
@@ -147,11 +145,6 @@ class Llama3Renderer(Renderer):
         return self._encode(self._assistant_body(message)) + [self.eot]
 
     # -- parsing -------------------------------------------------------------------------------------
-    def parse_response(self, tokens: list[int], tools: list[dict] | None = None) -> ParsedResponse:
-        text, ended = self.reply_text(tokens)
-        content, calls, errors = self.parse_tool_calls(text)
-        return ParsedResponse(assistant_message(content, calls), ended, errors)
-
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
         """A reply that is `{"name": …, "parameters": {…}}` (optionally after `<|python_tag|>`, several joined
         by ";") is tool calls; any other reply is content."""

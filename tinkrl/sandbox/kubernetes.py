@@ -96,7 +96,8 @@ def _status_of(e: Exception) -> int:
     return int(getattr(e, "status", 0) or 0)
 
 
-def _api_message(e: Exception) -> str:
+def api_message(e: Exception) -> str:
+    """A Kubernetes API error's own message (its JSON body's), else its reason."""
     body = getattr(e, "body", None)
     try:
         return json.loads(body)["message"]
@@ -233,12 +234,12 @@ class KubernetesSandbox(ContainerSandbox):
                     delay = min(delay * 2, 30)
                 elif code == 403:
                     raise SandboxError(
-                        f"not allowed to create pods in namespace {self.namespace}: {_api_message(e)}",
+                        f"not allowed to create pods in namespace {self.namespace}: {api_message(e)}",
                         "sandbox_forbidden",
                     ) from None
                 else:
                     raise SandboxError(
-                        f"cannot create pod in {self.namespace}: {_api_message(e)}", "sandbox_start"
+                        f"cannot create pod in {self.namespace}: {api_message(e)}", "sandbox_start"
                     ) from None
         raise SandboxError(f"cannot create pod in {self.namespace}: API kept refusing", "sandbox_start")
 
@@ -253,7 +254,7 @@ class KubernetesSandbox(ContainerSandbox):
                 if _status_of(e) == 404:
                     raise SandboxError(f"pod {self.name} disappeared while starting", "sandbox_start") from None
                 if _status_of(e) not in RETRY_STATUSES:
-                    raise SandboxError(f"cannot read pod {self.name}: {_api_message(e)}", "sandbox_start") from None
+                    raise SandboxError(f"cannot read pod {self.name}: {api_message(e)}", "sandbox_start") from None
                 pod = None
             if pod is not None:
                 phase = pod.status.phase if pod.status else None
@@ -306,7 +307,7 @@ class KubernetesSandbox(ContainerSandbox):
                     binary=True,
                 )
             except Exception as e:  # noqa: BLE001
-                raise self._infra(f"exec failed to start: {_api_message(e)}") from None
+                raise self._infra(f"exec failed to start: {api_message(e)}") from None
             try:
                 if stdin is not None:
                     for i in range(0, len(stdin), 1 << 20):
@@ -469,7 +470,7 @@ class KubernetesProvider(ContainerProvider):
                     return
                 if attempt == 3:
                     # labels + expires-at let `tinkrl sandbox reap` collect it later
-                    self._note(f"could not delete pod {name}: {_api_message(e)}")
+                    self._note(f"could not delete pod {name}: {api_message(e)}")
                     return
                 time.sleep(delay)
                 delay *= 2
@@ -522,7 +523,7 @@ def reap_pods(
             cfg.namespace, label_selector=selector, _request_timeout=cfg.request_timeout_s
         ).items
     except Exception as e:  # noqa: BLE001
-        raise SandboxError(f"cannot list pods in {cfg.namespace}: {_api_message(e)}", "sandbox_unavailable") from None
+        raise SandboxError(f"cannot list pods in {cfg.namespace}: {api_message(e)}", "sandbox_unavailable") from None
     done = []
     for pod in pods:
         reason = f"run {run_id}" if run_id else leak_reason(pod, api, now)
@@ -533,7 +534,7 @@ def reap_pods(
                 api.delete_namespaced_pod(pod.metadata.name, cfg.namespace, grace_period_seconds=0)
             except Exception as e:  # noqa: BLE001
                 if _status_of(e) != 404:
-                    reason += f" (delete failed: {_api_message(e)})"
+                    reason += f" (delete failed: {api_message(e)})"
         done.append((pod.metadata.name, reason))
     api.api_client.close()
     return done

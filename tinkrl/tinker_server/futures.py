@@ -76,9 +76,6 @@ class PromiseTable:
         promise.fetched_at = time.monotonic()
         return True
 
-    def pending_count(self) -> int:
-        return sum(1 for p in self._promises.values() if not p.done.is_set())
-
     def sweep(self) -> None:
         now = self._last_sweep = time.monotonic()
         stale = [

@@ -9,21 +9,25 @@ import logging
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tinkrl.agents.limits import EpisodeLimits
 from tinkrl.errors import ConfigError
 
 if TYPE_CHECKING:
+    from tinkrl.agents.session import SandboxSource
+    from tinkrl.sandbox.base import SandboxProvider
     from tinkrl.taskdirs import Task
 
 log = logging.getLogger(__name__)
 _DATASET_SPEC = re.compile(r"\s*[A-Za-z0-9][\w.-]*\s*(==\s*[\w.+-]+\s*)?")  # as taskdirs.datasets.parse_spec
 
 
-class TasksEnvConfig(EpisodeLimits):
-    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests; the
-    episode limits (`EpisodeLimits`) with their defaults for task directories."""
+class TaskSelection(BaseModel):
+    """Which tasks an environment of task directories or rows trains and tests on (`env=tasks`,
+    `env=external_agent`), and how their tool calls are written."""
+
+    model_config = ConfigDict(extra="forbid")
 
     path: str | list[str] = "tasks"
     """Task directories, directories of them, or .json/.jsonl row files (R2E-Gym, SWE-bench)."""
@@ -50,7 +54,7 @@ class TasksEnvConfig(EpisodeLimits):
         return v
 
     @model_validator(mode="after")
-    def _dataset_or_path(self) -> TasksEnvConfig:
+    def _dataset_or_path(self) -> TaskSelection:
         if self.dataset is not None and "path" in self.model_fields_set:
             raise ValueError("set env.dataset or env.path, not both (a dataset replaces the path)")
         return self
@@ -93,6 +97,19 @@ class TasksEnvConfig(EpisodeLimits):
             raise ConfigError(f"{key}: task ids occur more than once: {', '.join(dupes)}")
         return tasks
 
+    def split(self, tasks: list[Task], provider: SandboxSource) -> tuple[list[Task], list[Task]]:
+        """`tasks` as (training, held-out): the held-out ones are `test_task_ids`; the rest train, those
+        that fail the gate left out when `gate` is on (the gate runs in `provider`'s sandboxes)."""
+        test = select_tasks(tasks, self.test_task_ids) if self.test_task_ids else []
+        held_out = {t.id for t in test}
+        train = [t for t in tasks if t.id not in held_out]
+        return (gated(train, provider.get()) if self.gate else train), test
+
+
+class TasksEnvConfig(TaskSelection, EpisodeLimits):
+    """`env=tasks env.path=tasks ...`: tool-using agents on task directories, graded by their tests; the
+    episode limits (`EpisodeLimits`) with their defaults for task directories."""
+
 
 TasksConfig = TasksEnvConfig  # the name users type: env=TasksConfig
 
@@ -105,3 +122,20 @@ def select_tasks(tasks: list[Task], patterns: list[str]) -> list[Task]:
             f"task_ids: no task matches {', '.join(map(repr, unmatched))}; known: {', '.join(t.id for t in tasks)}"
         )
     return [t for t in tasks if any(fnmatch.fnmatchcase(t.id, p) for p in patterns)]
+
+
+def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
+    """The tasks that pass the gate (`run_gate`); the others are logged and left out."""
+    from tinkrl.progress import progress_bar
+    from tinkrl.taskdirs import run_gate
+
+    keep = []
+    with progress_bar(len(tasks), "gate", unit="task") as bar:
+        for task in tasks:
+            res = run_gate(task, provider)
+            if res.ok:
+                keep.append(task)
+            else:
+                log.warning("task %s failed the gate and is not trained on: %s", task.id, res.detail)
+            bar.update(1)
+    return keep

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -33,32 +32,14 @@ import numpy as np
 
 from tinkrl.agents.episode import SessionEnv
 from tinkrl.agents.session import TaskSession
-from tinkrl.envs.agent_tasks.config import TasksEnvConfig, select_tasks
+from tinkrl.envs.agent_tasks.config import TasksEnvConfig
 from tinkrl.errors import ConfigError
-from tinkrl.progress import progress_bar
 from tinkrl.rl.types import Env, EnvDatasets, EnvGroupBuilder, RLDataset
 from tinkrl.sandbox import LazyProvider
-from tinkrl.sandbox.base import SandboxProvider
-from tinkrl.taskdirs import Task, run_gate
+from tinkrl.taskdirs import Task
 
 if TYPE_CHECKING:
     from tinkrl.envs import EnvContext
-
-log = logging.getLogger(__name__)
-
-
-def gated(tasks: list[Task], provider: SandboxProvider) -> list[Task]:
-    """The tasks that pass the gate (`run_gate`); the others are logged and left out."""
-    keep = []
-    with progress_bar(len(tasks), "gate", unit="task") as bar:
-        for task in tasks:
-            res = run_gate(task, provider)
-            if res.ok:
-                keep.append(task)
-            else:
-                log.warning("task %s failed the gate and is not trained on: %s", task.id, res.detail)
-            bar.update(1)
-    return keep
 
 
 def renderer_for(renderer, tool_format: str, key: str):
@@ -154,13 +135,8 @@ class TasksDataset(RLDataset):
 def build_datasets(cfg: TasksEnvConfig, ctx: EnvContext) -> EnvDatasets:
     """The training tasks that pass the gate, and the held-out tasks, as datasets of groups."""
     renderer = renderer_for(ctx.renderer, cfg.tool_format, ctx.key)
-    tasks = cfg.load_tasks()
-    test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
-    held_out = {t.id for t in test}
-    train = [t for t in tasks if t.id not in held_out]
     provider = ctx.sandbox
-    if cfg.gate:
-        train = gated(train, provider.get())
+    train, test = cfg.split(cfg.load_tasks(), provider)
     if not train:
         raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
 

@@ -3,19 +3,17 @@ imports no SDK types, so a config error answers without loading torch)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-if TYPE_CHECKING:
-    from tinkrl.envs.agent_tasks.config import TasksEnvConfig
+from tinkrl.envs.agent_tasks.config import TaskSelection
 
 
-class ExternalAgentEnvConfig(BaseModel):
+class ExternalAgentEnvConfig(TaskSelection):
     """`env=external_agent`: each rollout is one run of an agent process talking to the run's OpenAI
-    server under its own rollout id, acting on the task's sandbox, graded by the task's tests."""
-
-    model_config = ConfigDict(extra="forbid")
+    server under its own rollout id, acting on the task's sandbox, graded by the task's tests; its tasks
+    chosen as in `env=tasks` (`TaskSelection`)."""
 
     agent: Literal["mini-swe-agent", "command"] = "mini-swe-agent"
     """`mini-swe-agent` (its `mini` CLI, `pip install 'tinkrl[agents]'`) or `command` (any program: `command`)."""
@@ -42,20 +40,6 @@ class ExternalAgentEnvConfig(BaseModel):
     process is killed and the sandbox graded as it stands."""
     max_context_tokens: int | None = Field(None, ge=64)
     """Context the run's server allows (None: the model's)."""
-    tool_format: Literal["hermes", "xml"] = "hermes"
-    """How the server renders tool calls for the model (tool-calling agents)."""
-    path: str | list[str] = "tasks"
-    """Task directories or row files, as in `env=tasks`."""
-    dataset: str | None = None
-    """A terminal-bench registry dataset, as in `env=tasks` (replaces `path`)."""
-    task_ids: list[str] | None = None
-    """Only these tasks (ids or shell globs)."""
-    test_task_ids: list[str] | None = None
-    """Tasks held out of training and run once each as the test set."""
-    gate: bool = True
-    """Train only on tasks whose solution scores 1 and whose no-op scores 0 (as in `env=tasks`)."""
-    epochs: int = Field(100, ge=1)
-    """Passes over the training tasks."""
 
     @model_validator(mode="after")
     def _command_for_command_agents(self) -> ExternalAgentEnvConfig:
@@ -64,10 +48,3 @@ class ExternalAgentEnvConfig(BaseModel):
         if self.agent != "command" and self.command is not None:
             raise ValueError(f"`command` is for agent: command; agent {self.agent!r} builds its own")
         return self
-
-    def tasks_config(self) -> TasksEnvConfig:
-        """The task selection as the `tasks` environment reads it (one loader for both)."""
-        from tinkrl.envs.agent_tasks.config import TasksEnvConfig
-
-        fields = {"path", "dataset", "task_ids", "test_task_ids", "gate", "epochs"} & self.model_fields_set
-        return TasksEnvConfig(**{k: getattr(self, k) for k in fields})

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tinkrl
-from tinkrl.envs.agent_tasks.config import select_tasks
-from tinkrl.envs.agent_tasks.env import TasksDataset, gated, renderer_for
+from tinkrl.envs.agent_tasks.env import TasksDataset, renderer_for
 from tinkrl.envs.external_agent.config import ExternalAgentEnvConfig
 from tinkrl.envs.external_agent.run_server import RunServer
 from tinkrl.envs.external_agent.runner import CommandAgent, ExternalRollout
@@ -196,13 +195,7 @@ def build_datasets(cfg: ExternalAgentEnvConfig, ctx: EnvContext) -> EnvDatasets:
             mini_executable()
         except ConfigError as e:
             raise ConfigError(f"environments.{ctx.key}: {e}") from None
-    tasks_cfg = cfg.tasks_config()
-    tasks = tasks_cfg.load_tasks()
-    test = select_tasks(tasks, cfg.test_task_ids) if cfg.test_task_ids else []
-    held_out = {t.id for t in test}
-    train = [t for t in tasks if t.id not in held_out]
-    if cfg.gate:
-        train = gated(train, ctx.sandbox.get())
+    train, test = cfg.split(cfg.load_tasks(), ctx.sandbox)
     if not train:
         raise ConfigError(f"environments.{ctx.key}: no training tasks left (all held out or failed the gate)")
     server = RunServer(ctx.model_name, tool_format=cfg.tool_format, max_context=cfg.max_context_tokens)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from tinkrl.envs.math import grading
 from tinkrl.envs.math.problems import TEST_SHUFFLE_SEED, Problem, seeded_rng
-from tinkrl.errors import ConfigError
+from tinkrl.errors import ConfigError, short
 from tinkrl.local.model_files import hub_offline
 
 if TYPE_CHECKING:
@@ -175,11 +175,6 @@ def _load_hub(name: str, online: bool) -> dict[str | None, list[dict]]:
     return out
 
 
-def _short(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
-
-
 def _missing(name: str, reason: str) -> ConfigError:
     import datasets
     import huggingface_hub.constants as hub_constants
@@ -224,13 +219,13 @@ def download(name: str) -> dict[str | None, list[dict]]:
             "set env.data_path to a local copy"
         ) from None
     except Exception as e:  # noqa: BLE001  (no DNS, refused, timed out, proxy, hub down: all "cannot reach it")
-        raise _missing(name, f"the hub at {endpoint} cannot be reached: {_short(e)}") from None
+        raise _missing(name, f"the hub at {endpoint} cannot be reached: {short(e)}") from None
     log.warning("downloading dataset %s from %s into the HF cache (once)", src.hf_id, endpoint)
     try:
         return _load_hub(name, online=True)
     except Exception as e:  # noqa: BLE001
         raise ConfigError(
-            f"{name}: downloading dataset {src.hf_id} from {endpoint} failed ({_short(e)}); run again, or set "
+            f"{name}: downloading dataset {src.hf_id} from {endpoint} failed ({short(e)}); run again, or set "
             "env.data_path to a local copy"
         ) from None
 

@@ -59,8 +59,9 @@ def recv(fd=0):
     return fields
 
 
-def send(fields, fd=1):
-    """One reply frame to `fd` (str fields as UTF-8, ints as decimal text)."""
+def encode_frame(fields):
+    """One frame: str fields as UTF-8 (surrogates kept), ints as their decimal text (the host's
+    requests and this server's replies alike)."""
     parts = [len(fields).to_bytes(4, "big")]
     for f in fields:
         if isinstance(f, str):
@@ -69,8 +70,12 @@ def send(fields, fd=1):
             f = str(f).encode()
         parts.append(len(f).to_bytes(4, "big"))
         parts.append(f)
-    data = b"".join(parts)
-    view = memoryview(data)
+    return b"".join(parts)
+
+
+def send(fields, fd=1):
+    """One reply frame to `fd`."""
+    view = memoryview(encode_frame(fields))
     while view:
         view = view[os.write(fd, view) :]
 

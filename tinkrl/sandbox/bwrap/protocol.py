@@ -1,7 +1,7 @@
 """The host side of the framed protocol spoken with a bwrap sandbox's pid 1 over its stdin/stdout.
 
 A frame is a 4-byte big-endian field count, then each field as a 4-byte length and its
-bytes; `bwrap_server.py` (`send`/`recv`) and `bwrap_init.c` speak the same format, and a
+bytes; `bwrap_server.py` (`encode_frame`, `send`, `recv`) and `bwrap_init.c` speak the same format, and a
 change here must be mirrored there. Reads take a deadline, so a hung or dead pid 1 is
 noticed instead of blocking the caller forever.
 """
@@ -12,18 +12,9 @@ import os
 import select
 import time
 
+from tinkrl.sandbox.bwrap.bwrap_server import encode_frame  # one encoder: the server's, which runs stdlib-only
 
-def encode_frame(fields: list[bytes | str | int]) -> bytes:
-    """One request frame: str fields as UTF-8 (surrogates kept), ints as their decimal text."""
-    parts = [len(fields).to_bytes(4, "big")]
-    for f in fields:
-        if isinstance(f, str):
-            f = f.encode("utf-8", "surrogateescape")
-        elif isinstance(f, int):
-            f = str(f).encode()
-        parts.append(len(f).to_bytes(4, "big"))
-        parts.append(f)
-    return b"".join(parts)
+__all__ = ["FrameReader", "encode_frame"]
 
 
 class FrameReader:

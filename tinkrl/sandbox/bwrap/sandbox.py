@@ -163,69 +163,14 @@ class BwrapSandbox(Sandbox):
         for name in HOST_ETC_PASSTHROUGH:
             if (p.etc_dir / name).exists():
                 argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--perms",
-            "1777",
-            "--size",
-            small,
-            "--tmpfs",
-            "/dev/shm",
-            "--perms",
-            "1777",
-            "--size",
-            disk,
-            "--tmpfs",
-            "/tmp",
-            "--perms",
-            "0700",
-            "--size",
-            small,
-            "--tmpfs",
-            "/root",
-            "--perms",
-            "0755",
-            "--size",
-            "4194304",
-            "--tmpfs",
-            "/run",
-            "--perms",
-            "0755",
-            "--size",
-            small,
-            "--tmpfs",
-            "/tests",
-            "--perms",
-            "0755",
-            "--size",
-            small,
-            "--tmpfs",
-            "/logs",
-            "--perms",
-            "0755",
-            "--size",
-            small,
-            "--tmpfs",
-            "/solution",
-            "--dir",
-            "/var",
-            "--symlink",
-            "../tmp",
-            "/var/tmp",
-            "--perms",
-            "0755",
-            "--size",
-            disk,
-            "--tmpfs",
-            self.workdir,
-            "--remount-ro",
-            "/",
-            "--chdir",
-            self.workdir,
-        ]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        scratch = [("/dev/shm", "1777", small), ("/tmp", "1777", disk), ("/root", "0700", small)]
+        scratch += [("/run", "0755", "4194304"), *((d, "0755", small) for d in ("/tests", "/logs", "/solution"))]
+        for d, perms, size in scratch:  # each a tmpfs of its own size
+            argv += ["--perms", perms, "--size", size, "--tmpfs", d]
+        argv += ["--dir", "/var", "--symlink", "../tmp", "/var/tmp"]
+        argv += ["--perms", "0755", "--size", disk, "--tmpfs", self.workdir]
+        argv += ["--remount-ro", "/", "--chdir", self.workdir]
         mem_rlimit = 0 if p.cgroups.mode != "none" else spec.memory_mb * 1024 * 1024
         nproc = spec.pids + 4  # + server, bwrap's own processes
         env = {
