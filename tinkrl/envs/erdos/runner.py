@@ -33,6 +33,10 @@ MEMORY_LIMIT = "memory_limit"  # MemoryError, or killed by the memory limit
 NO_OUTPUT = "no_output"  # run() returned None or nothing was written
 BAD_OUTPUT = "bad_output"  # not convertible to an array of floats
 CRASHED = "crashed"  # the interpreter died for another reason
+# the driver's status of a program that failed, as the reason recorded for it
+_STATUS_REASONS = dict(
+    exception=RUNTIME_ERROR, no_run_function=NO_RUN_FUNCTION, no_output=NO_OUTPUT, bad_output=BAD_OUTPUT
+)
 
 WORKDIR = "/app"
 _PYTHON = "/usr/bin/python3"  # Debian's python3 with numpy/scipy (scripts/install-system.sh)
@@ -202,14 +206,8 @@ class ProgramRunner:
             detail = str(status.get("detail", ""))[-600:]
             if kind == "memory":
                 return invalid(MEMORY_LIMIT, f"MemoryError (limit {self.memory_mb} MB)", tail, took)
-            if kind == "exception":
-                return invalid(RUNTIME_ERROR, detail, tail, took)
-            if kind == "no_run_function":
-                return invalid(NO_RUN_FUNCTION, detail, tail, took)
-            if kind == "no_output":
-                return invalid(NO_OUTPUT, detail, tail, took)
-            if kind == "bad_output":
-                return invalid(BAD_OUTPUT, detail, tail, took)
+            if kind in _STATUS_REASONS:
+                return invalid(_STATUS_REASONS[kind], detail, tail, took)
             try:
                 raw = sandbox.read_file(f"{WORKDIR}/out/h.npy")
             except FileNotFoundError:
