@@ -90,3 +90,8 @@ def request_key(headers: Mapping[str, str]) -> str | None:
 def key_matches(given: str | None, expected: str) -> bool:
     """Whether `given` is `expected`, compared in time that does not depend on where they differ."""
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def looks_like_tinker_key(key: str) -> bool:
+    """Whether `key` has the shape of a Tinker API key (`tml-…`, or a JWT's `eyJ…`), the only keys the SDK sends."""
+    return key.startswith(("tml-", "eyJ"))

@@ -41,6 +41,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
+from tinkrl.access import looks_like_tinker_key
 from tinkrl.config import BackendConfig
 from tinkrl.errors import ConfigError, TinkrlError
 
@@ -69,7 +70,7 @@ def resolve_api_key(api_key: str | None) -> str:
             "backend=tinker needs an API key: set TINKER_API_KEY (for `tinkrl serve tinker`, any "
             "tml-… key such as tml-local), or use backend=local"
         )
-    if not (key.startswith("tml-") or key.startswith("eyJ")):
+    if not looks_like_tinker_key(key):
         raise ConfigError("the Tinker API key must start with 'tml-' (check TINKER_API_KEY)")
     return key
 

@@ -445,8 +445,7 @@ class TrainConfig(BackendConfig):
         total_groups = self.groups_per_step or self.batch_size // self.group_size
         weights = {k: e.weight for k, e in self.environments.items()}
         wsum = sum(weights.values())
-        shares = {k: max(1, round(total_groups * w / wsum)) for k, w in weights.items()}
-        return shares
+        return {k: max(1, round(total_groups * w / wsum)) for k, w in weights.items()}
 
 
 def _fresh_run_name(environments: dict[str, EnvEntry]) -> str:
@@ -617,7 +616,7 @@ def _format_error(e: ValidationError) -> str:
         return msg if loc == "config" else f"{loc}: {msg}"
     if err["type"] == "literal_error":
         return f"{loc}: {msg} (got {err.get('input')!r})"
-    return f"{loc}: {msg}" + (f" (got {err.get('input')!r})" if "input" in err and err["type"] != "value_error" else "")
+    return f"{loc}: {msg}" + (f" (got {err.get('input')!r})" if "input" in err else "")
 
 
 def load_config(config_path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -108,8 +108,8 @@ class SamplingClientPolicy:
     """A Tinker SamplingClient (local engine or service: a base model or a checkpoint), through the
     token-level SessionEnv."""
 
-    def __init__(self, sampling_client, model_name: str, cfg, renderer, provider, temperature: float):
-        self.sampling_client, self.model_name, self.cfg = sampling_client, model_name, cfg
+    def __init__(self, sampling_client, cfg, renderer, provider, temperature: float):
+        self.sampling_client, self.cfg = sampling_client, cfg
         self.renderer, self.provider, self.temperature = renderer, provider, temperature
 
     async def run(self, task: Task, attempt: int) -> Trial:

@@ -300,7 +300,7 @@ async def _main(args: argparse.Namespace) -> int:
             if args.base_model and model_name != args.base_model:
                 raise TinkrlError(f"{args.checkpoint} was trained from {model_name}, not model_name={args.base_model}")
             renderer = get_renderer(sc.get_tokenizer(), model_name, cfg.tool_format)
-            policy = SamplingClientPolicy(sc, model_name, cfg, renderer, LazyProvider(provider), args.temperature)
+            policy = SamplingClientPolicy(sc, cfg, renderer, LazyProvider(provider), args.temperature)
         run_id = args.run_id or dt.datetime.now().strftime("%Y-%m-%d__%H-%M-%S")
         print(f"tinkrl eval: sandboxes: {_where(args.sandbox_config)}", file=sys.stderr)
         out_dir = Path(args.output_path) / run_id

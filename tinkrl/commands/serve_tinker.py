@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tinkrl.access import add_key_arguments, check_exposure
+from tinkrl.access import add_key_arguments, check_exposure, looks_like_tinker_key
 from tinkrl.tinker_server.app import SDK_VERSION, TinkerServer
 
 
@@ -50,7 +50,7 @@ def preload(engine: Any, models: list[str]) -> None:
 def cli_main(argv: list[str]) -> int:
     """Serve until interrupted; exit 2 on a bad --api-key or --model, 1 when the address cannot be bound."""
     args = _parser().parse_args(argv)
-    if args.api_key is not None and not (args.api_key.startswith("tml-") or args.api_key.startswith("eyJ")):
+    if args.api_key is not None and not looks_like_tinker_key(args.api_key):
         print("tinkrl serve tinker: --api-key must start with 'tml-' (the SDK refuses other keys)", file=sys.stderr)
         return 2
     refused = check_exposure("tinkrl serve tinker", args)

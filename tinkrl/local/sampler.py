@@ -46,7 +46,6 @@ class SampleJob:
 @dataclass
 class _Row:
     job: int
-    sample_index: int
     prompt_len: int
     max_tokens: int
     stop_ids: set[int]
@@ -71,7 +70,7 @@ def _stop_condition(params: types.SamplingParams, eos_id: int | None) -> tuple[s
     return set(), [str(s) for s in stop]
 
 
-def _generator(seed: int | None, sample_index: int, device) -> torch.Generator | None:
+def _generator(seed: int | None, sample_index: int) -> torch.Generator | None:
     if seed is None:
         return None
     digest = hashlib.sha256(f"{seed}:{sample_index}".encode()).digest()
@@ -333,7 +332,7 @@ def _prompt_logprobs(lm: CausalLM, paths: Reference, jobs: list[SampleJob], at: 
     return prompt_lp, topk
 
 
-def _rows(jobs: list[SampleJob], max_new: int, eos_id: int | None, device) -> list[_Row]:
+def _rows(jobs: list[SampleJob], max_new: int, eos_id: int | None) -> list[_Row]:
     """One row per sample of every job, with its stop condition, token budget and draw settings."""
     rows: list[_Row] = []
     for i, j in enumerate(jobs):
@@ -343,8 +342,8 @@ def _rows(jobs: list[SampleJob], max_new: int, eos_id: int | None, device) -> li
         for s in range(j.num_samples):
             top_p = float(p.top_p if p.top_p is not None else 1.0)
             rows.append(
-                _Row(i, s, len(j.prompt), budget, stop_ids, stop_strings, float(p.temperature), int(p.top_k or -1),
-                     top_p, _generator(p.seed, s, device))
+                _Row(i, len(j.prompt), budget, stop_ids, stop_strings, float(p.temperature), int(p.top_k or -1),
+                     top_p, _generator(p.seed, s))
             )  # fmt: skip
     return rows
 
@@ -446,7 +445,7 @@ def sample_batch(
     at = _lay_out(jobs, prefixes, eos_id, max_context, device)
     cache, hidden, opening_hidden = _prefill(lm, paths, at)
     prompt_lp, topk = _prompt_logprobs(lm, paths, jobs, at, hidden, opening_hidden)
-    rows = _rows(jobs, at.max_new, eos_id, device)
+    rows = _rows(jobs, at.max_new, eos_id)
     prompt_at = [  # where each prompt's tokens lie in its cache row (for the prefix cache)
         torch.cat([torch.arange(c), torch.arange(at.P - (len(p) - c), at.P)]).to(device)
         for p, c in zip(at.prompts, at.starts)

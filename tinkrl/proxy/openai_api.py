@@ -36,11 +36,7 @@ class ApiError(Exception):
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type_ or {
-            400: "invalid_request_error",
-            401: "invalid_request_error",
-            404: "invalid_request_error",
-        }.get(status, "server_error")
+        self.type = type_ or ("invalid_request_error" if status in (400, 401, 404) else "server_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -206,9 +202,8 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                     )
         elif content is not None and not isinstance(content, str):
             raise bad(f"{where}.content must be a string or a list of text parts", f"{where}.content")
-        if content is None and not (role == "assistant" and m.get("tool_calls")):
-            if role != "assistant":
-                raise bad(f"{where}.content is required for role {role!r}", f"{where}.content")
+        if content is None and role != "assistant":
+            raise bad(f"{where}.content is required for role {role!r}", f"{where}.content")
         msg = dict(m)
         if role == "developer":
             msg["role"] = "system"
@@ -372,7 +367,6 @@ def sample_to_message(
     message["content"] = content if (content or not calls) else None
     if calls:
         message["tool_calls"] = calls
-    if calls:
         finish = "tool_calls"
     elif stop_reason == "length" and not hit_stop:
         finish = "length"

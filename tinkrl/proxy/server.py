@@ -162,8 +162,8 @@ class ProxyServer:
             app.router.add_get(prefix + "/v1/models/{model:.+}", self.model)
         app.router.add_get("/health", self.health)
         app.router.add_post("/rollouts/{rollout_id}/sandbox/exec", self.sandbox_exec)
-        app.router.add_get("/v1/rollouts/{rollout_id}", self.get_rollout)
-        app.router.add_delete("/v1/rollouts/{rollout_id}", self.pop_rollout)
+        app.router.add_get("/v1/rollouts/{rollout_id}", self.rollout_calls)
+        app.router.add_delete("/v1/rollouts/{rollout_id}", self.rollout_calls)
         app.router.add_post("/v1/admin/weights", self.swap_weights)
         app.router.add_get("/v1/admin/weights", self.weights_info)
         app.router.add_get("/openapi.json", self.openapi)
@@ -603,18 +603,12 @@ class ProxyServer:
             }
         )
 
-    async def get_rollout(self, request: web.Request) -> web.Response:
+    async def rollout_calls(self, request: web.Request) -> web.Response:
+        """A rollout's captured calls; a DELETE also forgets them."""
         from tinkrl.proxy.capture import chain_calls
 
         rid = request.match_info["rollout_id"]
-        calls = self.capture.calls(rid)
-        return web.json_response(self._rollout_json(rid, calls, chain_calls(calls)[1]))
-
-    async def pop_rollout(self, request: web.Request) -> web.Response:
-        from tinkrl.proxy.capture import chain_calls
-
-        rid = request.match_info["rollout_id"]
-        calls = self.capture.pop(rid)
+        calls = self.capture.pop(rid) if request.method == "DELETE" else self.capture.calls(rid)
         return web.json_response(self._rollout_json(rid, calls, chain_calls(calls)[1]))
 
     async def sandbox_exec(self, request: web.Request) -> web.Response:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from typing import Any
 
@@ -103,15 +104,6 @@ def bundled_tokenizer_of(build: TmlBuild) -> BundledTokenizer:
 
 def _flat(spans) -> list[int]:
     return [t for s in spans for t in s.span.tokens]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class TmlRenderer(Renderer):
@@ -271,12 +263,7 @@ class TmlRenderer(Renderer):
     def _render(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """tml-renderers' completion prompt for OpenAI-style messages, with the adjustments of the module docstring."""
         oss = self._chat.OpenAIMessage.from_oss_messages(self._to_tml(messages, tools))
-        tokens = _flat(self._tml.render_for_completion(oss)[0])
-        if self._calls_begin is not None:
-            eos = self._stops[0]
-            tokens = [
-                t for i, t in enumerate(tokens) if not (t == eos and tokens[i + 1 : i + 2] == [self._calls_begin])
-            ]
+        tokens = self._without_eos_before_calls(_flat(self._tml.render_for_completion(oss)[0]))
         if self._build.no_system:
             tokens = self._without_system_message(tokens)
         return tokens
@@ -307,7 +294,7 @@ class TmlRenderer(Renderer):
         i = first
         while i < len(messages):
             j = next((k for k in range(i + 1, len(messages)) if messages[k]["role"] == "assistant"), len(messages))
-            tokens += self.action_tokens(messages[i]) + self._after_anchor(messages[i + 1 : j])
+            tokens += self.action_tokens(messages[i]) + self._turn_closing(messages[i + 1 : j])[1]
             i = j
         return tokens
 
@@ -366,7 +353,7 @@ class TmlRenderer(Renderer):
         full = self._render(anchor + list(new_messages))
         if full[: len(prompt) + len(action)] == prompt + action:  # the family keeps the turn as sampled
             return action[-1:], full[len(prompt) + len(action) :]
-        start = _common_prefix(full, prompt + action)
+        start = len(os.path.commonprefix([full, prompt + action]))
         ends = [i for i in range(start, len(full)) if full[i] in self._stops]
         ends = ends or [i for i in range(start, len(full)) if full[i] == self._user_close]
         if not ends:
@@ -374,11 +361,8 @@ class TmlRenderer(Renderer):
         j = ends[0]
         return [full[j]], full[j + 1 :]
 
-    def _after_anchor(self, new_messages: list[Message]) -> list[int]:
-        return self._turn_closing(new_messages)[1]
-
     def render_messages_no_system(self, messages: list[Message]) -> list[int]:
-        return self._strip_header(self._after_anchor(messages))
+        return self._strip_header(self._turn_closing(messages)[1])
 
     def continuation(self, new_messages: list[Message], action_ended_cleanly: bool = True) -> list[int]:
         close, after = self._turn_closing(new_messages)
@@ -404,13 +388,15 @@ class TmlRenderer(Renderer):
         tokens = _flat(example.input_token_spans)
         weights = list(example.per_token_loss_weight_unshifted)
         first = weights.index(next(w for w in weights if w))
-        action = tokens[first:]
-        if self._calls_begin is not None:
-            eos = self._stops[0]
-            action = [
-                t for i, t in enumerate(action) if not (t == eos and action[i + 1 : i + 2] == [self._calls_begin])
-            ]
-        return action
+        return self._without_eos_before_calls(tokens[first:])
+
+    def _without_eos_before_calls(self, tokens: list[int]) -> list[int]:
+        """DeepSeek V3.1's tokens without the end-of-sentence token tml-renderers writes before tool calls
+        (unchanged for other families)."""
+        if self._calls_begin is None:
+            return tokens
+        eos = self._stops[0]
+        return [t for i, t in enumerate(tokens) if not (t == eos and tokens[i + 1 : i + 2] == [self._calls_begin])]
 
     # -- parsing ------------------------------------------------------------------------------------
     def _parser(self, tools: list[dict] | None) -> Any:
@@ -461,9 +447,7 @@ class TmlRenderer(Renderer):
         """Calls whose arguments have the JSON types their schemas declare, where the parser left one as it read
         the text (Nemotron 3 reads a string "5" as 5; Qwen3.5 and Nemotron 3 write a bool as `True` and null as
         `None`, as their chat templates do): a string takes the text the reply wrote for it."""
-        text, _ = self.reply_text(tokens)
-        if reasoning:
-            text = text.replace(reasoning, "", 1)
+        text = self._text_outside_reasoning(tokens, reasoning)
         written = _written_arguments(text)
         out = []
         for i, call in enumerate(calls):
@@ -479,13 +463,16 @@ class TmlRenderer(Renderer):
     def _unread_calls(self, tokens: list[int], reasoning: str | None) -> list[str]:
         """An error when a reply without a well-formed call still writes tool-call markup outside its
         reasoning (the parser let the broken call through as text, or dropped it)."""
-        text, _ = self.reply_text(tokens)
-        if reasoning:
-            text = text.replace(reasoning, "", 1)
+        text = self._text_outside_reasoning(tokens, reasoning)
         found = [m for m in self._call_markers if m in text]
         if not found:
             return []
         return [f"the reply writes a tool call ({found[0]}) that is not well formed: {text.strip()[:200]}"]
+
+    def _text_outside_reasoning(self, tokens: list[int], reasoning: str | None) -> str:
+        """The reply's text with its reasoning (the first time it appears) taken out."""
+        text, _ = self.reply_text(tokens)
+        return text.replace(reasoning, "", 1) if reasoning else text
 
     def parse_text(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
         """Reply text (special tokens written out) parsed as the family's tokens would be."""

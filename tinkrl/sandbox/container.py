@@ -330,9 +330,6 @@ class ContainerProvider(SandboxProvider):
         self._lock = threading.Lock()
         self._closed = False
 
-    def _note(self, msg: str) -> None:
-        self.notes.append(msg)
-
     def _image(self, spec: SandboxSpec) -> str:
         """The image a sandbox for `spec` runs: the task's own, else the configured default."""
         image = spec.image or self.config.image

@@ -202,7 +202,7 @@ class DockerSandbox(ContainerSandbox):
             self.container.remove(force=True)
         except Exception as e:  # noqa: BLE001 - gone already is fine; anything else is left to the reaper
             if "404" not in str(e) and "No such container" not in str(e):
-                self.provider._note(f"could not remove container {self.name}: {e}")
+                self.provider.notes.append(f"could not remove container {self.name}: {e}")
 
 
 class DockerProvider(ContainerProvider):
@@ -218,7 +218,7 @@ class DockerProvider(ContainerProvider):
         self.provider_id = uuid.uuid4().hex[:12]
         if self.config.reap_on_start:
             for name, reason in reap_containers(self.client):
-                self._note(f"removed leaked container {name} ({reason})")
+                self.notes.append(f"removed leaked container {name} ({reason})")
         # Leaks at exit: close() normally; the atexit hook covers a run that forgot to.
         ref = weakref.ref(self)
         atexit.register(lambda: (p := ref()) is not None and p.close())
@@ -293,7 +293,7 @@ class DockerProvider(ContainerProvider):
                 c.remove(force=True)
             reap_containers(self.client)
         except Exception as e:  # noqa: BLE001 - at exit, a missing engine must not raise
-            self._note(f"cleanup at close failed: {e}")
+            self.notes.append(f"cleanup at close failed: {e}")
         try:
             self.client.close()
         except Exception:  # noqa: BLE001

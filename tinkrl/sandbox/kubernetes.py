@@ -429,7 +429,7 @@ class KubernetesProvider(ContainerProvider):
         self._slots = threading.BoundedSemaphore(self.config.max_concurrent)
         if self.config.reap_on_start:
             for name, reason in reap_pods(self.config):
-                self._note(f"deleted leaked pod {name} ({reason})")
+                self.notes.append(f"deleted leaked pod {name} ({reason})")
 
     def create(self, spec: SandboxSpec | None = None) -> KubernetesSandbox:
         self._check_open()
@@ -470,7 +470,7 @@ class KubernetesProvider(ContainerProvider):
                     return
                 if attempt == 3:
                     # labels + expires-at let `tinkrl sandbox reap` collect it later
-                    self._note(f"could not delete pod {name}: {api_message(e)}")
+                    self.notes.append(f"could not delete pod {name}: {api_message(e)}")
                     return
                 time.sleep(delay)
                 delay *= 2

@@ -84,7 +84,7 @@ def _text(path: Path, where: str) -> str:
         raise TaskLoadError(where, f"cannot read: {e.strerror}") from None
 
 
-def _workspace_steps(root: Path, env_dir: Path, workdir: str, rel: str) -> list[BuildStep] | None:
+def _workspace_steps(env_dir: Path, workdir: str, rel: str) -> list[BuildStep] | None:
     """environment/workspace/ + setup.sh: the container-free way to prepare a task."""
     ws, setup = env_dir / "workspace", env_dir / "setup.sh"
     if not ws.is_dir() and not setup.is_file():
@@ -152,7 +152,7 @@ def load_harbor(task_dir: Path) -> Task:
     if workdir is not None and not (isinstance(workdir, str) and workdir.startswith("/")):
         raise TaskLoadError(toml_path, f"must be an absolute path, got {workdir!r}", "[environment] workdir")
     image = _image_name(envcfg.get("docker_image"), toml_path, "[environment] docker_image")
-    steps = _workspace_steps(d, env_dir, workdir or "/app", "environment")
+    steps = _workspace_steps(env_dir, workdir or "/app", "environment")
     env: dict[str, str] = {}
     meta = dict(meta)
     if steps is None and (env_dir / "Dockerfile").is_file():
@@ -221,7 +221,7 @@ def load_terminal_bench(task_dir: Path) -> Task:
         raise TaskLoadError(yml, f"only the pytest parser is supported, got {parser!r}", "parser_name")
     if not (d / "run-tests.sh").is_file():
         raise TaskLoadError(d / "run-tests.sh", "missing (required)")
-    steps = _workspace_steps(d, d / "environment", "/app", "environment") or _workspace_steps(d, d, "/app", ".")
+    steps = _workspace_steps(d / "environment", "/app", "environment") or _workspace_steps(d, "/app", ".")
     workdir, env = "/app", {}
     if steps is None:
         if not (d / "Dockerfile").is_file():
@@ -312,6 +312,14 @@ def _row_workspace(row: dict, base: Path, where: str, image: str | None) -> Path
     return path
 
 
+def _repo_steps(ws: Path, where: str, workdir: str) -> list[BuildStep]:
+    """A row's local repo checkout copied to `workdir`, committed there as the base when it is not a git repo."""
+    return [
+        BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
+        BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir),
+    ]
+
+
 def _patched_files(patch: str) -> list[str]:
     return sorted(set(re.findall(r"^diff --git a/(\S+) b/", patch, flags=re.M)))
 
@@ -329,14 +337,7 @@ def load_swebench_row(row: dict, rows_file: Path, where: str) -> Task:
     image = _row_image(row, where)
     ws = _row_workspace(row, rows_file.parent, where, image)
     workdir = "/testbed"
-    steps = (
-        []
-        if ws is None
-        else [
-            BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-            BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir),
-        ]
-    )
+    steps = [] if ws is None else _repo_steps(ws, where, workdir)
     test_patch = row["test_patch"]
     # Every file the test patch touches goes back to its base version (written fresh from the
     # task, not from the agent's git history) or is removed; then the patch is applied. Run
@@ -386,9 +387,8 @@ def _r2e_instruction(row: dict) -> str:
 
 def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
     """An R2E-Gym row as a Task: its hidden r2e_tests run at grading, graded against the expected output."""
-    for field in ("expected_output_json",):
-        if field not in row:
-            raise TaskLoadError(where, "missing (required)", field)
+    if "expected_output_json" not in row:
+        raise TaskLoadError(where, "missing (required)", "expected_output_json")
     try:
         expected = (
             json.loads(row["expected_output_json"])
@@ -414,14 +414,7 @@ def load_r2e_row(row: dict, rows_file: Path, where: str) -> Task:
         )
     # Without a local workspace AND local tests only the image can run this row (R2E-Gym
     # images keep the hidden tests in /testbed/r2e_tests; they are taken out before the agent).
-    steps = (
-        []
-        if ws is None or tests_dir is None
-        else [
-            BuildStep(kind="copy", origin=f"{where} workspace", copy=FileCopy(dest=workdir, src=ws)),
-            BuildStep(kind="run", origin=f"{where} base commit", command=GIT_BASE_COMMIT, workdir=workdir),
-        ]
-    )
+    steps = [] if ws is None or tests_dir is None else _repo_steps(ws, where, workdir)
     patch = row.get("patch") or ""
     commit = str(row.get("commit_hash", ""))[:8]
     return Task(

@@ -204,10 +204,7 @@ def reset_protected_files(task: Task, sandbox: Sandbox) -> list[str]:
     originals = task.original_files if baseline is None else baseline.files
     find = f"find {shlex.quote(task.workdir)} -xdev \\( {_protected_names()} \\) -prune -print0 2>/dev/null; true"
     found = sandbox.exec(_pinned(find, task, sandbox), timeout=60, workdir="/").stdout.split("\0")
-    removed = []
-    for path in filter(None, found):
-        if path not in originals:
-            removed.append(path)
+    removed = [path for path in found if path and path not in originals]
     if baseline is not None:
         removed += baseline.restore
     if removed:
@@ -348,8 +345,6 @@ def _check_room_for_results(task: Task, sandbox: Sandbox) -> None:
 def _read_optional(sandbox: Sandbox, path: str) -> bytes | None:
     try:
         return sandbox.read_file(path)
-    except (FileNotFoundError, IsADirectoryError):
-        return None
     except OSError:
         return None
 

@@ -28,7 +28,7 @@ import pydantic
 from aiohttp import web
 from tinker import types
 
-from tinkrl.access import key_matches, request_key
+from tinkrl.access import key_matches, looks_like_tinker_key, request_key
 from tinkrl.aio_thread import UNREADABLE_BODY, serve_app_in_thread
 from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, checkpoints_root
 from tinkrl.tinker_server import wire
@@ -77,7 +77,7 @@ def _key_ok(key: str | None, required: str | None) -> bool:
         return False
     if required is not None:
         return key_matches(key, required)
-    return key.startswith("tml-") or key.startswith("eyJ")
+    return looks_like_tinker_key(key)
 
 
 class TinkerServer:
@@ -453,7 +453,7 @@ class TinkerServer:
         def call() -> Any:
             return sampler.client.sample(req.prompt, req.num_samples, req.sampling_params, **kwargs)
 
-        promise = self.registry.start_sample(sampler, call, req.prompt_logprobs_last_n)
+        promise = self.registry.start_sample(call, req.prompt_logprobs_last_n)
         sequence_ids = [f"{promise.request_id}:{i}" for i in range(req.num_samples)]
         return web.json_response({"request_id": promise.request_id, "sample_sequence_ids": sequence_ids})
 

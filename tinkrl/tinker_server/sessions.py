@@ -310,7 +310,7 @@ class Registry:
             session.last_seen = time.monotonic()
         return sampler
 
-    def start_sample(self, sampler: SamplingSession, call: Callable[[], Any], last_n: int | None) -> Promise:
+    def start_sample(self, call: Callable[[], Any], last_n: int | None) -> Promise:
         promise = self.promises.create("Sample")
         self._spawn(self._sample(call, promise, last_n))
         return promise

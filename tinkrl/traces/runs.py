@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +62,6 @@ class Episode:
     grade: str = ""
     messages: list[dict] = field(default_factory=list)
     logs: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        """The episode as a JSON object."""
-        return asdict(self)
 
 
 def _task_of(row: dict) -> str:

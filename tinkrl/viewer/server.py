@@ -12,6 +12,7 @@ directory (a symlink out, say) is not read, and a page needs `--api-key` where o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +110,13 @@ class Viewer:
         path = d / name
         if escapes(d, name):
             raise web.HTTPNotFound(text="unknown step")
-        episodes = self.cache.get(path, "episodes", lambda _: [e.to_json() for e in step_episodes(d, step)])
+        episodes = self.cache.get(path, "episodes", lambda _: [asdict(e) for e in step_episodes(d, step)])
         return web.json_response({"step": step, "episodes": episodes})
 
     async def evaluation(self, request: web.Request) -> web.Response:
         d = self._source(request)
         results = self.cache.get(d / "results.json", "results", lambda _: eval_results(d))
-        trials = self.cache.get(d / "results.jsonl", "trials", lambda _: [e.to_json() for e in eval_episodes(d)])
+        trials = self.cache.get(d / "results.jsonl", "trials", lambda _: [asdict(e) for e in eval_episodes(d)])
         return web.json_response({"results": results, "trials": trials})
 
 
