@@ -152,9 +152,9 @@ class TinkrlAgent(BaseAgent):
     def _record(self, traj: Trajectory, context: AgentContext) -> None:
         """Write the trajectory to the agent dir and fill Harbor's context from it."""
         record = write_episode(self.logs_dir / TRAJECTORY_FILE, self.policy, traj)
-        context.n_input_tokens = sum(t.ob.length for t in traj.transitions)
-        context.n_output_tokens = sum(len(t.ac_tokens) for t in traj.transitions)
-        context.rollout_details = [rollout_detail(traj)]
+        context.n_input_tokens = sum(len(t["prompt_tokens"]) for t in record["turns"])
+        context.n_output_tokens = sum(len(t["sampled_tokens"]) for t in record["turns"])
+        context.rollout_details = [rollout_detail(record)]
         context.metadata = {
             "end_reason": record["end_reason"] or "stopped by the harness",
             "turns": len(record["turns"]),

@@ -290,12 +290,13 @@ def episode_record(policy: CheckpointPolicy, traj: Trajectory) -> dict[str, Any]
     }
 
 
-def rollout_detail(traj: Trajectory) -> dict[str, list]:
-    """The episode in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
+def rollout_detail(record: dict[str, Any]) -> dict[str, list]:
+    """An `episode_record` in Harbor's `RolloutDetail` shape (per turn: prompt ids, completion ids, logprobs)."""
+    turns = record["turns"]
     return {
-        "prompt_token_ids": [t.ob.to_ints() for t in traj.transitions],
-        "completion_token_ids": [t.ac_tokens for t in traj.transitions],
-        "logprobs": [t.ac_logprobs for t in traj.transitions],
+        "prompt_token_ids": [t["prompt_tokens"] for t in turns],
+        "completion_token_ids": [t["sampled_tokens"] for t in turns],
+        "logprobs": [t["logprobs"] for t in turns],
     }
 
 
