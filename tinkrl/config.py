@@ -436,10 +436,6 @@ class TrainConfig(BackendConfig):
         """Why the config was read in its dialect (set by `load_config`)."""
         return self._dialect_reason
 
-    @dialect_reason.setter
-    def dialect_reason(self, reason: str) -> None:
-        self._dialect_reason = reason
-
     def groups_per_env(self) -> dict[str, int]:
         """Groups per step for each environment, in proportion to weight, at least one each."""
         total_groups = self.groups_per_step or self.batch_size // self.group_size
@@ -636,7 +632,7 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         config = TrainConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_error(e)) from None
-    config.dialect_reason = dialect.reason
+    config._dialect_reason = dialect.reason
     return config
 
 

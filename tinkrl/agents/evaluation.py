@@ -3,7 +3,7 @@
 The policy is a Tinker SamplingClient (the embedded engine or the Tinker service: the token-level
 `SessionEnv` through the trainer's own rollout loop) or any OpenAI-compatible endpoint (the same
 `TaskSession` fed chat messages, tools sent as `tools=`, tool calls read from `tool_calls` or,
-when a server leaves them in the text, parsed with the renderer). Either way the episode, its
+when a server leaves them in the text, parsed as the task's tool format writes them). Either way the episode, its
 limits and its grading are the training environment's. `tinkrl eval` (`tinkrl.commands.eval`)
 is the command.
 
@@ -152,19 +152,6 @@ def openai_history(messages: list[dict]) -> list[dict]:
     return out
 
 
-class TextToolParser:
-    """The renderer's text tool-call parser for endpoints that return calls as text. Parsing text
-    needs no tokenizer, so an endpoint-only eval never loads a model's tokenizer."""
-
-    def __init__(self, tool_format: str):
-        self.tool_format = tool_format
-
-    def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
-        from tinkrl.renderers import ChatMLRenderer
-
-        return ChatMLRenderer.parse_tool_calls(self, text)  # type: ignore[arg-type]
-
-
 class OpenAIPolicy:
     """Any OpenAI-compatible chat endpoint, through the message-level TaskSession."""
 
@@ -174,7 +161,6 @@ class OpenAIPolicy:
         api_key: str | None,
         model_name: str | None,
         cfg,
-        renderer,
         provider,
         temperature: float,
         timeout_s: float = 600.0,
@@ -187,7 +173,7 @@ class OpenAIPolicy:
             timeout=timeout_s,
             max_retries=2,
         )
-        self.model_name, self.cfg, self.renderer = model_name, cfg, renderer
+        self.model_name, self.cfg = model_name, cfg
         self.provider, self.temperature = provider, temperature
 
     async def resolve_model(self) -> str:
@@ -225,7 +211,7 @@ class OpenAIPolicy:
 
     async def episode(self, session) -> None:
         from tinkrl.agents.episode import MIN_ACTION_TOKENS, Reply, shell_reply
-        from tinkrl.renderers import tool_call
+        from tinkrl.renderers import parse_text_calls, tool_call
 
         await session.start()
         while True:
@@ -251,7 +237,7 @@ class OpenAIPolicy:
                 ]
                 errors: list[str] = []
                 if not calls:  # servers without a tool parser leave the calls in the text
-                    content, calls, errors = self.renderer.parse_tool_calls(content)
+                    content, calls, errors = parse_text_calls(content, self.cfg.tool_format)
                 assistant: dict[str, Any] = {"role": "assistant", "content": content or ("" if not calls else None)}
                 if calls:
                     assistant["tool_calls"] = calls

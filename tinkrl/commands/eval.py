@@ -235,7 +235,6 @@ async def _main(args: argparse.Namespace) -> int:
     from tinkrl.agents.evaluation import (
         OpenAIPolicy,
         SamplingClientPolicy,
-        TextToolParser,
         format_table,
         run_trials,
         summarize,
@@ -268,7 +267,6 @@ async def _main(args: argparse.Namespace) -> int:
                 args.api_key,
                 args.served_model,
                 cfg,
-                TextToolParser(cfg.tool_format),
                 LazyProvider(provider),
                 args.temperature,
             )

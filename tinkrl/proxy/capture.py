@@ -171,7 +171,6 @@ class CaptureStore:
         self._calls: OrderedDict[str, list[CapturedCall]] = OrderedDict()
         self._assistant: dict[str, dict[str, AssistantTokens]] = {}
         self._global: OrderedDict[str, AssistantTokens] = OrderedDict()
-        self.dropped_rollouts = 0
 
     def record(
         self, rollout_id: str | None, call: CapturedCall, returned: list[tuple[dict[str, Any], AssistantTokens]]
@@ -192,7 +191,6 @@ class CaptureStore:
             while len(self._calls) > MAX_ROLLOUTS:
                 old, _ = self._calls.popitem(last=False)
                 self._assistant.pop(old, None)
-                self.dropped_rollouts += 1
 
     def lookup(self, rollout_id: str | None, message: dict[str, Any]) -> AssistantTokens | None:
         key = assistant_key(message)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import Message, ParsedResponse, Renderer, tool_call
+from .base import Message, ParsedResponse, Renderer, parse_text_calls, tool_call
 from .chatml import ChatMLRenderer
 from .hosted_models import HOSTED_MODELS, hosted_model
 from .llama3 import Llama3Renderer
@@ -61,6 +61,7 @@ __all__ = [
     "hosted_model",
     "is_chatml",
     "load_tokenizer",
+    "parse_text_calls",
     "recommend",
     "renderer_name_for",
     "tool_call",

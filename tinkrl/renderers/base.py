@@ -267,7 +267,7 @@ class TextToolCalls:
 
     def parse_tool_calls(self, text: str) -> tuple[str, list[dict], list[str]]:
         """Split text into (content without call markup, well-formed calls, errors for malformed ones)."""
-        return parse_xml_calls(text) if self.tool_format == "xml" else parse_hermes_calls(text)
+        return parse_text_calls(text, self.tool_format)
 
     def tool_call_prefix(self, name: str | None = None) -> str:
         """The text a call (to `name`, or any) starts with, for forcing one."""
@@ -276,6 +276,12 @@ class TextToolCalls:
         if name is None:
             return '<tool_call>\n{"name": "'
         return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+
+
+def parse_text_calls(text: str, tool_format: str) -> tuple[str, list[dict], list[str]]:
+    """Tool calls written as text (`xml`: R2E-Gym's `<function=NAME>`, else Hermes `<tool_call>` JSON), split
+    from the reply as (content, well-formed calls, errors); needs no tokenizer."""
+    return parse_xml_calls(text) if tool_format == "xml" else parse_hermes_calls(text)
 
 
 def assistant_message(content: str, calls: list[dict] | None = None, reasoning: str | None = None) -> Message:

@@ -314,19 +314,15 @@ class KubernetesSandbox(ContainerSandbox):
                         ws.write_stdin(stdin[i : i + (1 << 20)])
                     ws.close_channel(0)  # v5: EOF on stdin (v4 cannot; our readers stop by length)
                 deadline = t0 + timeout + HARD_DEADLINE_GRACE_S
-                while ws.is_open() and time.monotonic() < deadline:
-                    ws.update(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-                    o, e = ws.read_stdout(), ws.read_stderr()
-                    if o:
+                while True:
+                    if o := ws.read_stdout():
                         out.add(o) if out else out_raw.extend(o)
-                    if e:
+                    if e := ws.read_stderr():
                         err.add(e)
+                    if not ws.is_open() or time.monotonic() >= deadline:
+                        break
+                    ws.update(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                 gave_up = ws.is_open()
-                o, e = ws.read_stdout(), ws.read_stderr()
-                if o:
-                    out.add(o) if out else out_raw.extend(o)
-                if e:
-                    err.add(e)
                 code = -1 if gave_up else self._exit_code(ws.read_channel(3))
             except SandboxError:
                 raise

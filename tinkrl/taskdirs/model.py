@@ -12,8 +12,6 @@ from pathlib import Path
 from tinkrl.errors import TinkrlError
 from tinkrl.sandbox.build import BuildStep, FileCopy
 
-GRADERS = ("reward_file", "pytest", "r2e", "swebench")
-
 
 class TaskLoadError(TinkrlError):
     """A task that cannot be loaded or built: says which file (and line or field) and why."""

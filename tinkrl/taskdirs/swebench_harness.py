@@ -39,11 +39,6 @@ def _modules() -> dict[str, ModuleType]:
     return {"constants": constants, "grading": grading, "parsers": log_parsers, "spec": test_spec_python}
 
 
-def require() -> None:
-    """Raise SwebenchMissing (one line: how to install it) when swebench cannot be imported."""
-    _modules()
-
-
 def repo_spec(repo: str, version: str) -> dict | None:
     """swebench's install/test spec for a repo at a version, or None when it has none."""
     specs = _modules()["constants"].MAP_REPO_VERSION_TO_SPECS
