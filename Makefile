@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install qwen-coder train train-agent train-agent-qwen test test-avx2 test-all test-harness harness lint bench bench-deps clean
+.PHONY: install qwen-coder train distill train-agent train-agent-qwen test test-avx2 test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ qwen-coder: install
 
 train: install
 	$(VENV)/bin/tinkrl train configs/default.yaml
+
+# On-policy distillation: a fresh SmolLM2-135M learns from the checkpoint `make train` leaves.
+distill: install
+	@test -f runs/arithmetic/checkpoints.jsonl || { echo "make distill distils from runs/arithmetic: run make train first"; exit 2; }
+	$(VENV)/bin/tinkrl train configs/distill.yaml
 
 # The agent job: SmolLM2-135M learns generated shell tasks in sandboxes (CPU, under 30 minutes),
 # then its curve is drawn next to the run.

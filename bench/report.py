@@ -551,6 +551,29 @@ def make_train_agent_rows(r: Record) -> list[list[str]]:
     ]
 
 
+def distill_rows(r: Record) -> list[list[str]]:
+    """One row per distillation run: the teacher's held-out greedy accuracy, the student's before and after
+    (standard errors), its steps and wall time beside the RL run's, and the wall-time ratio."""
+    m = r.median
+
+    def acc(name: str) -> str:
+        return f"{m[name]:.2f} ± {m[f'{name}_stderr']:.2f}"
+
+    teacher = r.settings.get("teacher") or {}
+    return [
+        [
+            str(r.settings.get("model_name")),
+            f"{teacher.get('model')} (kl_coef {teacher.get('kl_coef')}, reward_coef {teacher.get('reward_coef')})",
+            f"{r.settings.get('batch_size')}, lr {r.settings.get('learning_rate')}",
+            acc("teacher_greedy"),
+            f"{acc('greedy_before')} -> {acc('greedy_after')}",
+            f"{m['steps']:.0f} in {minutes(m['wall_s'])}",
+            f"{m['rl_steps']:.0f} in {minutes(m['rl_wall_s'])}",
+            f"{m['wall_ratio']:.2f}",
+        ]
+    ]
+
+
 MERGE_AGENTS = (  # the bench's environment keys: the agent and how it is plugged in
     ("mini_text", "mini-swe-agent, text (`mini_textbased.yaml`)", "`agent: mini-swe-agent`, `mini_mode: text`"),
     ("mini_tools", "mini-swe-agent, tool calls (`mini.yaml`)", "`agent: mini-swe-agent`, `mini_mode: tools`"),
@@ -622,6 +645,22 @@ TABLES = (
         make_train_agent_rows,
         ("rl_steps", "wall_s", "eval_share"),
         machine_classes=(CPU_REFERENCE, "cpu-amd-avx2-2c"),
+    ),
+    Table(
+        "distill",
+        "make train && make distill && python bench/distill.py",
+        (
+            "student",
+            "teacher",
+            "rollouts/step, lr",
+            "teacher held-out greedy",
+            "student held-out greedy before -> after",
+            "distillation: steps in wall",
+            "RL: steps in wall",
+            "wall / RL's",
+        ),
+        distill_rows,
+        ("teacher_greedy", "greedy_before", "greedy_after", "steps", "wall_s", "rl_steps", "rl_wall_s", "wall_ratio"),
     ),
     Table(
         "vs_trl",

@@ -130,6 +130,24 @@ class WarmStartConfig(Strict):
     reads it from there instead of evaluating again."""
 
 
+class TeacherConfig(Strict):
+    """`teacher.*`: on-policy distillation. The student samples; the teacher scores every sampled token, and
+    the per-token reverse KL to it is the advantage (`teacher=MODEL` is sugar for `teacher.model`)."""
+
+    model: str | None = None
+    """The teacher: a model name, a `tinker://` checkpoint, a checkpoint directory, or a tinkrl run directory
+    (its last sampler checkpoint). None: no teacher (plain RL)."""
+    base_model: str | None = None
+    """The teacher's base model, when its checkpoint does not say (a hosted `tinker://` checkpoint): the plan
+    checks that it tokenizes as the student does."""
+    kl_coef: float = Field(1.0, gt=0)
+    """Weight of the per-token reverse KL to the teacher in the advantages."""
+    kl_discount_factor: float = Field(0.0, ge=0, lt=1)
+    """Each token's KL term also counts the later tokens' terms, discounted by this factor (0: each token's own)."""
+    reward_coef: float = Field(0.0, ge=0)
+    """Weight of the environment's reward advantages beside the teacher's (0: pure distillation, no reward)."""
+
+
 class BwrapSandboxConfig(Strict):
     """`sandbox.bwrap.*`: the bwrap provider's pool of prestarted sandboxes and its pid-1 server."""
 
@@ -340,7 +358,10 @@ class TrainConfig(BackendConfig):
     """The policy the KL penalty pulls toward: the base model, or the weights the warm start ended with
     (saved as the run's `warm_start` sampler checkpoint; needs warm_start.steps > 0)."""
     remove_constant_reward_groups: bool = False
-    """Leave out groups whose rollouts all got the same reward (they carry no signal)."""
+    """Leave out groups whose rollouts all got the same reward (they carry no signal; off with a teacher,
+    whose per-token advantages carry it)."""
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    """On-policy distillation from a teacher model (`teacher=MODEL`); off unless teacher.model is set."""
     save_every: int = Field(10, ge=0)
     """Steps between checkpoints; 0: only the final one."""
     eval_every: int = Field(10, ge=0)
@@ -523,7 +544,8 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
 
     `env=NAME`, `env.x=...` and `env_config:` (the YAML spelling of env.*) become a one-entry
     `environments:` map; a later `env=` naming another environment drops the earlier one's fields, and
-    an `environments.NAME...` pair after them (a command line's, over a YAML's `env_config:`) wins."""
+    an `environments.NAME...` pair after them (a command line's, over a YAML's `env_config:`) wins.
+    `teacher=MODEL` is `teacher.model=MODEL`."""
     env_name: str | None = None
     env_fields: dict[str, Any] = {}
     last_sugar = -1  # the last pair of env sugar: `environments.*` pairs after it are applied after it
@@ -538,6 +560,8 @@ def apply_pairs(raw: dict, pairs: list[Pair]) -> dict:
             if env_name is not None and str(value) != env_name:
                 env_fields = {}
             env_name, last_sugar = str(value), i
+        elif key == "teacher" and not isinstance(value, dict):
+            set_dotted(raw, "teacher.model", value)
         elif key == "env_config":
             if not isinstance(value, dict):
                 raise ConfigError("env_config: must be a mapping of the environment's fields")

@@ -5,8 +5,9 @@ the plan reads files and the environment only: it contacts no service, downloads
 loads no weights. A config that cannot run fails here with one line (a run directory of another
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
 local engine cannot train, a model whose renderer nothing names, an environment's `tool_format` its
-renderer cannot write), which stops a real run before any work. The renderer is tinker-cookbook's
-recommendation for the model, or `renderer=`; `renderer_reason` says which.
+renderer cannot write, a teacher on the other backend or with another tokenizer), which stops a real
+run before any work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`;
+`renderer_reason` says which.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tinkrl.renderers import choose_renderer, names_help, recommend, tool_format
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.run_dir import check_run_dir
 from tinkrl.rl.run_plan import RunPlan
+from tinkrl.rl.teacher import Teacher, resolve_teacher, token_problem
 
 
 def make_plan(config: TrainConfig) -> RunPlan:
@@ -65,6 +67,9 @@ def make_plan(config: TrainConfig) -> RunPlan:
         tool_format = env["config"].get("tool_format", "hermes")
         if renderer is not None and (problem := tool_format_problem(renderer, tool_format)):
             problems.append(f"environments.{key}: {problem}")
+    teacher = resolve_teacher(config.teacher)
+    if teacher is not None:
+        problems += _teacher_problems(config, teacher)
     return RunPlan(
         config=config,
         backend_reason=backend_reason,
@@ -75,7 +80,24 @@ def make_plan(config: TrainConfig) -> RunPlan:
         wandb=wandb,
         start=_start_text(config, record is not None, start),
         problems=problems,
+        teacher=teacher,
     )
+
+
+def _teacher_problems(config: TrainConfig, teacher: Teacher) -> list[str]:
+    """Why the run cannot distil from `teacher`: its weights are on the other backend, the local engine cannot
+    run its model, or it tokenizes differently from the student."""
+    problems = []
+    where = "this machine" if teacher.local else "the Tinker service"
+    if teacher.model_path is not None and teacher.local != (config.backend == "local"):
+        problems.append(
+            f"teacher: checkpoint {teacher.model_path} is on {where}, but the run trains on backend {config.backend}"
+        )
+    if teacher.model_path is None and config.backend == "local" and (reason := unsupported_reason(teacher.base_model)):
+        problems.append(f"teacher: {reason}")
+    if problem := token_problem(config.model_name, teacher):
+        problems.append(problem)
+    return problems
 
 
 def _renderer_reason(config: TrainConfig, renderer: str | None) -> str:

@@ -134,6 +134,39 @@ def stored_tokenizer_defines(name: str, token: str) -> bool:
     return any(f.is_file() and token in f.read_text(errors="replace") for f in files)
 
 
+def stored_vocabulary(name: str) -> tuple[str, ...] | None:
+    """The vocabulary of model `name`'s tokenizer as stored on this machine, token strings in id order (a
+    GGUF file's tokens, or `tokenizer.json`'s vocabulary and added tokens), so two models can be checked to
+    tokenize alike without loading either. Reads files only; None for a model whose tokenizer is not on disk."""
+    found = find_local_model(name) or (hf_cache_snapshot(name, weights=False) if _HUB_ID.fullmatch(name) else None)
+    if found is None:
+        return None
+    if found.suffix == ".gguf":
+        return _gguf_tokens(str(found))
+    path = found / "tokenizer.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    vocab = data.get("model", {}).get("vocab") or {}
+    if isinstance(vocab, list):  # a Unigram model: [token, score] pairs in id order
+        by_id = {i: entry[0] for i, entry in enumerate(vocab)}
+    else:
+        by_id = {int(i): t for t, i in vocab.items()}
+    by_id.update({int(a["id"]): a["content"] for a in data.get("added_tokens", [])})
+    return tuple(by_id.get(i, "") for i in range(max(by_id) + 1)) if by_id else None
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_tokens(path: str) -> tuple[str, ...]:
+    """A GGUF file's token strings in id order."""
+    import gguf
+
+    tokens = gguf.GGUFReader(path).fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return ()
+    return tuple(bytes(tokens.parts[i]).decode(errors="replace") for i in tokens.data)
+
+
 def gguf_model_name(path: str) -> str | None:
     """The hub-style name (`ORG/NAME`) a GGUF file gives itself in its metadata (organization, basename,
     size label, finetune), so that the renderer rules for that name apply to the file; the organisation,

@@ -39,6 +39,7 @@ from .names import (
     names_help,
     recommend,
     renderer_name_for,
+    tokenizer_family,
     tool_format_problem,
 )
 from .role_colon import RoleColonRenderer
@@ -65,6 +66,7 @@ __all__ = [
     "recommend",
     "renderer_name_for",
     "tool_call",
+    "tokenizer_family",
     "tool_format_problem",
 ]
 

@@ -387,6 +387,30 @@ def is_chatml(model_name: str, tokenizer: Any = None) -> bool:
     return im_end is not None and im_end != getattr(tokenizer, "unk_token_id", None)
 
 
+# the tokenizers of the hand-written renderers' families, by renderer name
+_HAND_FAMILIES = {"smollm2": "SmolLM2", "qwen2": "Qwen2.5", "llama3": "Llama3"}
+_LLAMA3_NAME = re.compile(r"^meta-llama/(Meta-)?Llama-3(\.\d)?-\d+B")
+
+
+def tokenizer_family(model_name: str) -> str | None:
+    """The tokenizer family of a model name, so that two models can be checked to mean the same thing by the
+    same token ids: a hosted model's tml-renderers tokenizer class (`Qwen3`, `Qwen35`, `DeepSeekV31`, ...),
+    the family of a model tinkrl's own rules name (`SmolLM2`, `Qwen2.5`, `Llama3`), or None when the name
+    says nothing. Cheap: names only, no files."""
+    hosted = hosted_model(model_name)
+    if hosted is not None and hosted.tokenizer:
+        return hosted.tokenizer.removesuffix("Tokenizer")
+    if _LLAMA3_NAME.search(model_name):
+        return "Llama3"
+    found = recommend(model_name)
+    if found is None:
+        return None
+    if found.name in _HAND_FAMILIES:
+        return _HAND_FAMILIES[found.name]
+    tml = spec(found.name).tml
+    return (tml.tokenizer or tml.cls).removesuffix("Tokenizer") if tml is not None else None
+
+
 def renderer_name_for(model_name: str) -> str | None:
     """The renderer a model name gets (`recommend`), or None when no rule knows the name."""
     found = recommend(model_name)

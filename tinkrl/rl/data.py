@@ -9,7 +9,8 @@ observation tokens. The standard shift: input = full[:-1], targets = full[1:].
 Two losses need more than the sampled tokens: `dro`, whose quadratic term covers every position,
 needs the sampler's own logprobs on observation positions so (lp - lp_sampler)^2 ~ 0 there
 (`add_observation_logprobs`); a KL penalty to a reference policy (the base model, or the
-weights the warm start ended with) enters the advantages (`add_kl_penalty`).
+weights the warm start ended with) enters the advantages (`add_kl_penalty`), and so does
+on-policy distillation, whose reference is the teacher and whose penalty is the whole signal.
 """
 
 from __future__ import annotations
@@ -112,13 +113,14 @@ def select_groups(
 
 
 def build_sequences(
-    keyed_groups: list[tuple[str, TrajectoryGroup]], adv_estimator: str, adv_beta: float
+    keyed_groups: list[tuple[str, TrajectoryGroup]], adv_estimator: str, adv_beta: float, reward_coef: float = 1.0
 ) -> list[tuple[SequenceData, dict]]:
-    """Each kept group's advantages, and its trajectories as sequences, each with what the rollout log shows."""
+    """Each kept group's advantages (times `reward_coef`: 0 leaves the reward out, as pure distillation does),
+    and its trajectories as sequences, each with what the rollout log shows."""
     out = []
     for key, g in keyed_groups:
         rewards = g.total_rewards()
-        advantages = compute_advantages(rewards, adv_estimator, adv_beta)
+        advantages = [reward_coef * a for a in compute_advantages(rewards, adv_estimator, adv_beta)]
         for traj, reward, adv in zip(g.trajectories_G, rewards, advantages):
             last = traj.transitions[-1] if traj.transitions else None
             info = {
@@ -141,14 +143,41 @@ async def add_observation_logprobs(seqs: list[SequenceData], sampling_client) ->
         fill_observation_logprobs(s, lps)
 
 
-async def add_kl_penalty(seqs: list[SequenceData], reference_client, coef: float, name: str = "base") -> Metrics:
-    """KL to a reference policy (the base model, or the warm start's weights) enters the advantages:
-    A += coef * (mean(d) - d), d = q - p_ref on actions; reported as `kl_policy_<name>`."""
+async def add_kl_penalty(
+    seqs: list[SequenceData],
+    reference_client,
+    coef: float,
+    name: str = "base",
+    *,
+    centred: bool = True,
+    discount: float = 0.0,
+) -> Metrics:
+    """The KL to a reference policy enters the advantages, per action token: d = q - p_ref (the sampler's
+    logprob minus the reference's, an estimate of the reverse KL), A += coef * (mean(d) - d) when `centred`
+    (the KL penalty to the base model or the warm start), else A -= coef * d (on-policy distillation: the
+    teacher is the reference). With `discount`, each token's term also counts the later action tokens'
+    terms of its sequence, discounted. Reported as `kl_policy_<name>` (mean d per action token) and
+    `logprob/<name>`, `logprob/policy` (mean logprobs of the action tokens)."""
     refs = await asyncio.gather(
         *(reference_client.compute_logprobs(types.ModelInput.from_ints(s.tokens)) for s in seqs)
     )
     diffs = [[(q - (b or 0.0)) * m for q, b, m in zip(s.logprobs, ref, s.mask)] for s, ref in zip(seqs, refs)]
-    avg = sum(sum(d) for d in diffs) / max(1.0, sum(sum(s.mask) for s in seqs))
+    n = max(1.0, sum(sum(s.mask) for s in seqs))
+    avg = sum(sum(d) for d in diffs) / n
+    ref_lp = sum((b or 0.0) * m for s, ref in zip(seqs, refs) for b, m in zip(ref, s.mask)) / n
+    policy_lp = sum(q * m for s in seqs for q, m in zip(s.logprobs, s.mask)) / n
     for s, d in zip(seqs, diffs):
-        s.advantages = [a + coef * m * (avg - di) for a, m, di in zip(s.advantages, s.mask, d)]
-    return {f"kl_policy_{name}": avg}
+        penalty = [m * ((di - avg) if centred else di) for m, di in zip(s.mask, d)]
+        if discount:
+            penalty = [p * m for p, m in zip(discounted_sums(penalty, discount), s.mask)]
+        s.advantages = [a - coef * p for a, p in zip(s.advantages, penalty)]
+    return {f"kl_policy_{name}": avg, f"logprob/{name}": ref_lp, "logprob/policy": policy_lp}
+
+
+def discounted_sums(values: list[float], discount: float) -> list[float]:
+    """out[i] = sum over j >= i of discount**(j - i) * values[j]: each position's value and the later ones'."""
+    out, acc = [0.0] * len(values), 0.0
+    for i in range(len(values) - 1, -1, -1):
+        acc = values[i] + discount * acc
+        out[i] = acc
+    return out

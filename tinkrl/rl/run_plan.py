@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinkrl.config import TrainConfig
+from tinkrl.rl.teacher import Teacher
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class RunPlan:
     """A resolved training run. `config.backend` is settled (`local` or `tinker`, never `auto`);
     `renderer` is the canonical renderer name the run renders with (None only with a problem saying
     why); `environments` and `wandb` are the JSON-able sections `--dry-run` shows; `problems` stop a
-    real run before any work."""
+    real run before any work; `teacher` is the model distilled from (`teacher.model`), None for plain RL."""
 
     config: TrainConfig
     backend_reason: str
@@ -30,6 +31,7 @@ class RunPlan:
     wandb: dict[str, Any]
     start: str
     problems: list[str] = field(default_factory=list)
+    teacher: Teacher | None = None
 
     @property
     def backend(self) -> str:
@@ -61,6 +63,15 @@ class RunPlan:
             "lora_rank": c.lora_rank,
             "max_tokens": c.max_tokens,
             "environments": self.environments,
+            "teacher": None
+            if self.teacher is None
+            else {
+                "base_model": self.teacher.base_model,
+                "model_path": self.teacher.model_path,
+                "kl_coef": c.teacher.kl_coef,
+                "kl_discount_factor": c.teacher.kl_discount_factor,
+                "reward_coef": c.teacher.reward_coef,
+            },
             "wandb": self.wandb,
             "openreward": c.openreward.model_dump(),
             "log_path": str(c.run_dir),
@@ -74,9 +85,10 @@ class RunPlan:
         envs = " + ".join(f"{k} {e['groups_per_step']}x{e['group_size']}" for k, e in self.environments.items())
         w = self.wandb
         logs = f"W&B {w['project']}/{w['run_name']} ({w['mode']})" if w["enabled"] else "no W&B"
+        distils = f", distils from {self.teacher.line()}" if self.teacher is not None else ""
         return (
             f"plan: {p['groups_per_step']} groups ({envs}) = {p['rollouts_per_step']} rollouts/step, "
-            f"{p['max_steps']} steps of {p['model_name']} on backend {p['backend']} ({p['backend_reason']}), "
+            f"{p['max_steps']} steps of {p['model_name']}{distils} on backend {p['backend']} ({p['backend_reason']}), "
             f"renderer {p['renderer']}, {p['dialect']} dialect ({p['dialect_reason']}), {logs}, {p['start']} "
             f"in {p['log_path']}"
         )

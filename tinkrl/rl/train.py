@@ -1,6 +1,8 @@
 """The RL loop, top to bottom: sample groups, select, datums, train, refresh weights, checkpoint.
 
 A new run with `warm_start.steps` first runs the supervised warm start (`rl/warm_start.py`).
+With a teacher (`teacher.model`), the same loop is on-policy distillation: the teacher scores the
+student's sampled tokens and the per-token reverse KL to it is the advantage (`rl/teacher.py`).
 
 Each step: every environment's share of groups is rolled out concurrently with the current
 sampling client; groups that failed too often (and, if asked, constant-reward groups) are
@@ -44,6 +46,8 @@ from tinkrl.rl.run_plan import RunPlan
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.summary import before_rl_row, run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
+from tinkrl.rl.teacher import Teacher
+from tinkrl.rl.teacher import sampling_client as teacher_client
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
 from tinkrl.traces.docent import export_traces
@@ -95,7 +99,9 @@ async def main(plan: RunPlan, make_envs: EnvFactory, user_metadata: dict[str, st
                 sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
                 await warm_start(config, tc, renderer, envs, sc, logger, budget)
                 checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
-            return await train(config, service, tc, start, envs, logger, checkpointer, budget, renderer.tokenizer)
+            return await train(
+                config, service, tc, start, envs, logger, checkpointer, budget, renderer.tokenizer, plan.teacher
+            )
         finally:
             for env in envs.values():
                 if env.close is not None:
@@ -113,13 +119,18 @@ async def train(
     checkpointer: Checkpointer,
     budget: TimeBudget,
     tokenizer: Any,
+    teacher: Teacher | None = None,
 ) -> Metrics:
     """Steps `start`..`c.max_steps` (or until the time budget ends them); returns the last step's metrics
     and writes the run's summary. `budget` is the job's clock; `tokenizer` (the renderer's) decodes the
-    rollouts for the logs."""
+    rollouts for the logs; with a `teacher`, the reverse KL to it on the student's samples is the advantage
+    (on-policy distillation), the reward's weighted by `teacher.reward_coef`."""
     t0 = budget.t0
     semaphore = asyncio.Semaphore(c.max_concurrent_rollouts)
     reference = await asyncio.to_thread(kl_reference_client, c, service, checkpointer) if c.kl_penalty_coef else None
+    scorer = await asyncio.to_thread(teacher_client, service, teacher) if teacher is not None else None
+    reward_coef = c.teacher.reward_coef if teacher is not None else 1.0
+    remove_constant = c.remove_constant_reward_groups and teacher is None
     sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
     sc_step = start  # the optimizer step whose weights `sc` samples
     compute = local_compute(tc)
@@ -167,16 +178,23 @@ async def train(
             if max_lag:  # how many optimizer steps behind the trained weights the sampling weights were
                 metrics["async/staleness"] = step - sampled_with
             metrics.update(group_metrics(keyed_groups))
-            kept, selection = select_groups(keyed_groups, max_failing, c.remove_constant_reward_groups)
+            kept, selection = select_groups(keyed_groups, max_failing, remove_constant)
             metrics.update(selection)
 
             # Datums: advantages per group, trajectories laid out as token sequences.
-            seq_infos = build_sequences(kept, c.adv_estimator, c.adv_beta)
+            seq_infos = build_sequences(kept, c.adv_estimator, c.adv_beta, reward_coef)
             seqs = [s for s, _ in seq_infos]
             if c.loss_fn == "dro" and seqs:
                 await add_observation_logprobs(seqs, sc)
             if reference is not None and seqs:
                 metrics.update(await add_kl_penalty(seqs, reference, c.kl_penalty_coef, c.kl_reference))
+            if scorer is not None and seqs:  # on-policy distillation: the teacher scores every sampled token
+                with timed(metrics, "time/teacher"):
+                    t = c.teacher
+                    kl = await add_kl_penalty(
+                        seqs, scorer, t.kl_coef, "teacher", centred=False, discount=t.kl_discount_factor
+                    )
+                metrics.update(kl)
 
             # Train: forward_backward and optim_step submitted back to back.
             with timed(metrics, "time/train"):
