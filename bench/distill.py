@@ -1,14 +1,15 @@
 """On-policy distillation against RL from the same start, as a benchmark result and one plot.
 
-    make train && make distill && python bench/distill.py [runs/distill] [--teacher runs/arithmetic] \
-        [--plot docs/distill.png] [--results DIR]
+    make train && make distill && python bench/distill.py [runs/distill [runs/distill-2 ...]] \
+        [--teacher runs/arithmetic] [--plot docs/distill.png] [--results DIR]
 
 The student (`configs/distill.yaml`: SmolLM2-135M-Instruct, untrained) distils from the checkpoint
 `make train` left; the teacher's run is the RL run from the same start. Writes
 bench/results/distill/<machine class>.json: the teacher's held-out greedy accuracy (its final eval),
 the student's before and after (each with its standard error), the steps and wall time of both runs
-and their ratio. `--plot` draws held-out greedy accuracy and train reward against wall time, the
-distilling student beside the RL run.
+and their ratio; several runs of the same config are repeats (the table shows their medians).
+`--plot` draws held-out greedy accuracy and train reward against wall time, each distilling run
+beside the RL run.
 """
 
 from __future__ import annotations
@@ -91,17 +92,21 @@ def figures(student: list[dict], teacher: list[dict]) -> dict[str, list[float]]:
     return {k: [float(v)] for k, v in out.items()}
 
 
-def plot(student: list[dict], teacher: list[dict], out: Path) -> None:
-    """Held-out greedy accuracy (left) and train reward (right) against wall minutes, both runs."""
+def plot(students: list[list[dict]], teacher: list[dict], out: Path) -> None:
+    """Held-out greedy accuracy (left) and train reward (right) against wall minutes, the RL run and each
+    distilling run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for rows, label in ((teacher, "RL (make train)"), (student, "on-policy distillation (make distill)")):
+    runs = [(teacher, "RL (make train)")]
+    runs += [(rows, f"on-policy distillation (make distill), run {i + 1}") for i, rows in enumerate(students)]
+    for rows, label in runs:
         points = greedy_points(rows)
-        left.plot([p[0] / 60 for p in points], [p[1] for p in points], marker="o", label=label)
+        style = ":" if rows is teacher else "-"  # make train evaluates before and after only: a dotted join
+        left.plot([p[0] / 60 for p in points], [p[1] for p in points], style, marker="o", label=label)
         right.plot(
             [r["time/total"] / 60 for r in rows],
             [r.get("env/all/reward/total", float("nan")) for r in rows],
@@ -121,19 +126,22 @@ def plot(student: list[dict], teacher: list[dict], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", nargs="?", type=Path, default=Path("runs/distill"))
+    ap.add_argument("run_dirs", nargs="*", type=Path, default=[Path("runs/distill")], help="repeats of one config")
     ap.add_argument("--teacher", type=Path, default=Path("runs/arithmetic"), help="the RL run the teacher came from")
     ap.add_argument("--plot", type=Path, default=None, help="where to draw the curves (e.g. docs/distill.png)")
     add_results_arg(ap)
     args = ap.parse_args()
-    student, teacher = read_rows(args.run_dir), read_rows(args.teacher)
-    result = figures(student, teacher)
-    print(json.dumps({k: v[0] for k, v in result.items()}))
-    config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
+    students, teacher = [read_rows(d) for d in args.run_dirs], read_rows(args.teacher)
+    result: dict[str, list[float]] = {}
+    for rows in students:
+        for k, v in figures(rows, teacher).items():
+            result.setdefault(k, []).extend(v)
+    print(json.dumps(result))
+    config = yaml.safe_load((args.run_dirs[0] / "config.yaml").read_text())
     settings = {k: config.get(k) for k in SETTINGS}
     write_result(
         "distill",
-        args.run_dir.name,
+        args.run_dirs[0].name,
         settings,
         result,
         args.results,
@@ -141,7 +149,7 @@ def main() -> None:
         command=f"make train && make distill && {command_line()}",
     )
     if args.plot is not None:
-        plot(student, teacher, args.plot)
+        plot(students, teacher, args.plot)
 
 
 if __name__ == "__main__":

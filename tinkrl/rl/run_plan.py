@@ -63,21 +63,20 @@ class RunPlan:
             "lora_rank": c.lora_rank,
             "max_tokens": c.max_tokens,
             "environments": self.environments,
-            "teacher": None
-            if self.teacher is None
-            else {
-                "base_model": self.teacher.base_model,
-                "model_path": self.teacher.model_path,
-                "kl_coef": c.teacher.kl_coef,
-                "kl_discount_factor": c.teacher.kl_discount_factor,
-                "reward_coef": c.teacher.reward_coef,
-            },
+            "teacher": self._teacher(),
             "wandb": self.wandb,
             "openreward": c.openreward.model_dump(),
             "log_path": str(c.run_dir),
             "start": self.start,
             "problems": self.problems,
         }
+
+    def _teacher(self) -> dict[str, Any] | None:
+        """The teacher as `--dry-run` shows it: what it resolved to and its settings."""
+        if self.teacher is None:
+            return None
+        where = {"base_model": self.teacher.base_model, "model_path": self.teacher.model_path}
+        return where | self.config.teacher.model_dump(exclude={"model", "base_model"})
 
     def line(self) -> str:
         """The plan in one line, the first line of every run."""
