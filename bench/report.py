@@ -552,8 +552,9 @@ def make_train_agent_rows(r: Record) -> list[list[str]]:
 
 
 def distill_rows(r: Record) -> list[list[str]]:
-    """One row per distillation run: the teacher's held-out greedy accuracy, the student's before and after
-    (standard errors), its steps and wall time beside the RL run's, and the wall-time ratio."""
+    """One row per distillation config: the teacher's held-out greedy accuracy, the student's before and after
+    (medians over the runs, the range of the after figure, one run's standard error), its steps and wall
+    time beside the RL run's, and the wall-time ratio."""
     m = r.median
 
     def acc(name: str) -> str:
@@ -566,7 +567,8 @@ def distill_rows(r: Record) -> list[list[str]]:
             f"{teacher.get('model')} (kl_coef {teacher.get('kl_coef')}, reward_coef {teacher.get('reward_coef')})",
             f"{r.settings.get('batch_size')}, lr {r.settings.get('learning_rate')}",
             acc("teacher_greedy"),
-            f"{acc('greedy_before')} -> {acc('greedy_after')}",
+            str(len(r.repeats["steps"])),
+            f"{acc('greedy_before')} -> {spread(r.repeats['greedy_after'], '.2f')} ± {m['greedy_after_stderr']:.2f}",
             f"{m['steps']:.0f} in {minutes(m['wall_s'])}",
             f"{m['rl_steps']:.0f} in {minutes(m['rl_wall_s'])}",
             f"{m['wall_ratio']:.2f}",
@@ -654,6 +656,7 @@ TABLES = (
             "teacher",
             "rollouts/step, lr",
             "teacher held-out greedy",
+            "runs",
             "student held-out greedy before -> after",
             "distillation: steps in wall",
             "RL: steps in wall",
