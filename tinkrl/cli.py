@@ -1,4 +1,4 @@
-"""The `tinkrl` command: train, sft, eval, render, export, view, tasks, sandbox, launch, serve.
+"""The `tinkrl` command: train, sft, dpo, eval, render, export, view, tasks, sandbox, launch, serve.
 
 Each subcommand is a module of `tinkrl.commands` with a `cli_main(argv) -> exit code` (its
 argument parsing, wiring the library parts together), imported only when it runs, so
@@ -16,6 +16,7 @@ from tinkrl.allocator import reexec_on_tcmalloc
 COMMANDS: dict[str, str] = {
     "train": "RL training from a config: tinkrl train [CONFIG.yaml] [key=value ...]",
     "sft": "supervised fine-tuning on JSONL conversations: tinkrl sft --data FILE.jsonl",
+    "dpo": "preference training (DPO) on pairs: tinkrl dpo [CONFIG.yaml] dpo.pairs=FILE.jsonl [key=value ...]",
     "eval": "run an agent on task dirs: tinkrl eval --tasks DIR --n K",
     "render": "a conversation as a model's prompt tokens: tinkrl render MODEL --messages FILE.json",
     "export": "a checkpoint as a PEFT adapter or merged HF model; traces to Docent: tinkrl export traces RUN_DIR",

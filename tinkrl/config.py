@@ -148,6 +148,30 @@ class TeacherConfig(Strict):
     """Weight of the environment's reward advantages beside the teacher's (0: pure distillation, no reward)."""
 
 
+class DPOConfig(Strict):
+    """`dpo.*`: `tinkrl dpo` trains on preference pairs with the DPO loss against a frozen reference. Each step
+    takes `batch_size` pairs; `max_steps`, `learning_rate`, `lr_schedule`, `save_every`, `lora_rank` and the
+    held-out eval of `environments:` (before the first step and after the last) are the run's own keys."""
+
+    pairs: str | None = None
+    """The pairs: a JSONL file (one pair per line: `prompt` or `conversation`/`messages`, then `chosen` and
+    `rejected`, each a string, a message or a message list; HH-RLHF's two transcripts; UltraFeedback's message
+    lists), a Hugging Face dataset as `hf:NAME` (read through `datasets`), or a tinkrl run directory (the best
+    and the worst rollout of each trained group). None: no DPO."""
+    split: str = "train"
+    """The Hugging Face dataset's split (`hf:NAME` only)."""
+    run_steps: int | None = Field(None, ge=1)
+    """With a run directory: pair only the rollouts of its first this many steps (an early policy's groups,
+    where right and wrong answers both occur). None: every step."""
+    beta: float = Field(0.1, gt=0)
+    """The DPO temperature: how far the policy may move from the reference for a given preference."""
+    reference: str = "base"
+    """The frozen reference policy: `base` (the base model), a `tinker://` checkpoint, a checkpoint directory
+    or a tinkrl run directory (its last sampler checkpoint)."""
+    max_length: int = Field(2048, ge=2)
+    """Tokens per sequence at most (prompt and completion); longer sequences are cut at the end."""
+
+
 class BwrapSandboxConfig(Strict):
     """`sandbox.bwrap.*`: the bwrap provider's pool of prestarted sandboxes and its pid-1 server."""
 
@@ -362,6 +386,8 @@ class TrainConfig(BackendConfig):
     whose per-token advantages carry it)."""
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     """On-policy distillation from a teacher model (`teacher=MODEL`); off unless teacher.model is set."""
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
+    """Preference pairs for `tinkrl dpo` (`dpo.pairs`); `tinkrl train` refuses them."""
     save_every: int = Field(10, ge=0)
     """Steps between checkpoints; 0: only the final one."""
     eval_every: int = Field(10, ge=0)
@@ -415,7 +441,7 @@ class TrainConfig(BackendConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.groups_per_step is None and self.batch_size % self.group_size:
+        if self.groups_per_step is None and self.batch_size % self.group_size and not self.dpo.pairs:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
         if self.groups_per_step is not None and "batch_size" in self.model_fields_set:
             raise ValueError("set batch_size (rollouts per step) or groups_per_step, not both")
@@ -434,7 +460,7 @@ class TrainConfig(BackendConfig):
             raise ValueError("warm_start.base_eval: sample needs eval_sample_size (the sample's size)")
         if self.run_name is None:
             self.run_name = _fresh_run_name(self.environments)
-        if not self.environments:
+        if not self.environments and not self.dpo.pairs:
             raise ValueError("no environment: set env=NAME or an environments: map")
         for key, entry in self.environments.items():
             n = entry.num_rollouts or self.group_size

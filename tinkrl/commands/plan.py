@@ -5,8 +5,8 @@ the plan reads files and the environment only: it contacts no service, downloads
 loads no weights. A config that cannot run fails here with one line (a run directory of another
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
 local engine cannot train, a model whose renderer nothing names, an environment's `tool_format` its
-renderer cannot write, a teacher on the other backend or with another tokenizer), which stops a real
-run before any work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`;
+renderer cannot write, a teacher on the other backend or with another tokenizer, a DPO reference of
+another model), which stops a real run before any work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`;
 `renderer_reason` says which.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tinkrl.backends import choose_backend
-from tinkrl.config import TrainConfig
+from tinkrl.config import TeacherConfig, TrainConfig
 from tinkrl.envs import make_env_config, resolve_type
 from tinkrl.errors import ConfigError
 from tinkrl.local.model_files import describe_model, unsupported_reason
@@ -70,6 +70,8 @@ def make_plan(config: TrainConfig) -> RunPlan:
     teacher = resolve_teacher(config.teacher)
     if teacher is not None:
         problems += _teacher_problems(config, teacher)
+    if config.dpo.pairs:
+        problems += _reference_problems(config)
     return RunPlan(
         config=config,
         backend_reason=backend_reason,
@@ -98,6 +100,30 @@ def _teacher_problems(config: TrainConfig, teacher: Teacher) -> list[str]:
     if problem := token_problem(config.model_name, teacher):
         problems.append(problem)
     return problems
+
+
+def _reference_problems(config: TrainConfig) -> list[str]:
+    """Why DPO cannot score its pairs with `dpo.reference`: a checkpoint on the other backend, or of another
+    base model than the one trained (its logprobs would be of other weights' tokens)."""
+    if config.dpo.reference == "base":
+        return []
+    try:
+        ref = resolve_teacher(TeacherConfig(model=config.dpo.reference))
+    except ConfigError as e:
+        return [f"dpo.reference: {str(e).removeprefix('teacher: ')}"]
+    assert ref is not None
+    if ref.model_path is None:
+        return [
+            f"dpo.reference: {ref.source} is not a checkpoint or run directory (base, or a checkpoint of the model)"
+        ]
+    if ref.local != (config.backend == "local"):
+        where = "this machine" if ref.local else "the Tinker service"
+        return [f"dpo.reference: {ref.model_path} is on {where}, but the run trains on backend {config.backend}"]
+    if ref.base_model is not None and ref.base_model != config.model_name:
+        return [
+            f"dpo.reference: {ref.source} is a checkpoint of {ref.base_model}, but the run trains {config.model_name}"
+        ]
+    return []
 
 
 def _renderer_reason(config: TrainConfig, renderer: str | None) -> str:

@@ -160,6 +160,8 @@ def _train(config_path: str | None, overrides: list[str], mode: str | None) -> i
     """Load, plan and run (or only print the plan, or prepare): `cli_main`'s work and exit code."""
     try:
         config = load(config_path, overrides)
+        if config.dpo.pairs:
+            raise ConfigError("dpo.pairs are preference pairs for tinkrl dpo; tinkrl train trains with rewards")
         from tinkrl.commands.plan import make_plan
 
         plan = make_plan(config)

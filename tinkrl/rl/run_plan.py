@@ -20,7 +20,8 @@ class RunPlan:
     """A resolved training run. `config.backend` is settled (`local` or `tinker`, never `auto`);
     `renderer` is the canonical renderer name the run renders with (None only with a problem saying
     why); `environments` and `wandb` are the JSON-able sections `--dry-run` shows; `problems` stop a
-    real run before any work; `teacher` is the model distilled from (`teacher.model`), None for plain RL."""
+    real run before any work; `teacher` is the model distilled from (`teacher.model`), None for plain RL. A
+    config with `dpo.pairs` plans a `tinkrl dpo` run, whose environments only evaluate."""
 
     config: TrainConfig
     backend_reason: str
@@ -64,6 +65,7 @@ class RunPlan:
             "max_tokens": c.max_tokens,
             "environments": self.environments,
             "teacher": self._teacher(),
+            "dpo": c.dpo.model_dump() if c.dpo.pairs else None,
             "wandb": self.wandb,
             "openreward": c.openreward.model_dump(),
             "log_path": str(c.run_dir),
@@ -85,8 +87,16 @@ class RunPlan:
         w = self.wandb
         logs = f"W&B {w['project']}/{w['run_name']} ({w['mode']})" if w["enabled"] else "no W&B"
         distils = f", distils from {self.teacher.line()}" if self.teacher is not None else ""
+        if self.config.dpo.pairs:
+            d = self.config.dpo
+            evals = f", held-out eval of {', '.join(self.environments)}" if self.environments else ""
+            what = (
+                f"DPO on {d.pairs} (beta {d.beta}, reference {d.reference}{evals}), {self.config.batch_size} pairs/step"
+            )
+        else:
+            what = f"{p['groups_per_step']} groups ({envs}) = {p['rollouts_per_step']} rollouts/step"
         return (
-            f"plan: {p['groups_per_step']} groups ({envs}) = {p['rollouts_per_step']} rollouts/step, "
+            f"plan: {what}, "
             f"{p['max_steps']} steps of {p['model_name']}{distils} on backend {p['backend']} ({p['backend_reason']}), "
             f"renderer {p['renderer']}, {p['dialect']} dialect ({p['dialect_reason']}), {logs}, {p['start']} "
             f"in {p['log_path']}"

@@ -146,9 +146,9 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
+def summary_lines(summary: dict[str, Any], trained: str = "RL") -> list[str]:
     """The summary for people: each phase's gain on the held-out rewards (with standard errors), then
-    where the time went."""
+    where the time went; `trained` names the main phase (RL, or DPO for `tinkrl dpo`)."""
     lines = []
     for phase, figures in summary["gain"].items():
         parts = [
@@ -157,10 +157,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             if name.endswith("_reward")
         ]
         if parts:
-            lines.append(f"{phase.replace('_', ' ')}: " + "; ".join(parts))
+            lines.append(f"{trained.lower() if phase == 'rl' else phase.replace('_', ' ')}: " + "; ".join(parts))
     for tag, p in summary.get("problems", {}).items():
         changed = "".join(f"; {k}: {', '.join(_few(p[k]))}" for k in ("gained", "lost") if p[k])
-        lines.append(f"{tag}: solved {p['before']}/{p['of']} before RL, {p['after']}/{p['of']} after{changed}")
+        lines.append(f"{tag}: solved {p['before']}/{p['of']} before {trained}, {p['after']}/{p['of']} after{changed}")
     t = summary["time"]
     phases = ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in t.items() if k.endswith("_s") and k not in ("total_s",))
     lines.append(f"time: {t['total_s']:.0f}s ({phases}); evaluation {100 * t['eval_share']:.0f}% of it")
