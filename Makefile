@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install qwen-coder train distill train-agent train-agent-qwen test test-avx2 test-all test-harness harness lint bench bench-deps clean
+.PHONY: install qwen-coder train distill dpo train-agent train-agent-qwen test test-avx2 test-all test-harness harness lint bench bench-deps clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ train: install
 distill: install
 	@test -f runs/arithmetic/checkpoints.jsonl || { echo "make distill distils from runs/arithmetic: run make train first"; exit 2; }
 	$(VENV)/bin/tinkrl train configs/distill.yaml
+
+# DPO: a fresh SmolLM2-135M learns from the right and wrong answers of make train's first steps.
+dpo: install
+	@test -f runs/arithmetic/checkpoints.jsonl || { echo "make dpo pairs the groups of runs/arithmetic: run make train first"; exit 2; }
+	$(VENV)/bin/tinkrl dpo configs/dpo.yaml
 
 # The agent job: SmolLM2-135M learns generated shell tasks in sandboxes (CPU, under 30 minutes),
 # then its curve is drawn next to the run.

@@ -576,6 +576,30 @@ def distill_rows(r: Record) -> list[list[str]]:
     ]
 
 
+def dpo_rows(r: Record) -> list[list[str]]:
+    """One row per DPO config: its pairs and settings, the held-out greedy accuracy before and after (medians
+    over the runs, the range of the after figure, one run's standard error), steps and wall, beside RL's
+    before and after and wall from the same start."""
+    m, d = r.median, r.settings.get("dpo") or {}
+
+    def acc(name: str) -> str:
+        return f"{m[name]:.2f} ± {m[f'{name}_stderr']:.2f}"
+
+    return [
+        [
+            str(r.settings.get("model_name")),
+            f"{m['pairs']:.0f} from {d.get('pairs')} (first {d.get('run_steps')} steps)",
+            f"beta {d.get('beta')}, reference {d.get('reference')}, {r.settings.get('batch_size')} pairs/step, "
+            f"lr {r.settings.get('learning_rate')}",
+            str(len(r.repeats["steps"])),
+            f"{acc('greedy_before')} -> {spread(r.repeats['greedy_after'], '.2f')} ± {m['greedy_after_stderr']:.2f}",
+            f"{m['steps']:.0f} in {minutes(m['wall_s'])}",
+            f"{acc('rl_greedy_before')} -> {acc('rl_greedy_after')}",
+            f"{m['rl_steps']:.0f} in {minutes(m['rl_wall_s'])}",
+        ]
+    ]
+
+
 MERGE_AGENTS = (  # the bench's environment keys: the agent and how it is plugged in
     ("mini_text", "mini-swe-agent, text (`mini_textbased.yaml`)", "`agent: mini-swe-agent`, `mini_mode: text`"),
     ("mini_tools", "mini-swe-agent, tool calls (`mini.yaml`)", "`agent: mini-swe-agent`, `mini_mode: tools`"),
@@ -664,6 +688,22 @@ TABLES = (
         ),
         distill_rows,
         ("teacher_greedy", "greedy_before", "greedy_after", "steps", "wall_s", "rl_steps", "rl_wall_s", "wall_ratio"),
+    ),
+    Table(
+        "dpo",
+        "make train && make dpo && python bench/dpo.py",
+        (
+            "model",
+            "pairs",
+            "settings",
+            "runs",
+            "held-out greedy before -> after",
+            "DPO: steps in wall",
+            "RL: held-out greedy before -> after",
+            "RL: steps in wall",
+        ),
+        dpo_rows,
+        ("pairs", "greedy_before", "greedy_after", "steps", "wall_s", "rl_greedy_after", "rl_steps", "rl_wall_s"),
     ),
     Table(
         "vs_trl",

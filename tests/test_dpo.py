@@ -182,6 +182,8 @@ def test_pairs_from_a_run_are_its_best_and_worst_rollouts(tmp_path):
         [1, 2, 3, 12],
         [0.0, 0.0, 0.0, 1.0],
     )
+    each = pairs_from_run(run, "M", each=True)  # the best over each rollout rewarded below it
+    assert [p.rejected[0][-1] for p in each] == [11, 12] and all(p.chosen == pair.chosen for p in each)
     with pytest.raises(ConfigError, match="sampled M, but this run trains N"):
         pairs_from_run(run, "N")
     (run / "rollouts" / "step_000001.jsonl").unlink()

@@ -163,6 +163,9 @@ class DPOConfig(Strict):
     run_steps: int | None = Field(None, ge=1)
     """With a run directory: pair only the rollouts of its first this many steps (an early policy's groups,
     where right and wrong answers both occur). None: every step."""
+    group_pairs: Literal["best_worst", "best_each"] = "best_worst"
+    """With a run directory: how a group becomes pairs. best_worst: one pair, its best rollout over its worst;
+    best_each: its best over every rollout rewarded below it."""
     beta: float = Field(0.1, gt=0)
     """The DPO temperature: how far the policy may move from the reference for a given preference."""
     reference: str = "base"

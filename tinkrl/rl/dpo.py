@@ -4,7 +4,8 @@
 It is a run like an RL run: the same run directory (`run.json`, `config.yaml`, `metrics.jsonl`,
 `checkpoints.jsonl`, W&B), so it resumes after its last committed checkpoint, shows in the viewer
 and refuses a directory of another run. The pairs are tokenized once; the frozen reference (the
-base model or a checkpoint) scores every completion once at the start; then each step takes
+base model or a checkpoint) scores every completion once, kept in `dpo_reference.json` for a
+resumed run to read back; then each step takes
 `batch_size` pairs in a seeded order (a fresh permutation per pass over the pairs, so a resumed
 run takes the same batches) and runs `forward_backward_custom` with the DPO loss and an
 `optim_step`. With `environments:`, the held-out eval runs before the first step and after the
@@ -64,7 +65,8 @@ def read_pairs(config: TrainConfig) -> list[TextPair | TokenPair]:
     if d.pairs is None:
         raise ConfigError("tinkrl dpo needs dpo.pairs: a JSONL file of pairs, hf:DATASET, or a tinkrl run directory")
     if is_run_dir(d.pairs):
-        return list(pairs_from_run(Path(d.pairs).expanduser(), config.model_name, d.run_steps))
+        each = d.group_pairs == "best_each"
+        return list(pairs_from_run(Path(d.pairs).expanduser(), config.model_name, d.run_steps, each))
     return list(load_pairs(d.pairs, d.split))
 
 

@@ -170,10 +170,11 @@ def run_model(run_dir: Path) -> str | None:
     return (yaml.safe_load(path.read_text()) or {}).get("model_name")
 
 
-def pairs_from_run(run_dir: Path, model_name: str, max_step: int | None = None) -> list[TokenPair]:
+def pairs_from_run(run_dir: Path, model_name: str, max_step: int | None = None, each: bool = False) -> list[TokenPair]:
     """The best and the worst rollout of each group a run trained (`rollouts/step_*.jsonl`: rollouts of one step,
-    environment and prompt), where their rewards differ; `max_step` keeps the first steps only. The tokens are
-    the run's own samples, so the run must be of `model_name`."""
+    environment and prompt), where their rewards differ; with `each`, the best against every rollout rewarded
+    below it. `max_step` keeps the first steps only. The tokens are the run's own samples, so the run must be
+    of `model_name`."""
     trained = run_model(run_dir)
     if trained is None:
         raise ConfigError(f"dpo.pairs: {run_dir} is not a tinkrl run directory (it has no config.yaml)")
@@ -193,19 +194,22 @@ def pairs_from_run(run_dir: Path, model_name: str, max_step: int | None = None) 
             groups.setdefault((str(row.get("env")), str(row.get("prompt"))), []).append((n, row))
         for rows in groups.values():
             best = max(rows, key=lambda r: r[1]["reward"])
-            worst = min(rows, key=lambda r: r[1]["reward"])
-            if best[1]["reward"] > worst[1]["reward"]:
-                pairs.append(
-                    TokenPair(
-                        (list(best[1]["tokens"]), [float(w) for w in best[1]["mask"]]),
-                        (list(worst[1]["tokens"]), [float(w) for w in worst[1]["mask"]]),
-                        f"{path}:{best[0]} over {path}:{worst[0]}",
-                    )
-                )
+            worse = [r for r in rows if r[1]["reward"] < best[1]["reward"]]
+            if not each and worse:
+                worse = [min(worse, key=lambda r: r[1]["reward"])]
+            pairs += [
+                TokenPair(_sequence(best[1]), _sequence(other[1]), f"{path}:{best[0]} over {path}:{other[0]}")
+                for other in worse
+            ]
     if not pairs:
         steps = f" in its first {max_step} steps" if max_step else ""
         raise ConfigError(f"dpo.pairs: {run_dir} has no group whose rollouts' rewards differ{steps}")
     return pairs
+
+
+def _sequence(row: dict) -> tuple[list[int], list[float]]:
+    """A rollout row's tokens and their weights (its mask: 1 on the sampled tokens)."""
+    return list(row["tokens"]), [float(w) for w in row["mask"]]
 
 
 def tokenize_pair(renderer: Any, pair: TextPair) -> TokenPair:
