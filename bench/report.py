@@ -589,8 +589,8 @@ def dpo_rows(r: Record) -> list[list[str]]:
         [
             str(r.settings.get("model_name")),
             f"{m['pairs']:.0f} from {d.get('pairs')} (first {d.get('run_steps')} steps)",
-            f"beta {d.get('beta')}, reference {d.get('reference')}, {r.settings.get('batch_size')} pairs/step, "
-            f"lr {r.settings.get('learning_rate')}",
+            f"{d.get('group_pairs') or 'best_worst'}, beta {d.get('beta')}, reference {d.get('reference')}, "
+            f"{r.settings.get('batch_size')} pairs/step, lr {r.settings.get('learning_rate')}",
             str(len(r.repeats["steps"])),
             f"{acc('greedy_before')} -> {spread(r.repeats['greedy_after'], '.2f')} ± {m['greedy_after_stderr']:.2f}",
             f"{m['steps']:.0f} in {minutes(m['wall_s'])}",
