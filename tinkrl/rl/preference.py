@@ -3,7 +3,8 @@
 A pair is two token sequences that share a prompt, the preferred (`chosen`) and the other
 (`rejected`), each with weight 1 on its completion tokens. They come from a JSONL file in the
 field's common layouts (`load_pairs`), a Hugging Face dataset, or a tinkrl run's own rollouts, the
-best and the worst of each group (`pairs_from_run`: exact sampled tokens, no re-rendering).
+best of each group over its worst or over each worse one (`pairs_from_run`: exact sampled tokens, no
+re-rendering).
 
 The loss is DPO's (Rafailov et al., 2023), computed exactly on the policy's logprobs of the
 completion tokens against a frozen reference's: with `r = beta * (log pi(y|x) - log ref(y|x))`, the
