@@ -156,8 +156,8 @@ class DPOConfig(Strict):
     pairs: str | None = None
     """The pairs: a JSONL file (one pair per line: `prompt` or `conversation`/`messages`, then `chosen` and
     `rejected`, each a string, a message or a message list; HH-RLHF's two transcripts; UltraFeedback's message
-    lists), a Hugging Face dataset as `hf:NAME` (read through `datasets`), or a tinkrl run directory (the best
-    and the worst rollout of each trained group). None: no DPO."""
+    lists), a Hugging Face dataset as `hf:NAME` (read through `datasets`), or a tinkrl run directory (pairs of
+    rollouts of each group it trained, as `group_pairs` says). None: no DPO."""
     split: str = "train"
     """The Hugging Face dataset's split (`hf:NAME` only)."""
     run_steps: int | None = Field(None, ge=1)

@@ -6,7 +6,8 @@ loads no weights. A config that cannot run fails here with one line (a run direc
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
 local engine cannot train, a model whose renderer nothing names, an environment's `tool_format` its
 renderer cannot write, a teacher on the other backend or with another tokenizer, a DPO reference of
-another model), which stops a real run before any work. The renderer is tinker-cookbook's recommendation for the model, or `renderer=`;
+another model), which stops a real run before any work. The renderer is tinker-cookbook's
+recommendation for the model, or `renderer=`;
 `renderer_reason` says which.
 """
 
