@@ -246,9 +246,9 @@ def test_dry_run_shows_the_dpo_section_and_train_refuses_pairs(tmp_path, capsys)
 
 
 def test_a_bad_pair_stops_the_command_before_any_model_loads(tmp_path, capsys, monkeypatch):
-    import tinkrl.rl.dpo as dpo
+    import tinkrl.rl.run_setup as run_setup
 
-    monkeypatch.setattr(dpo, "make_service_client", lambda *_: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(run_setup, "make_service_client", lambda *_: pytest.fail("a model was loaded"))
     bad = _write(tmp_path / "bad.jsonl", [PAIRS[0], {"prompt": "q", "chosen": "", "rejected": "b"}])
     assert tinkrl([*_argv(tmp_path), f"dpo.pairs={bad}"]) == 2
     err = capsys.readouterr().err.strip()

@@ -21,7 +21,7 @@ import logging
 import sys
 
 from tinkrl.config import load_dotenv_file
-from tinkrl.errors import ConfigError, TinkrlError
+from tinkrl.errors import ConfigError
 
 USAGE = """usage: tinkrl dpo [CONFIG.yaml] [key=value ...] [--dry-run]
 
@@ -33,7 +33,7 @@ file, hf:DATASET, or a tinkrl run directory), dpo.beta and dpo.reference the los
 def cli_main(argv: list[str]) -> int:
     """`tinkrl dpo`: exit 0 when the run finishes (or the dry run's plan is printed), 2 on a config or pair
     error, 1 on another error."""
-    from tinkrl.commands.train import help_text, load, parse_cli
+    from tinkrl.commands.train import carry_out, help_text, load, parse_cli
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     load_dotenv_file()
@@ -58,14 +58,8 @@ def cli_main(argv: list[str]) -> int:
     if mode == "dry-run":
         print(json.dumps(plan.as_dict(), indent=2))
         return 0
-    print(plan.line(), flush=True)
-    if plan.problems:
-        print(f"tinkrl dpo: error: {plan.problems[0]}", file=sys.stderr)
-        return 2
-    if plan.finished:
-        print(f"{config.run_dir}: {plan.start} (raise max_steps to train it further)")
-        return 0
-    try:
+
+    def work() -> None:
         from tinkrl.envs import build_environments, checkpoint_metadata
         from tinkrl.rl.dpo import main, read_pairs
 
@@ -73,17 +67,5 @@ def cli_main(argv: list[str]) -> int:
         print(f"pairs: {len(pairs)} from {config.dpo.pairs}", flush=True)
         factory = lambda renderer, run_dir: build_environments(plan.config, renderer, run_dir)  # noqa: E731
         asyncio.run(main(plan, pairs, factory, checkpoint_metadata(plan.config)))
-    except ConfigError as e:
-        print(f"tinkrl dpo: error: {e}", file=sys.stderr)
-        return 2
-    except TinkrlError as e:
-        print(f"tinkrl dpo: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:
-        from tinkrl.backends import service_failure
 
-        if (line := service_failure(e)) is None:
-            raise
-        print(f"tinkrl dpo: {line}", file=sys.stderr)
-        return 1
-    return 0
+    return carry_out("tinkrl dpo", plan, work)

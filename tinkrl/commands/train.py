@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -174,26 +175,33 @@ def _train(config_path: str | None, overrides: list[str], mode: str | None) -> i
     if mode == "prepare" and plan.backend != "local":
         print(f"tinkrl train --prepare: nothing to prepare on backend {plan.backend} (the service holds the model)")
         return 0
+    return carry_out("tinkrl train", plan, lambda: prepare(plan) if mode == "prepare" else run(plan))
+
+
+def carry_out(program: str, plan: RunPlan, work: Callable[[], object]) -> int:
+    """Print the plan's line, then stop on its first problem (exit 2) or on a run already finished (0), else
+    do `work`: 0 when it finishes, 2 on a config error, 1 on another tinkrl or service error, each one line
+    on stderr named by `program` (`tinkrl train`, `tinkrl dpo`)."""
     print(plan.line(), flush=True)
     if plan.problems:
-        print(f"tinkrl train: error: {plan.problems[0]}", file=sys.stderr)
+        print(f"{program}: error: {plan.problems[0]}", file=sys.stderr)
         return 2
     if plan.finished:
-        print(f"{config.run_dir}: {plan.start} (raise max_steps to train it further)")
+        print(f"{plan.config.run_dir}: {plan.start} (raise max_steps to train it further)")
         return 0
     try:
-        prepare(plan) if mode == "prepare" else run(plan)
+        work()
     except ConfigError as e:
-        print(f"tinkrl train: error: {e}", file=sys.stderr)
+        print(f"{program}: error: {e}", file=sys.stderr)
         return 2
     except TinkrlError as e:
-        print(f"tinkrl train: {e}", file=sys.stderr)
+        print(f"{program}: {e}", file=sys.stderr)
         return 1
     except Exception as e:
         from tinkrl.backends import service_failure
 
         if (line := service_failure(e)) is None:
             raise
-        print(f"tinkrl train: {line}", file=sys.stderr)
+        print(f"{program}: {line}", file=sys.stderr)
         return 1
     return 0

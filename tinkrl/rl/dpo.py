@@ -23,11 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tinkrl.backends import make_service_client
-from tinkrl.config import TeacherConfig, TrainConfig, resolved_yaml
+from tinkrl.config import TeacherConfig, TrainConfig
 from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
-from tinkrl.renderers import get_renderer
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.metrics import timed
@@ -41,8 +39,9 @@ from tinkrl.rl.preference import (
     reference_logprobs,
     tokenize_pair,
 )
-from tinkrl.rl.run_dir import claim_run_dir, new_run_hint
+from tinkrl.rl.run_dir import holds_run
 from tinkrl.rl.run_plan import RunPlan
+from tinkrl.rl.run_setup import open_run
 from tinkrl.rl.schedule import TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.summary import run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
@@ -52,19 +51,13 @@ from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.tracking import RunLogger, writing
 
 
-def is_run_dir(spec: str) -> bool:
-    """`dpo.pairs` names a tinkrl run directory (rather than a file or a dataset)."""
-    path = Path(spec).expanduser()
-    return path.is_dir() and (path / "config.yaml").is_file()
-
-
 def read_pairs(config: TrainConfig) -> list[TextPair | TokenPair]:
     """The run's pairs, read and checked before any model loads: a run directory's own rollouts (tokens), else
     the file's or the dataset's records (messages, tokenized once the renderer is there)."""
     d = config.dpo
     if d.pairs is None:
         raise ConfigError("tinkrl dpo needs dpo.pairs: a JSONL file of pairs, hf:DATASET, or a tinkrl run directory")
-    if is_run_dir(d.pairs):
+    if holds_run(Path(d.pairs).expanduser()):
         each = d.group_pairs == "best_each"
         return list(pairs_from_run(Path(d.pairs).expanduser(), config.model_name, d.run_steps, each))
     return list(load_pairs(d.pairs, d.split))
@@ -117,49 +110,18 @@ def batch_indices(n_pairs: int, batch_size: int, step: int, seed: int) -> list[i
 async def main(
     plan: RunPlan, pairs: list[TextPair | TokenPair], make_envs: Any, user_metadata: dict[str, str] | None = None
 ) -> Metrics:
-    """Set up the planned DPO run on `pairs` (`read_pairs`): service, training client, tokens, reference,
-    logging; train it, and close it."""
-    import torch
-
-    t0 = time.time()
-    config = plan.config
-    torch.manual_seed(config.seed)
-    run_dir = config.run_dir
-    record = claim_run_dir(config)
-    with writing(run_dir / "config.yaml"):
-        (run_dir / "config.yaml").write_text(resolved_yaml(config))
-    checkpointer = Checkpointer(run_dir)
-    done = checkpointer.steps_done()
-    if done >= config.max_steps:
-        print(
-            f"{run_dir} already trained {done} steps (max_steps={config.max_steps}): nothing to do; raise max_steps "
-            f"to train it further, or start a new run with {new_run_hint(config)}"
-        )
-        return {}
-    with make_service_client(config) as service:
-        tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
-        try:
-            renderer = get_renderer(tc.get_tokenizer, config.model_name, name=plan.renderer)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        tokens = [tokenize_pair(renderer, p) if isinstance(p, TextPair) else p for p in pairs]
+    """Open the planned DPO run on `pairs` (`read_pairs`; `rl/run_setup.open_run`: service, training client,
+    environments when the config has them, logging), tokenize the pairs, train it, and close it."""
+    async with open_run(plan, make_envs if plan.config.environments else None, user_metadata) as run:
+        if run is None:
+            return {}
+        config = run.config
+        tokens = [tokenize_pair(run.renderer, p) if isinstance(p, TextPair) else p for p in pairs]
         datums = pair_datums(tokens, config.dpo.max_length)
-        envs = make_envs(renderer, run_dir) if config.environments else {}
-        logger = RunLogger(
-            run_dir,
-            config.model_dump(mode="json", by_alias=True),
-            config.wandb,
-            run_name=config.run_name or run_dir.name,
-            run_id=record.run_id,
-            resume_step=start,
+        budget = TimeBudget(None, run.t0)
+        return await train(
+            config, run.service, run.training_client, run.start, datums, run.envs, run.logger, run.checkpointer, budget
         )
-        try:
-            return await train(config, service, tc, start, datums, envs, logger, checkpointer, TimeBudget(None, t0))
-        finally:
-            for env in envs.values():
-                if env.close is not None:
-                    env.close()
-            logger.close()
 
 
 async def train(

@@ -15,18 +15,17 @@ client-side on top of `forward`, so one loss serves every backend.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tinker import types
 
 from tinkrl.errors import ConfigError
-from tinkrl.rl.supervised import Message, to_datum
+from tinkrl.rl.run_dir import trained_model
+from tinkrl.rl.supervised import Message, jsonl_records, to_datum
 from tinkrl.tracking import read_jsonl
 
 HF_PREFIX = "hf:"
@@ -132,18 +131,7 @@ def load_pairs(spec: str, split: str = "train") -> list[TextPair]:
         raise ConfigError(
             f"dpo.pairs: no such file {spec} (a JSONL file of pairs, hf:DATASET, or a tinkrl run directory)"
         )
-    pairs = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(f"{spec}:{n}: not JSON: {e}") from None
-        pairs.append(parse_pair(record, f"{spec}:{n}"))
-    if not pairs:
-        raise ConfigError(f"{spec}: no pairs")
-    return pairs
+    return [parse_pair(record, where) for where, record in jsonl_records(path, "pairs")]
 
 
 def _hf_pairs(name: str, split: str) -> list[TextPair]:
@@ -163,20 +151,12 @@ def _hf_pairs(name: str, split: str) -> list[TextPair]:
     return pairs
 
 
-def run_model(run_dir: Path) -> str | None:
-    """The base model a tinkrl run directory trained (its config.yaml), or None."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return None
-    return (yaml.safe_load(path.read_text()) or {}).get("model_name")
-
-
 def pairs_from_run(run_dir: Path, model_name: str, max_step: int | None = None, each: bool = False) -> list[TokenPair]:
     """The best and the worst rollout of each group a run trained (`rollouts/step_*.jsonl`: rollouts of one step,
     environment and prompt), where their rewards differ; with `each`, the best against every rollout rewarded
     below it. `max_step` keeps the first steps only. The tokens are the run's own samples, so the run must be
     of `model_name`."""
-    trained = run_model(run_dir)
+    trained = trained_model(run_dir)
     if trained is None:
         raise ConfigError(f"dpo.pairs: {run_dir} is not a tinkrl run directory (it has no config.yaml)")
     if trained != model_name:

@@ -82,6 +82,21 @@ def read_record(run_dir: Path) -> RunRecord | None:
     return None
 
 
+def holds_run(path: Path) -> bool:
+    """Whether `path` is a tinkrl training run's directory (it has the run's config.yaml or checkpoints.jsonl),
+    as a teacher or a source of preference pairs may name one."""
+    return path.is_dir() and ((path / "config.yaml").is_file() or (path / "checkpoints.jsonl").is_file())
+
+
+def trained_model(run_dir: Path) -> str | None:
+    """The model a run directory's run trained (`model_name` of its config.yaml), or None."""
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return None
+    data = yaml.safe_load(config.read_text()) or {}
+    return data.get("model_name") if isinstance(data, dict) else None
+
+
 def new_run_hint(config: TrainConfig) -> str:
     """How to start a new run instead of this directory's: a new run_name, or a new log_path when one is set."""
     return "log_path=NEW_DIR" if config.log_path else "run_name=NEW (or log_path=NEW_DIR)"

@@ -14,7 +14,7 @@ RL later samples. Used by the RL loop's warm start (`warm_start:`) and by `tinkr
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,20 +79,31 @@ def to_datum(tokens: list[int], weights: list[float], max_length: int | None = N
     )
 
 
+def jsonl_records(path: Path, what: str) -> Iterator[tuple[str, Any]]:
+    """A user's JSONL file of `what` (conversations, pairs) as (`path:line`, record) for each non-empty line, so
+    a bad record's error names its line; a missing file, a line that is not JSON, or a file without records is a
+    ConfigError."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (expected JSONL {what}, one per line)")
+    found = False
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{n}: not JSON: {e}") from None
+        found = True
+        yield f"{path}:{n}", record
+    if not found:
+        raise ConfigError(f"{path}: no {what}")
+
+
 def load_conversations(path: str | Path) -> list[list[Message]]:
     """Conversations from a JSONL file: one per line, `{"messages": [...]}` (chat format, as tinker-cookbook's
     supervised datasets) or a bare list of messages. A bad line is a ConfigError naming it."""
     out = []
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{path}: no such file (expected JSONL conversations, one per line)")
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(f"{path}:{n}: not JSON: {e}") from None
+    for where, row in jsonl_records(Path(path), "conversations"):
         messages = row.get("messages") if isinstance(row, dict) else row
         if (
             not isinstance(messages, list)
@@ -100,11 +111,9 @@ def load_conversations(path: str | Path) -> list[list[Message]]:
             or not any(m["role"] == "assistant" for m in messages)
         ):
             raise ConfigError(
-                f'{path}:{n}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}} with an assistant turn'
+                f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}, ...]}} with an assistant turn'
             )
         out.append(messages)
-    if not out:
-        raise ConfigError(f"{path}: no conversations")
     return out
 
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tinkrl.config import TeacherConfig
 from tinkrl.errors import ConfigError
 from tinkrl.local.checkpoint_paths import META, SCHEME, checkpoint_dir, is_local_checkpoint
 from tinkrl.local.model_files import stored_vocabulary
 from tinkrl.renderers import tokenizer_family
+from tinkrl.rl.run_dir import holds_run, trained_model
 from tinkrl.tracking import read_jsonl
 
 
@@ -49,12 +48,12 @@ def resolve_teacher(cfg: TeacherConfig) -> Teacher | None:
     if not name:
         return None
     path = Path(name).expanduser()
-    if (path / "checkpoints.jsonl").is_file() or (path / "config.yaml").is_file():  # a run directory
+    if holds_run(path):
         rows = [r for r in read_jsonl(path / "checkpoints.jsonl") if r.get("sampler_path")]
         if not rows:
             raise ConfigError(f"teacher: run directory {path} has no checkpoint yet (checkpoints.jsonl lists none)")
         sampler = rows[-1]["sampler_path"]
-        base = cfg.base_model or _run_model(path) or _checkpoint_base(sampler)
+        base = cfg.base_model or trained_model(path) or _checkpoint_base(sampler)
         return Teacher(base, sampler, name, is_local_checkpoint(sampler))
     if not path.exists() and (path.is_absolute() or name.startswith((".", "~"))):
         raise ConfigError(f"teacher: no run directory or checkpoint at {path}")
@@ -64,15 +63,6 @@ def resolve_teacher(cfg: TeacherConfig) -> Teacher | None:
             raise ConfigError(f"teacher: {name} is not a complete checkpoint (no {META} in {checkpoint_dir(name)})")
         return Teacher(cfg.base_model or (_checkpoint_base(name) if local else None), name, name, local)
     return Teacher(name, None, name, False)
-
-
-def _run_model(run_dir: Path) -> str | None:
-    """The model a run directory's run trained (`model_name` of its config.yaml)."""
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        return None
-    data = yaml.safe_load(config.read_text()) or {}
-    return data.get("model_name") if isinstance(data, dict) else None
 
 
 def _checkpoint_base(path: str) -> str | None:

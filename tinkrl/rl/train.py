@@ -27,22 +27,20 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from tinkrl.backends import local_compute, make_service_client
-from tinkrl.config import TrainConfig, resolved_yaml
+from tinkrl.backends import local_compute
+from tinkrl.config import TrainConfig
 from tinkrl.errors import ConfigError
 from tinkrl.progress import progress_bar
-from tinkrl.renderers import get_renderer
 from tinkrl.rl.checkpointer import Checkpointer
 from tinkrl.rl.data import add_kl_penalty, add_observation_logprobs, build_sequences, select_groups
 from tinkrl.rl.evaluation import evaluate
 from tinkrl.rl.metrics import episode_rows, group_metrics, optim_metrics, rollout_rows, summary_line, timed
 from tinkrl.rl.rollouts import sample_groups
-from tinkrl.rl.run_dir import claim_run_dir, new_run_hint, record_compute
+from tinkrl.rl.run_dir import record_compute
 from tinkrl.rl.run_plan import RunPlan
+from tinkrl.rl.run_setup import EnvFactory, open_run
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
 from tinkrl.rl.summary import before_rl_row, run_summary, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
@@ -51,62 +49,35 @@ from tinkrl.rl.teacher import sampling_client as teacher_client
 from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.rl.warm_start import warm_start
 from tinkrl.traces.docent import export_traces
-from tinkrl.tracking import RunLogger, writing
-
-EnvFactory = Callable[[Any, Path], dict[str, EnvDatasets]]  # (renderer, run dir) -> environments by key
+from tinkrl.tracking import RunLogger
 
 
 async def main(plan: RunPlan, make_envs: EnvFactory, user_metadata: dict[str, str] | None = None) -> Metrics:
-    """Set up the planned run (service, training client, environments, logging), train it, and close it:
-    on the Tinker service its session ends as the run did (success, errored, interrupted). The plan's
-    backend and renderer are the run's (`tinkrl train` stops on the plan's problems before calling this).
-    `user_metadata` goes with the training run (and its checkpoints), as the Tinker API keeps it."""
-    import torch
-
-    t0 = time.time()
-    config = plan.config
-    torch.manual_seed(config.seed)
-    run_dir = config.run_dir
-    record = claim_run_dir(config)  # a directory of another run stops here, before any work
-    with writing(run_dir / "config.yaml"):
-        (run_dir / "config.yaml").write_text(resolved_yaml(config))
-    checkpointer = Checkpointer(run_dir)
-    done = checkpointer.steps_done()
-    if done >= config.max_steps:  # before any model or service is touched
-        print(
-            f"{run_dir} already trained {done} steps (max_steps={config.max_steps}): nothing to do; raise max_steps "
-            f"to train it further, or start a new run with {new_run_hint(config)}"
+    """Open the planned run (`rl/run_setup.open_run`: service, training client, environments, logging), run
+    the warm start when a new run asks for one, train it, and close it. The plan's backend and renderer are
+    the run's (`tinkrl train` stops on the plan's problems before calling this). `user_metadata` goes with
+    the training run (and its checkpoints), as the Tinker API keeps it."""
+    async with open_run(plan, make_envs, user_metadata) as run:
+        if run is None:
+            return {}
+        config, tc = run.config, run.training_client
+        budget = TimeBudget(config.time_budget_s, run.t0, config.eval_max_share)
+        if run.start == 0 and config.warm_start.steps:
+            sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
+            await warm_start(config, tc, run.renderer, run.envs, sc, run.logger, budget)
+            run.checkpointer.commit(await run.checkpointer.save_sampler(tc, "warm_start", 0))
+        return await train(
+            config,
+            run.service,
+            tc,
+            run.start,
+            run.envs,
+            run.logger,
+            run.checkpointer,
+            budget,
+            run.renderer.tokenizer,
+            plan.teacher,
         )
-        return {}
-    with make_service_client(config) as service:  # leaving it, the service records how the run ended
-        tc, start = await asyncio.to_thread(checkpointer.training_client, service, config, user_metadata)
-        try:
-            renderer = get_renderer(tc.get_tokenizer, config.model_name, name=plan.renderer)  # loaded if needed
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        envs = make_envs(renderer, run_dir)
-        logger = RunLogger(
-            run_dir,
-            config.model_dump(mode="json", by_alias=True),
-            config.wandb,
-            run_name=config.run_name or run_dir.name,
-            run_id=record.run_id,
-            resume_step=start,
-        )
-        budget = TimeBudget(config.time_budget_s, t0, config.eval_max_share)
-        try:
-            if start == 0 and config.warm_start.steps:
-                sc = await asyncio.to_thread(tc.save_weights_and_get_sampling_client)
-                await warm_start(config, tc, renderer, envs, sc, logger, budget)
-                checkpointer.commit(await checkpointer.save_sampler(tc, "warm_start", 0))
-            return await train(
-                config, service, tc, start, envs, logger, checkpointer, budget, renderer.tokenizer, plan.teacher
-            )
-        finally:
-            for env in envs.values():
-                if env.close is not None:
-                    env.close()
-            logger.close()
 
 
 async def train(
