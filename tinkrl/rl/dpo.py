@@ -57,9 +57,10 @@ def read_pairs(config: TrainConfig) -> list[TextPair | TokenPair]:
     d = config.dpo
     if d.pairs is None:
         raise ConfigError("tinkrl dpo needs dpo.pairs: a JSONL file of pairs, hf:DATASET, or a tinkrl run directory")
-    if holds_run(Path(d.pairs).expanduser()):
+    run_dir = Path(d.pairs).expanduser()
+    if holds_run(run_dir):
         each = d.group_pairs == "best_each"
-        return list(pairs_from_run(Path(d.pairs).expanduser(), config.model_name, d.run_steps, each))
+        return list(pairs_from_run(run_dir, config.model_name, d.run_steps, each))
     return list(load_pairs(d.pairs, d.split))
 
 
