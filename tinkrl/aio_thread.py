@@ -1,10 +1,17 @@
-"""Serving an aiohttp app from a background thread (tests, notebooks, the trainer's proxy).
+"""Serving an aiohttp app from a background thread (tests, notebooks, the trainer's proxy), and the
+thread pool a run's event loop lends to blocking calls.
 
 `tinkrl serve tinker` and `tinkrl serve openai` run their apps this way when embedded in
 another program: the app gets its own event loop on a daemon thread, the caller gets the
 base URL, and leaving the block shuts the server down. `UNREADABLE_BODY` names the errors aiohttp
 raises when a request's body cannot be read as sent, which every server answers as the client's
 mistake (400).
+
+`widen_default_executor` gives a run's loop enough threads for its episodes: episodes call their
+sandboxes through `asyncio.to_thread`, and a provider with a concurrency cap (harbor, kubernetes)
+holds the calling thread in `create` until a slot frees, while the episodes that hold the slots
+need threads of the same pool to finish. With asyncio's default pool (CPU count + 4 threads) a
+few waiting starts would stall the whole run.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,6 +29,14 @@ from aiohttp.web_protocol import RequestPayloadError
 
 # A body aiohttp cannot read as sent: a Content-Encoding (zstd, gzip, deflate) that does not decode, a body cut short.
 UNREADABLE_BODY = (HttpProcessingError, RequestPayloadError)
+RUN_THREADS = 512  # threads are made only as calls need them; waiting ones cost no CPU
+
+
+def widen_default_executor(threads: int = RUN_THREADS) -> None:
+    """Give the running loop a default executor of up to `threads` threads (see the module docstring);
+    `asyncio.run` shuts it down with the loop."""
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tinkrl-run")
+    asyncio.get_running_loop().set_default_executor(pool)
 
 
 @contextmanager

@@ -259,17 +259,45 @@ class KubernetesSandboxConfig(Strict):
     """Extra labels on every sandbox pod (e.g. for NetworkPolicies or cost allocation)."""
 
 
+class HarborSandboxConfig(Strict):
+    """`sandbox.harbor.*`: which of Harbor's environments runs the sandboxes, and how many at once."""
+
+    environment: str = "docker"
+    """A Harbor environment type (docker, daytona, modal, e2b, runloop, ...) or an import path module:Class."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """The environment's own options, as `harbor run --ek key=value` gives them."""
+    python: str | None = None
+    """An interpreter with Harbor installed; default: $TINKRL_HARNESS_PYTHON, else .venv-harness (make harness)."""
+    image: str = "ubuntu:24.04"
+    """Base image of sandboxes whose task names none (its workspace is then built in the sandbox)."""
+    max_concurrent: int = Field(default=16, ge=1)
+    """At most this many live sandboxes per run; create() waits for a free slot."""
+    start_retries: int = Field(default=3, ge=0)
+    """Further tries of a start that failed on the provider's side (a definition that does not build is not retried)."""
+    retry_backoff_s: float = Field(default=5.0, ge=0)
+    """Wait before the first retry, doubled for each one after."""
+    start_timeout_s: float = Field(default=900.0, gt=0)
+    """How long one start (image build or pull included) may take."""
+    run_id: str | None = None
+    """Names the run's sandboxes; default: a fresh id per provider."""
+    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
+    """Kept per stream and command (head + tail)."""
+
+
 class SandboxConfig(Strict):
     """`sandbox.*`: which provider runs the sandboxes, and each provider's options."""
 
-    provider: Literal["bwrap", "docker", "kubernetes"] = "bwrap"
-    """bwrap: bubblewrap on this machine (the default); docker or kubernetes: containers or pods for scale-out."""
+    provider: Literal["bwrap", "docker", "kubernetes", "harbor"] = "bwrap"
+    """bwrap: bubblewrap on this machine (the default); docker or kubernetes: containers or pods for scale-out;
+    harbor: one of Harbor's environments (Daytona, Modal, E2B, Runloop, docker, ...)."""
     bwrap: BwrapSandboxConfig = Field(default_factory=BwrapSandboxConfig)
     """Options of the bwrap provider."""
     docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
     """Options of the docker provider."""
     kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
     """Options of the kubernetes provider."""
+    harbor: HarborSandboxConfig = Field(default_factory=HarborSandboxConfig)
+    """Options of the harbor provider."""
 
     def provider_options(self) -> dict[str, Any]:
         """The chosen provider's options, as keyword arguments for `sandbox.get_provider`."""

@@ -240,9 +240,11 @@ async def _main(args: argparse.Namespace) -> int:
         summarize,
         write_outputs,
     )
+    from tinkrl.aio_thread import widen_default_executor
     from tinkrl.envs.agent_tasks.config import TasksEnvConfig
     from tinkrl.sandbox import LazyProvider, get_provider
 
+    widen_default_executor()  # trials waiting for a sandbox slot never starve those holding one
     cfg = TasksEnvConfig(
         **({"dataset": args.dataset} if args.dataset else {"path": args.tasks or ["tasks"]}),
         task_ids=args.task_ids,

@@ -6,7 +6,9 @@ loads no weights. A config that cannot run fails here with one line (a run direc
 run), or its plan lists the problem under `problems` (W&B enabled without a login, a model the
 local engine cannot train, a model whose renderer nothing names, an environment's `tool_format` its
 renderer cannot write, a teacher on the other backend or with another tokenizer, a DPO reference of
-another model), which stops a real run before any work. The renderer is tinker-cookbook's
+another model, a Harbor sandbox environment that cannot run: no harness, a type Harbor lacks, missing
+credentials), which stops a real run before any work. The Harbor check runs Harbor's own preflight in
+the harness interpreter; it starts nothing. The renderer is tinker-cookbook's
 recommendation for the model, or `renderer=`;
 `renderer_reason` says which.
 """
@@ -73,6 +75,11 @@ def make_plan(config: TrainConfig) -> RunPlan:
         problems += _teacher_problems(config, teacher)
     if config.dpo.pairs:
         problems += _reference_problems(config)
+    if config.sandbox.provider == "harbor":
+        from tinkrl.sandbox.harbor import preflight
+
+        if (problem := preflight(config.sandbox.harbor)) is not None:
+            problems.append(problem)
     return RunPlan(
         config=config,
         backend_reason=backend_reason,

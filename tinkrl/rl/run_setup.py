@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tinkrl.aio_thread import widen_default_executor
 from tinkrl.backends import make_service_client
 from tinkrl.config import TrainConfig, resolved_yaml
 from tinkrl.errors import ConfigError
@@ -58,6 +59,7 @@ async def open_run(
     import torch
 
     t0 = time.time()
+    widen_default_executor()  # episodes waiting for a sandbox slot never starve those holding one
     config = plan.config
     torch.manual_seed(config.seed)
     run_dir = config.run_dir

@@ -17,6 +17,7 @@ PROVIDERS: dict[str, str] = {
     "bwrap": "tinkrl.sandbox.bwrap:BwrapProvider",
     "docker": "tinkrl.sandbox.docker:DockerProvider",
     "kubernetes": "tinkrl.sandbox.kubernetes:KubernetesProvider",
+    "harbor": "tinkrl.sandbox.harbor:HarborProvider",
 }
 
 
