@@ -196,11 +196,13 @@ def write_result(
     results_dir: Path,
     device: str | None = None,
     command: str | None = None,
+    commit: str | None = None,
 ) -> Path:
     """Record one workload's run in `<results_dir>/<bench>/<machine class>.json` (replacing an
     earlier record of the same workload there) and return the file's path. `repeats` maps each
     metric to its raw values, one per repeat; a single measurement is a list of one. `device` is
-    where the measured work ran; None means the engine's default, a GPU when there is one."""
+    where the measured work ran; None means the engine's default, a GPU when there is one. `commit`: what made
+    the runs when it is not the checkout (repeats made at several commits)."""
     if not repeats or any(not v for v in repeats.values()):
         raise ValueError(f"{bench}: every metric needs at least one repeat")
     kept = {k: [float(f"{x:.6g}") for x in v] for k, v in repeats.items()}  # 6 significant digits
@@ -209,7 +211,7 @@ def write_result(
     doc = json.loads(path.read_text()) if path.is_file() else {"bench": bench, "machine_class": path.stem, "runs": {}}
     doc["runs"][workload] = {
         "command": command or command_line(),
-        "commit": COMMIT_AT_START,
+        "commit": commit or COMMIT_AT_START,
         "date": datetime.date.today().isoformat(),
         "machine": info,
         "settings": dict(settings),

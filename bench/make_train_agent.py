@@ -8,7 +8,9 @@ run (the table shows their medians): RL steps run within the time budget, the jo
 evaluation's share of it, and for each held-out tag (new instances of the trained templates,
 templates never trained on, the hand-written tasks of `tasks/`) the greedy pass@1 after the warm
 start and after RL with their standard errors. The runs must share their settings. The record
-names the commit checked out now, so summarise runs from the tree that made them.
+names the commit checked out now, so summarise runs from the tree that made them. `--append`
+adds the runs as further repeats of the record already there under `--workload` (its settings
+must match; its commits are kept beside this one), for repeats whose run directories are gone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from common import add_results_arg, command_line, write_result
+from common import COMMIT_AT_START, add_results_arg, command_line, machine, result_path, write_result
 from make_train import run_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,10 +64,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dirs", nargs="*", type=Path, default=[Path("runs/agent")])
     ap.add_argument("--train-command", default="make train-agent", help="what made the runs (recorded with them)")
+    ap.add_argument("--workload", help="the record's name (default: the first run directory's name)")
+    ap.add_argument("--append", action="store_true", help="add the runs to that record's repeats")
     add_results_arg(ap)
     args = ap.parse_args()
+    workload = args.workload or args.run_dirs[0].name
     figures: dict[str, list[float]] = {}
     settings: dict | None = None
+    commit = None
+    device = run_device(yaml.safe_load((args.run_dirs[0] / "config.yaml").read_text()))
+    if args.append:
+        earlier = earlier_record(args.results, workload, device)
+        figures = {k: list(v) for k, v in earlier["repeats"].items()}
+        settings, commit = earlier["settings"], f"{earlier['commit']}, {COMMIT_AT_START}"
     for run_dir in args.run_dirs:
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
@@ -77,7 +88,7 @@ def main() -> None:
         if compute:
             mine["plan"] = compute["line"]
         if settings is not None and mine != settings:
-            raise SystemExit(f"{run_dir} ran with other settings than {args.run_dirs[0]}: {mine} != {settings}")
+            raise SystemExit(f"{run_dir} ran with other settings than the record's: {mine} != {settings}")
         settings = mine
         one = run_figures(json.loads(summary_path.read_text()))
         print(json.dumps({k: v[0] for k, v in one.items()}))
@@ -86,13 +97,23 @@ def main() -> None:
     command = f"{args.train_command} && {command_line()}"
     write_result(
         "make_train_agent",
-        args.run_dirs[0].name,
+        workload,
         settings or {},
         figures,
         args.results,
-        device=run_device(config),
+        device=device,
         command=command,
+        commit=commit,
     )
+
+
+def earlier_record(results: Path, workload: str, device: str) -> dict:
+    """The record of `workload` in this machine class's result file; SystemExit naming what is missing."""
+    path = result_path("make_train_agent", results, machine(), device)
+    runs = json.loads(path.read_text())["runs"] if path.is_file() else {}
+    if workload not in runs:
+        raise SystemExit(f"--append: {path} has no record {workload!r} (it has: {', '.join(runs) or 'none'})")
+    return runs[workload]
 
 
 if __name__ == "__main__":

@@ -132,7 +132,8 @@ def read_records(path: Path, bench: str, needs: Iterable[str] = ()) -> list[Reco
             raise fail(f"{where}: fields {got}, expected {sorted(RECORD_KEYS)}")
         if not isinstance(r["command"], str) or not r["command"]:
             raise fail(f"{where}: 'command' is not a command line")
-        if not isinstance(r["commit"], str) or not re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown", r["commit"]):
+        one = r"[0-9a-f]{7,40}(-dirty)?"  # several, comma-separated, for repeats made at several commits
+        if not isinstance(r["commit"], str) or not re.fullmatch(rf"{one}(, {one})*|unknown", r["commit"]):
             raise fail(f"{where}: 'commit' {r['commit']!r} is not a short hash")
         if not isinstance(r["date"], str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]):
             raise fail(f"{where}: 'date' {r['date']!r} is not a day (YYYY-MM-DD)")
