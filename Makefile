@@ -82,9 +82,10 @@ $(HARNESS_VENV)/.installed: pyproject.toml scripts/install-harness.sh scripts/bu
 	bash scripts/install-harness.sh $(HARNESS_VENV)
 	touch $@
 
-# tinkrl's agent and sandbox inside `harbor run` and `tb run` (tests/test_harness.py)
+# tinkrl's agent and sandbox inside `harbor run` and `tb run` (tests/test_harness.py), and Harbor's
+# environments as tinkrl's sandboxes (tests/test_harbor_sandbox.py)
 test-harness: install harness
-	$(VENV)/bin/python -m pytest -q -rs -m harness tests/test_harness.py
+	$(VENV)/bin/python -m pytest -q -rs -m harness tests/test_harness.py tests/test_harbor_sandbox.py
 
 bench: install
 	$(PY) bench/engine.py

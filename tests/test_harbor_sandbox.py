@@ -79,6 +79,32 @@ def test_check_without_a_harness_fails_in_one_line(tmp_path):
     assert r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr
 
 
+def test_a_dockerfile_task_names_its_definition_and_resources(tmp_path):
+    """A Harbor task built from its Dockerfile carries that directory; only a provider that builds definitions
+    gets it in the spec (then without build steps), and [environment] cpus reaches the spec."""
+    from tinkrl.taskdirs import load_task
+    from tinkrl.taskdirs.verifier import sandbox_spec
+
+    task = load_task(ROOT / "tasks" / "count-errors")
+    assert task.definition == ROOT / "tasks" / "count-errors" / "environment" and task.build
+    bwrap = types.SimpleNamespace(name="bwrap", runs_images=False, builds_definitions=False)
+    remote = types.SimpleNamespace(name="harbor", runs_images=True, builds_definitions=True)
+    assert sandbox_spec(task, bwrap).definition is None
+    assert sandbox_spec(task, remote).definition == str(task.definition)
+    d = tmp_path / "big"
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "instruction.md").write_text("Do it.\n")
+    (d / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (d / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nRUN echo hi > a.txt\n")
+    (d / "task.toml").write_text("[environment]\ncpus = 4\nmemory_mb = 8192\n")
+    big = load_task(d)
+    spec = sandbox_spec(big, remote)
+    assert (spec.cpu, spec.memory_mb, spec.definition) == (4.0, 8192, str(d / "environment"))
+    (d / "environment" / "workspace").mkdir()  # a workspace/ recipe is tinkrl's own: no definition then
+    assert load_task(d).definition is None
+
+
 # -- through the bridge, on a Harbor environment that runs here ----------------------------
 @pytest.fixture
 def provider():
@@ -279,6 +305,55 @@ def test_the_project_tasks_grade_the_same_through_harbor_as_on_bwrap(provider):
     assert {i: (r.solution_reward, r.noop_reward) for i, r in remote.items()} == rewards
     assert sum(r.ok for r in remote.values()) == sum(r.ok for r in local.values()) >= 20
     assert provider.summary()["failed"] == 0
+
+
+@pytest.mark.harness
+@needs_harness
+def test_a_dockerfile_task_is_built_by_the_environment_from_its_own_directory(provider):
+    """The environment builds the task's environment/ itself: the workspace is there, tinkrl wrote no synthetic
+    definition and ran no build step, and the task grades as on bwrap."""
+    from tinkrl.taskdirs import grade, load_task, start_sandbox
+    from tinkrl.taskdirs.gate import run_gate
+
+    task = load_task(ROOT / "tasks" / "count-errors")
+    with start_sandbox(task, provider) as sb:
+        assert sb.spec.definition == str(task.definition)
+        assert "ERROR" in sb.read_file("/app/server.log").decode()
+        assert grade(task, sb).reward == 0.0
+    assert not (provider.scratch / "definitions").exists()
+    gate = run_gate(task, provider, use_cache=False)
+    assert (gate.solution_reward, gate.noop_reward) == (1.0, 0.0)
+
+
+def _eval(tmp_path: Path, name: str, *sandbox: str) -> list[dict]:
+    argv = [sys.executable, "-m", "tinkrl.cli", "eval", "--tasks", str(ROOT / "tasks")]
+    for task in ("hello-file", "count-errors", "rename-draft", "first-line"):
+        argv += ["--task-id", task]
+    argv += ["--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--temperature", "0", "--n", "1", "--max-turns", "2"]
+    argv += ["--max-tokens", "32", "--output-path", str(tmp_path), "--run-id", name, *sandbox]
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [json.loads(line) for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.harness
+@needs_harness
+def test_tinkrl_eval_through_harbor_plays_the_episodes_of_bwrap(tmp_path):
+    """`tinkrl eval --sandbox harbor` on the project's tasks, greedy: the same commands, outputs and rewards."""
+    local = _eval(tmp_path, "bwrap", "--sandbox", "bwrap")
+    remote = _eval(
+        tmp_path,
+        "harbor",
+        "--sandbox",
+        "harbor",
+        "--set",
+        f"sandbox.harbor.environment={BWRAP_ENV}",
+        "--set",
+        f"sandbox.harbor.python={HARNESS_PYTHON}",
+    )
+    assert len(local) == 4 and all(t["failure_mode"] is None for t in remote)
+    kept = ("task_id", "reward", "turns", "end_reason", "transcript")
+    assert [{k: t[k] for k in kept} for t in remote] == [{k: t[k] for k in kept} for t in local]
 
 
 def _train(tmp_path: Path, name: str, *sandbox: str) -> list[dict]:

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sandbox",
         default=None,
-        help="sandbox provider: bwrap, docker or kubernetes (default: the run config's sandbox.provider, else bwrap)",
+        help="sandbox provider: bwrap, docker, kubernetes or harbor (default: the run config's sandbox.provider, else bwrap)",
     )
     p.add_argument(
         "--config",

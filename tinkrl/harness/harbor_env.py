@@ -55,7 +55,8 @@ def task_dir_of(environment_dir: Path) -> Path:
 class BwrapEnvironment(BaseEnvironment):
     """One Harbor trial's environment: a tinkrl bwrap sandbox with the task's workspace built."""
 
-    runs_images = False  # read by tinkrl's harbor sandbox provider: a task's image is not started here
+    runs_images = False  # read by tinkrl's harbor sandbox provider: a task's image is not started here ...
+    builds_definitions = True  # ... and a task's own environment/ is built here, as tinkrl builds it
 
     @staticmethod
     def type() -> str:

@@ -56,6 +56,7 @@ class SandboxSpec:
     disk_mb: int = 1024  # workspace + /tmp size caps
     cpu: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)  # run id, task id, owner (scale-out providers)
+    definition: str | None = None  # a directory with the Dockerfile the provider builds (`builds_definitions`)
 
 
 class Sandbox(abc.ABC):
@@ -107,10 +108,12 @@ class Sandbox(abc.ABC):
 
 class SandboxProvider(abc.ABC):
     """Creates sandboxes; one per run, configured from `sandbox.*` config fields. `runs_images`: whether
-    it can start a sandbox from a container image (`SandboxSpec.image`)."""
+    it can start a sandbox from a container image (`SandboxSpec.image`); `builds_definitions`: whether it
+    builds a sandbox from a task's own Dockerfile (`SandboxSpec.definition`) in place of the build steps."""
 
     name: str
     runs_images: bool = True
+    builds_definitions: bool = False
 
     @abc.abstractmethod
     def create(self, spec: SandboxSpec) -> Sandbox:

@@ -7,11 +7,13 @@ bridge process on the harness virtualenv's interpreter (`tinkrl.sandbox.harbor_b
 `make harness`), one per provider, holding all of the run's environments; this module is the
 trainer's side of that pipe.
 
-A sandbox's definition is a directory Harbor reads: a Dockerfile `FROM` the task's image (or
-`sandbox.harbor.image`) with its workdir, in a minimal task directory so environments that
-read a whole task (tinkrl's own `BwrapEnvironment`) can too. The spec's CPU, memory and disk
-become the environment's resources; the task's workspace is then built in the sandbox by its
-build steps, as on the docker provider. Commands run through the same shell script as the
+A sandbox's definition is a directory Harbor reads. A Harbor task whose workspace comes from its
+Dockerfile gives its own `environment/` directory: the environment builds that Dockerfile (with
+the provider's own image build and caching) and tinkrl runs no build steps. Otherwise it is a
+Dockerfile `FROM` the task's image (or `sandbox.harbor.image`) with its workdir, in a minimal
+task directory so environments that read a whole task (tinkrl's own `BwrapEnvironment`) can
+too, and the task's workspace is then built in the sandbox by its build steps, as on the docker
+provider. The spec's CPUs, memory and disk become the environment's resources. Commands run through the same shell script as the
 container providers (cwd and exported variables kept between calls, a deadline on each).
 
 Nothing outlives the run: at most `max_concurrent` sandboxes live at once, a start that fails
@@ -313,11 +315,15 @@ class HarborProvider(ContainerProvider):
                     raise
                 self._bridge = bridge
                 self.runs_images = bool(self.hello.get("runs_images", True))
+                self.builds_definitions = bool(self.hello.get("builds_definitions", True))
             return self._bridge
 
     def definition(self, spec: SandboxSpec) -> Path:
-        """The directory Harbor builds a sandbox of `spec` from: a Dockerfile from its image with its workdir, in a
-        minimal task directory (the same directory for every spec of one image and workdir)."""
+        """The directory Harbor builds a sandbox of `spec` from: the task's own Dockerfile directory when the spec
+        names one, else a Dockerfile from its image with its workdir, in a minimal task directory (the same
+        directory for every spec of one image and workdir)."""
+        if spec.definition:
+            return Path(spec.definition)
         image = spec.image or self.config.image
         key = dns_name(f"{image}-{spec.workdir}", 80)
         task = self.scratch / "definitions" / key

@@ -132,7 +132,8 @@ class Bridge:
 
     async def op_hello(self, request: dict[str, Any]) -> dict[str, Any]:
         """Choose the environment class for this trainer (checked by its preflight). `runs_images`: False when the
-        class says it starts no container images (a class attribute; Harbor's own classes all do)."""
+        class says it starts no container images; `builds_definitions`: False when it says it cannot build a task's
+        own Dockerfile directory (class attributes; Harbor's own classes do both)."""
         self.environment = str(request["environment"])
         self.kwargs = dict(request.get("kwargs") or {})
         self.cls = preflight(self.environment, self.kwargs)
@@ -143,6 +144,7 @@ class Bridge:
             "harbor": getattr(harbor, "__version__", ""),
             "type": str(getattr(self.cls.type(), "value", self.cls.type())),
             "runs_images": bool(getattr(self.cls, "runs_images", True)),
+            "builds_definitions": bool(getattr(self.cls, "builds_definitions", True)),
         }
 
     async def op_start(self, request: dict[str, Any]) -> dict[str, Any]:

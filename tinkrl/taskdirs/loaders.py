@@ -54,7 +54,7 @@ GIT_BASE_COMMIT = (
 
 
 def _num(value, where: str, field: str, default: float) -> float:
-    """A positive number of seconds or megabytes, or `default` when the field is not set."""
+    """A positive number of seconds, megabytes or CPUs, or `default` when the field is not set."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -155,6 +155,7 @@ def load_harbor(task_dir: Path) -> Task:
     steps = _workspace_steps(env_dir, workdir or "/app", "environment")
     env: dict[str, str] = {}
     meta = dict(meta)
+    definition = None
     if steps is None and (env_dir / "Dockerfile").is_file():
         try:
             build = build_dockerfile(env_dir / "Dockerfile", env_dir, str(env_dir / "Dockerfile"))
@@ -165,7 +166,7 @@ def load_harbor(task_dir: Path) -> Task:
             meta["tinkrl_build_error"] = str(e)
         else:
             workdir = workdir or (build.workdir if build.workdir != "/" else None)
-            steps, env = build.steps, dict(build.env)
+            steps, env, definition = build.steps, dict(build.env), env_dir
     workdir = workdir or "/app"
     env.update({str(k): str(v) for k, v in _table(envcfg.get("env"), str(toml_path), "[environment] env").items()})
     grader = meta.get("tinkrl_grader", "reward_file")
@@ -189,6 +190,7 @@ def load_harbor(task_dir: Path) -> Task:
         verifier_timeout_s=_num(verifier.get("timeout_sec"), where, "[verifier] timeout_sec", 600.0),
         memory_mb=math.ceil(_num(envcfg.get("memory_mb"), where, "[environment] memory_mb", 2048)),
         disk_mb=math.ceil(_num(envcfg.get("storage_mb"), where, "[environment] storage_mb", 1024)),
+        cpus=_num(envcfg.get("cpus"), where, "[environment] cpus", 1.0),
         build=steps or [],
         tests=_dir_copy(d / "tests", "/tests"),
         test_command="bash /tests/test.sh",
@@ -199,6 +201,7 @@ def load_harbor(task_dir: Path) -> Task:
         content_hash=hash_paths([d]),
         metadata=meta,
         image=image,
+        definition=definition,
     )
 
 

@@ -39,6 +39,7 @@ class Task:
     memory_mb: int = 2048
     pids: int = 256
     disk_mb: int = 1024
+    cpus: float = 1.0
     build: list[BuildStep] = field(default_factory=list)
     tests: list[FileCopy] = field(default_factory=list)  # copied fresh into /tests before grading
     test_command: str = ""  # run from the workdir with a pinned environment
@@ -61,6 +62,10 @@ class Task:
     # When the image runs: a path inside it holding hidden tests (R2E-Gym's r2e_tests). It is
     # read and removed before the agent starts, and copied into /tests/<name> at grading.
     image_tests: str = ""
+    # The directory whose Dockerfile `build` was read from (a Harbor task's environment/): providers
+    # that build sandboxes from a Dockerfile themselves (`builds_definitions`) are given it instead
+    # of the build steps, so their own image build and caching serve the task.
+    definition: Path | None = None
 
     @property
     def has_solution(self) -> bool:

@@ -103,16 +103,20 @@ def uses_image(task: Task, provider: SandboxProvider) -> bool:
 
 
 def sandbox_spec(task: Task, provider: SandboxProvider | None = None) -> SandboxSpec:
-    """The spec `provider` starts for `task`: with the task's image unless it builds the workspace."""
+    """The spec `provider` starts for `task`: with the task's image unless it builds the workspace, and with
+    the task's Dockerfile directory for a provider that builds it (the build steps are then not run)."""
     image = task.image if provider is None or uses_image(task, provider) else None
+    builds = provider is not None and provider.builds_definitions and not image and task.definition is not None
     return SandboxSpec(
         workdir=task.workdir,
         env=dict(task.env),
         memory_mb=task.memory_mb,
         pids=task.pids,
         disk_mb=task.disk_mb,
+        cpu=task.cpus,
         labels={"task": task.id},
         image=image,
+        definition=str(task.definition) if builds else None,
     )
 
 
@@ -152,12 +156,12 @@ def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
 
 
 def start_sandbox(task: Task, provider: SandboxProvider, spec: SandboxSpec | None = None) -> Sandbox:
-    """A fresh sandbox with the task's workspace built (or its image started, and what grading restores
-    read from it): what the agent starts from. `spec` is the task's own (`sandbox_spec`) unless the
+    """A fresh sandbox with the task's workspace built (by its build steps, or by the provider from the task's
+    Dockerfile; or its image started, and what grading restores read from it): what the agent starts from. `spec` is the task's own (`sandbox_spec`) unless the
     caller changed it (the network). A failed build step is a TaskBuildError naming the step."""
     spec = spec or sandbox_spec(task, provider)
     try:
-        sandbox = start_built(provider, spec, [] if spec.image else task.build)
+        sandbox = start_built(provider, spec, [] if spec.image or spec.definition else task.build)
     except BuildError as e:
         raise TaskBuildError(e.origin, e.message) from None
     if spec.image:
