@@ -13,8 +13,9 @@ the provider's own image build and caching) and tinkrl runs no build steps. Othe
 Dockerfile `FROM` the task's image (or `sandbox.harbor.image`) with its workdir, in a minimal
 task directory so environments that read a whole task (tinkrl's own `BwrapEnvironment`) can
 too, and the task's workspace is then built in the sandbox by its build steps, as on the docker
-provider. The spec's CPUs, memory and disk become the environment's resources. Commands run through the same shell script as the
-container providers (cwd and exported variables kept between calls, a deadline on each).
+provider. The spec's CPUs, memory and disk become the environment's resources. Commands run
+through the same shell script as the container providers (cwd and exported variables kept
+between calls, a deadline on each).
 
 Nothing outlives the run: at most `max_concurrent` sandboxes live at once, a start that fails
 on the provider's side is retried with backoff and then recorded as an infrastructure failure,

@@ -157,8 +157,9 @@ def _read_baseline(task: Task, sandbox: Sandbox) -> _Baseline:
 
 def start_sandbox(task: Task, provider: SandboxProvider, spec: SandboxSpec | None = None) -> Sandbox:
     """A fresh sandbox with the task's workspace built (by its build steps, or by the provider from the task's
-    Dockerfile; or its image started, and what grading restores read from it): what the agent starts from. `spec` is the task's own (`sandbox_spec`) unless the
-    caller changed it (the network). A failed build step is a TaskBuildError naming the step."""
+    Dockerfile; or its image started, and what grading restores read from it): what the agent starts from.
+    `spec` is the task's own (`sandbox_spec`) unless the caller changed it (the network). A failed build step
+    is a TaskBuildError naming the step."""
     spec = spec or sandbox_spec(task, provider)
     try:
         sandbox = start_built(provider, spec, [] if spec.image or spec.definition else task.build)
