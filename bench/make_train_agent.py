@@ -71,12 +71,6 @@ def main() -> None:
     workload = args.workload or args.run_dirs[0].name
     figures: dict[str, list[float]] = {}
     settings: dict | None = None
-    commit = None
-    device = run_device(yaml.safe_load((args.run_dirs[0] / "config.yaml").read_text()))
-    if args.append:
-        earlier = earlier_record(args.results, workload, device)
-        figures = {k: list(v) for k, v in earlier["repeats"].items()}
-        settings, commit = earlier["settings"], f"{earlier['commit']}, {COMMIT_AT_START}"
     for run_dir in args.run_dirs:
         summary_path = run_dir / "summary.json"
         if not summary_path.is_file():
@@ -88,12 +82,21 @@ def main() -> None:
         if compute:
             mine["plan"] = compute["line"]
         if settings is not None and mine != settings:
-            raise SystemExit(f"{run_dir} ran with other settings than the record's: {mine} != {settings}")
+            raise SystemExit(f"{run_dir} ran with other settings than {args.run_dirs[0]}: {mine} != {settings}")
         settings = mine
         one = run_figures(json.loads(summary_path.read_text()))
         print(json.dumps({k: v[0] for k, v in one.items()}))
         for k, v in one.items():
             figures.setdefault(k, []).extend(v)
+    device, commit = run_device(config), None
+    if args.append:
+        earlier = earlier_record(args.results, workload, device)
+        if earlier["settings"] != settings:
+            raise SystemExit(
+                f"{args.run_dirs[0]} ran with other settings than {workload}: {settings} != {earlier['settings']}"
+            )
+        figures = {k: [*earlier["repeats"].get(k, []), *figures.get(k, [])] for k in {**earlier["repeats"], **figures}}
+        commit = f"{earlier['commit']}, {COMMIT_AT_START}"
     command = f"{args.train_command} && {command_line()}"
     write_result(
         "make_train_agent",

@@ -310,8 +310,8 @@ def test_the_project_tasks_grade_the_same_through_harbor_as_on_bwrap(provider):
 @pytest.mark.harness
 @needs_harness
 def test_a_dockerfile_task_is_built_by_the_environment_from_its_own_directory(provider):
-    """The environment builds the task's environment/ itself: the workspace is there, tinkrl wrote no synthetic
-    definition and ran no build step, and the task grades as on bwrap."""
+    """The environment builds the task's environment/ itself: the spec names it, the workspace is there, tinkrl
+    wrote no synthetic definition, and the task grades as on bwrap."""
     from tinkrl.taskdirs import grade, load_task, start_sandbox
     from tinkrl.taskdirs.gate import run_gate
 
