@@ -266,3 +266,26 @@ def test_the_summary_names_the_problems_rl_solved_and_lost() -> None:
     # an infrastructure failure (reward None) counts as not solved
     assert changes["heldout_instances"] == {"of": 2, "before": 1, "after": 2, "gained": ["shell#4"], "lost": []}
     assert problem_changes(before, after[:1])["handwritten"]["of"] == 1  # only problems both evals played
+
+
+def test_the_summary_says_what_the_sandbox_provider_did() -> None:
+    """A provider that counts (harbor) gets a line and a `sandboxes` entry; one never made, or one that keeps
+    no counts (bwrap), adds nothing."""
+    from tinkrl.rl.summary import sandbox_counts
+    from tinkrl.sandbox import LazyProvider, get_provider
+
+    unused, bwrap = LazyProvider(), LazyProvider(get_provider("bwrap"))
+    bwrap.get()
+    envs = {k: EnvDatasets(train=None, sandboxes=p.summary) for k, p in (("a", unused), ("b", bwrap))}  # type: ignore[arg-type]
+    assert sandbox_counts(envs) == {}
+    counted = {"provider": "harbor", "started": 12, "failed": 1, "retried": 2}
+    assert sandbox_counts({"c": EnvDatasets(train=None, sandboxes=lambda: counted)}) == {  # type: ignore[arg-type]
+        "harbor": {"started": 12, "failed": 1, "retried": 2}
+    }
+    summary = {
+        "gain": {},
+        "problems": {},
+        "sandboxes": sandbox_counts({"c": EnvDatasets(train=None, sandboxes=lambda: counted)}),
+        "time": {"total_s": 1.0, "eval_share": 0.0},
+    }  # type: ignore[arg-type]
+    assert "sandboxes (harbor): 12 started, 1 failed, 2 retried" in summary_lines(summary)

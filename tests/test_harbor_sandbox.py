@@ -107,8 +107,14 @@ def test_a_dockerfile_task_names_its_definition_and_resources(tmp_path):
 
 # -- through the bridge, on a Harbor environment that runs here ----------------------------
 @pytest.fixture
-def provider():
-    p = get_provider("harbor", python=str(HARNESS_PYTHON), environment=BWRAP_ENV, retry_backoff_s=0.1)
+def provider(tmp_path):
+    p = get_provider(
+        "harbor",
+        python=str(HARNESS_PYTHON),
+        environment=BWRAP_ENV,
+        retry_backoff_s=0.1,
+        ledger=str(tmp_path / "ledger"),
+    )
     yield p
     p.close()
 
@@ -166,9 +172,14 @@ def test_a_killed_bridge_is_an_infrastructure_failure_and_the_next_sandbox_start
         sb.exec("sleep 20", timeout=30)
     assert e.value.failure_mode == "sandbox_crashed" and "bridge exited" in str(e.value)
     sb.close()  # the sandbox of a dead bridge closes without raising
+    ledger = Path(provider.config.ledger)
+    assert [f.stem for f in ledger.glob("*.json")] == [sb.name]  # the dead bridge could not remove its entry
     with provider.create(SandboxSpec(workdir="/app")) as again:
         assert again.exec("echo back").stdout == "back\n"
+        # the new bridge's start reaped the dead one's entry; only the live sandbox is recorded
+        assert [f.stem for f in ledger.glob("*.json")] == [again.name]
     assert bridge_pid(provider) != pid
+    assert not list(ledger.glob("*.json"))
 
 
 @pytest.mark.harness
@@ -380,6 +391,10 @@ def _train(tmp_path: Path, name: str, *sandbox: str) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
 
 
+def _sandboxes(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / "runs" / name / "summary.json").read_text())["sandboxes"]
+
+
 @pytest.mark.harness
 @needs_harness
 def test_a_shell_task_trains_through_harbor_with_the_rewards_of_bwrap(tmp_path):
@@ -396,3 +411,6 @@ def test_a_shell_task_trains_through_harbor_with_the_rewards_of_bwrap(tmp_path):
     rewards = [{k: v for k, v in m.items() if k.startswith("env/") and k.endswith(kept)} for m in local]
     assert len(rewards[0]) == 2 * len(kept) and all(m["env/all/failures"] == 0 for m in remote)
     assert [{k: m[k] for k in r} for m, r in zip(remote, rewards)] == rewards
+    counts = _sandboxes(tmp_path, "harbor")["harbor"]  # the run's summary says what the provider did
+    assert counts["started"] >= 8 and (counts["failed"], counts["retried"]) == (0, 0)
+    assert _sandboxes(tmp_path, "bwrap") == {}

@@ -282,6 +282,11 @@ class HarborSandboxConfig(Strict):
     """Names the run's sandboxes; default: a fresh id per provider."""
     max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT, gt=16)
     """Kept per stream and command (head + tail)."""
+    ledger: str | None = None
+    """Where the bridge records each live sandbox for `tinkrl sandbox reap --provider harbor`; default
+    $TINKRL_HOME/sandboxes/harbor (~/.tinkrl/sandboxes/harbor)."""
+    reap_on_start: bool = True
+    """Before the first sandbox, stop those recorded by bridges that are gone (killed with SIGKILL)."""
 
 
 class SandboxConfig(Strict):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 BUSYBOX = "/bin/busybox"  # Debian busybox-static (scripts/install-system.sh)
 TEST_IMAGE = "localhost/tinkrl-test-busybox:1"
+BASH_IMAGE = "localhost/tinkrl-test-bash:1"  # the same with the host's bash and its libraries (Harbor execs bash)
 
 CONTAINERS_CONF = """[containers]
 default_ulimits = []
@@ -78,9 +79,16 @@ class Podman:
             subprocess.run(["umount", str(overlay)], check=False, capture_output=True)
 
 
-def busybox_rootfs_tar(dest: Path) -> Path:
-    """A tar of a minimal root filesystem: busybox and its applets, /tmp, /etc/passwd."""
-    tar_path = dest / "rootfs.tar"
+def shared_libraries(binary: str) -> list[str]:
+    """The host paths of the shared libraries `binary` loads, its loader included (from ldd)."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    return [word for line in out.splitlines() for word in line.split() if word.startswith("/")]
+
+
+def busybox_rootfs_tar(dest: Path, with_bash: bool = False) -> Path:
+    """A tar of a minimal root filesystem: busybox and its applets, /tmp, /etc/passwd; `with_bash` adds the
+    host's /bin/bash and the libraries it loads."""
+    tar_path = dest / ("rootfs-bash.tar" if with_bash else "rootfs.tar")
     if tar_path.exists():
         return tar_path
     applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
@@ -96,11 +104,14 @@ def busybox_rootfs_tar(dest: Path) -> Path:
         add_dir("tmp", 0o1777)
         tf.add(BUSYBOX, arcname="bin/busybox")
         for a in applets:
-            if a in ("busybox",) or "/" in a:
+            if a in ("busybox",) or "/" in a or (with_bash and a == "bash"):
                 continue
             info = tarfile.TarInfo(f"bin/{a}")
             info.type, info.linkname = tarfile.SYMTYPE, "busybox"
             tf.addfile(info)
+        if with_bash:
+            for path in ("/bin/bash", *shared_libraries("/bin/bash")):
+                tf.add(os.path.realpath(path), arcname=path.lstrip("/"))
         for name, text in (
             ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"),
             ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
@@ -128,17 +139,17 @@ def start(root: Path, with_service: bool = True) -> Podman:
         "TMPDIR": str(root),
     }
     pm = Podman(root=root, env=env, socket=root / "podman.sock")
-    have = pm.run("image", "exists", TEST_IMAGE, check=False).returncode == 0
-    if not have:
-        pm.run(
-            "import",
-            "--change",
-            "CMD=/bin/sh",
-            "--change",
-            "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
-            str(busybox_rootfs_tar(root)),
-            TEST_IMAGE,
-        )
+    for image, with_bash in ((TEST_IMAGE, False), (BASH_IMAGE, True)):
+        if pm.run("image", "exists", image, check=False).returncode != 0:
+            pm.run(
+                "import",
+                "--change",
+                "CMD=/bin/sh",
+                "--change",
+                "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
+                str(busybox_rootfs_tar(root, with_bash)),
+                image,
+            )
     if with_service:
         pm.service = subprocess.Popen(
             ["podman", "system", "service", "--time=0", pm.base_url],

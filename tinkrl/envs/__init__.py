@@ -171,6 +171,7 @@ def build_environments(config: TrainConfig, renderer: Any, run_dir: Path) -> dic
             train_config=config,
         )
         envs[key] = build_env(key, entry, ctx)
+        envs[key].sandboxes = sandbox.summary
     return envs
 
 

@@ -8,6 +8,8 @@ prefix (`shell/heldout_instances/greedy_reward`, `..._stderr`), so a base eval r
 sample compares with the full ones. `gain.warm_start` and `gain.rl` are the differences, each
 with the standard error of the difference. `problems` says, per held-out tag, how many problems the
 eval before RL and the final one solved and which ones RL gained or lost (from `evals/step_*.jsonl`).
+`sandboxes` says what the run's sandbox providers did, for those that count it (the harbor provider:
+sandboxes started, failed to start, and start retries).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from tinkrl.rl.evaluation import FULL, SAMPLE
 from tinkrl.rl.schedule import TimeBudget
-from tinkrl.rl.types import Metrics
+from tinkrl.rl.types import EnvDatasets, Metrics
 from tinkrl.tracking import read_jsonl, writing
 
 SUMMARY_FILE = "summary.json"
@@ -130,6 +132,17 @@ def run_summary(
     }
 
 
+def sandbox_counts(envs: dict[str, EnvDatasets]) -> dict[str, dict[str, Any]]:
+    """What the run's sandbox providers did, by provider name (the harbor provider: sandboxes started, failed to
+    start, start retries); empty when no environment made a provider that counts."""
+    out: dict[str, dict[str, Any]] = {}
+    for env in envs.values():
+        counts = env.sandboxes() if env.sandboxes is not None else {}
+        if counts:
+            out[str(counts["provider"])] = {k: v for k, v in counts.items() if k != "provider"}
+    return out
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write `summary.json` (NaN as null)."""
     path = run_dir / SUMMARY_FILE
@@ -161,6 +174,8 @@ def summary_lines(summary: dict[str, Any], trained: str = "RL") -> list[str]:
     for tag, p in summary.get("problems", {}).items():
         changed = "".join(f"; {k}: {', '.join(_few(p[k]))}" for k in ("gained", "lost") if p[k])
         lines.append(f"{tag}: solved {p['before']}/{p['of']} before {trained}, {p['after']}/{p['of']} after{changed}")
+    for provider, counts in summary.get("sandboxes", {}).items():
+        lines.append(f"sandboxes ({provider}): " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     t = summary["time"]
     phases = ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in t.items() if k.endswith("_s") and k not in ("total_s",))
     lines.append(f"time: {t['total_s']:.0f}s ({phases}); evaluation {100 * t['eval_share']:.0f}% of it")

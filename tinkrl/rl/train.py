@@ -42,7 +42,7 @@ from tinkrl.rl.run_dir import record_compute
 from tinkrl.rl.run_plan import RunPlan
 from tinkrl.rl.run_setup import EnvFactory, open_run
 from tinkrl.rl.schedule import RolloutQueue, TimeBudget, lr_multiplier, run_progress
-from tinkrl.rl.summary import before_rl_row, run_summary, summary_lines, write_summary
+from tinkrl.rl.summary import before_rl_row, run_summary, sandbox_counts, summary_lines, write_summary
 from tinkrl.rl.supervised import adam_params
 from tinkrl.rl.teacher import Teacher
 from tinkrl.rl.teacher import sampling_client as teacher_client
@@ -229,6 +229,7 @@ async def train(
     if final_sampler:
         print(f"final sampler weights: {final_sampler}")
     summary = run_summary(c.run_dir, budget, checkpointer.steps_done(), before_rl, final_eval)
+    summary["sandboxes"] = sandbox_counts(envs)
     write_summary(c.run_dir, summary)
     for line in summary_lines(summary):
         print(line)

@@ -177,3 +177,5 @@ class EnvDatasets:
     """Called once when the run ends (e.g. to wait for uploads)."""
     demonstrations: Callable[[int], Awaitable[list[list[dict]]]] | None = None
     """Up to n reference transcripts (chat messages) of training tasks solved, for a warm start."""
+    sandboxes: Callable[[], dict[str, Any]] | None = None
+    """What the run's sandbox provider did (its name, sandboxes started and failed), for the run's summary."""

@@ -55,6 +55,13 @@ class LazyProvider:
                 self._provider = made if made is not None else get_provider("bwrap")
             return self._provider
 
+    def summary(self) -> dict[str, int | str]:
+        """The provider's name and counts (`SandboxProvider.summary`); empty when none was made or it keeps none."""
+        with self._lock:
+            provider = self._provider
+        counts = provider.summary() if provider is not None else {}
+        return {"provider": provider.name, **counts} if counts else {}
+
 
 __all__ = [
     "ExecResult",

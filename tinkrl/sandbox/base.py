@@ -121,3 +121,8 @@ class SandboxProvider(abc.ABC):
 
     def close(self) -> None:
         """Release provider resources and clean up leaked sandboxes of this run."""
+
+    def summary(self) -> dict[str, int]:
+        """Counts of what this provider did, for the run's summary (e.g. sandboxes started and failed to start);
+        empty for providers that keep none."""
+        return {}

@@ -20,7 +20,10 @@ between calls, a deadline on each).
 Nothing outlives the run: at most `max_concurrent` sandboxes live at once, a start that fails
 on the provider's side is retried with backoff and then recorded as an infrastructure failure,
 `close` stops every sandbox, and the bridge stops all of them itself when the trainer exits or
-is killed (its stdin closes). `started`, `failed` and `retried` count what happened.
+is killed (its stdin closes). A bridge killed with SIGKILL itself leaves its ledger behind (one
+file per sandbox it held, see `tinkrl.sandbox.harbor_bridge`): `reap_sandboxes` (`tinkrl sandbox
+reap --provider harbor`, and every provider's start unless `reap_on_start` is off) stops the
+sandboxes of bridges that are gone. `started`, `failed` and `retried` count what happened.
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ import tinkrl
 from tinkrl.config import HarborSandboxConfig
 from tinkrl.sandbox.base import SandboxError, SandboxSpec
 from tinkrl.sandbox.build import BuildError
-from tinkrl.sandbox.container import HARD_DEADLINE_GRACE_S, ContainerProvider, ContainerSandbox, dns_name, task_id_of
+from tinkrl.sandbox.container import (
+    HARD_DEADLINE_GRACE_S,
+    ContainerProvider,
+    ContainerSandbox,
+    Owner,
+    dns_name,
+    task_id_of,
+)
 from tinkrl.sandbox.files import safe_extract, tar_host_path
 
 BRIDGE_MODULE = "tinkrl.sandbox.harbor_bridge"
@@ -92,6 +102,58 @@ def preflight(config: HarborSandboxConfig, timeout_s: float = 120.0) -> str | No
         return "sandbox.harbor: " + last.removeprefix("error: ")
     tail = " ".join(r.stderr.strip().splitlines()[-3:])
     return f"sandbox.harbor: {python} could not run Harbor's preflight (exit {r.returncode}): {tail}"
+
+
+def ledger_dir(config: HarborSandboxConfig) -> Path:
+    """Where bridges record their live sandboxes: `sandbox.harbor.ledger`, else $TINKRL_HOME/sandboxes/harbor."""
+    if config.ledger:
+        return Path(config.ledger).expanduser()
+    from tinkrl.local.model_files import tinkrl_home
+
+    return tinkrl_home() / "sandboxes" / "harbor"
+
+
+def reap_sandboxes(
+    config: HarborSandboxConfig, run_id: str | None = None, dry_run: bool = False
+) -> list[tuple[str, str]]:
+    """Stop the sandboxes in the ledger whose bridge is gone (with `run_id`: every one of that run, live or not);
+    returns (sandbox, reason) for each stopped (or, on `dry_run`, that would be). A bridge on another host, or
+    one still running, keeps its sandboxes. A SandboxError names the ones that would not stop."""
+    leaks: dict[str, tuple[str, str]] = {}
+    for path in sorted(ledger_dir(config).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # being written, or gone: a later reap sees it
+        if run_id is not None:
+            reason = f"run {run_id}" if entry.get("run_id") == run_id else None
+        else:
+            reason = "bridge gone" if Owner.recorded(entry, "").process_alive() is False else None
+        if reason is not None:
+            leaks[str(path)] = (str(entry.get("sid") or path.stem), reason)
+    if dry_run or not leaks:
+        return list(leaks.values())
+    argv = [str(harness_python(config.python)), "-m", BRIDGE_MODULE, "--reap", *leaks]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    done, errors = [], []
+    for line in r.stdout.splitlines():
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        sid, reason = leaks.get(answer.get("file"), (answer.get("file"), ""))
+        if answer.get("ok"):
+            done.append((sid, f"{reason}: {answer.get('how')}"))
+        else:
+            errors.append(f"{sid}: {answer.get('error')}")
+    if errors or r.returncode not in (0, 1):
+        tail = " ".join(r.stderr.strip().splitlines()[-2:])
+        raise SandboxError(
+            f"harbor reap: {len(errors)} sandbox(es) did not stop ({'; '.join(errors[:3]) or tail}); "
+            f"{len(done)} stopped",
+            "sandbox_error",
+        )
+    return done
 
 
 class Bridge:
@@ -299,17 +361,34 @@ class HarborProvider(ContainerProvider):
         self.started = self.failed = self.retried = 0
         self.hello: dict[str, Any] = {}
         self._bridge_now()  # the environment is checked (type, options, credentials) before any episode
+        if self.config.reap_on_start:
+            self._reap_gone()
         ref = weakref.ref(self)  # close() normally; at exit for a run that did not
         atexit.register(lambda: (p := ref()) is not None and p.close())
 
+    def _reap_gone(self) -> None:
+        """Stop the sandboxes that bridges now gone left in the ledger (a failure is a note, not an error)."""
+        try:
+            for sid, reason in reap_sandboxes(self.config):
+                print(f"harbor sandboxes: stopped {sid} ({reason})", file=sys.stderr)
+        except SandboxError as e:
+            self.notes.append(str(e))
+
     def _bridge_now(self) -> Bridge:
-        """The live bridge, started (and told the environment) when there is none or the last one died."""
+        """The live bridge, started (and told the environment) when there is none or the last one died (whose
+        sandboxes are then stopped from its ledger)."""
         with self._bridge_lock:
+            died = self._bridge is not None and not self._bridge.alive
             if self._bridge is None or not self._bridge.alive:
                 bridge = Bridge(self.python, self.scratch / f"bridge-{int(time.time())}.log")
                 try:
                     self.hello = bridge.call(
-                        "hello", 300.0, environment=self.config.environment, kwargs=self.config.kwargs
+                        "hello",
+                        300.0,
+                        environment=self.config.environment,
+                        kwargs=self.config.kwargs,
+                        run_id=self.run_id,
+                        ledger=str(ledger_dir(self.config)),
                     )
                 except BaseException:
                     bridge.close(timeout=30)
@@ -317,6 +396,8 @@ class HarborProvider(ContainerProvider):
                 self._bridge = bridge
                 self.runs_images = bool(self.hello.get("runs_images", True))
                 self.builds_definitions = bool(self.hello.get("builds_definitions", True))
+                if died:
+                    self._reap_gone()
             return self._bridge
 
     def definition(self, spec: SandboxSpec) -> Path:
@@ -415,4 +496,4 @@ class HarborProvider(ContainerProvider):
             print(f"harbor sandboxes: {'; '.join(self.notes[-3:])}", file=sys.stderr)
 
 
-__all__ = ["Bridge", "HarborProvider", "HarborSandbox", "harness_python", "preflight"]
+__all__ = ["Bridge", "HarborProvider", "HarborSandbox", "harness_python", "ledger_dir", "preflight", "reap_sandboxes"]

@@ -1,9 +1,10 @@
-"""`tinkrl sandbox reap`: delete sandboxes that a dead run leaked (docker containers or
-Kubernetes pods).
+"""`tinkrl sandbox reap`: delete sandboxes that a dead run leaked (docker containers,
+Kubernetes pods, or Harbor environments).
 
 A sandbox is a leak when its TTL (`expires-at`) has passed, or when its owner is gone:
 for docker, the owner process on this host (pid + start time) no longer runs; for
-Kubernetes, the owner pod no longer exists (or is a different pod by uid, or finished).
+Kubernetes, the owner pod no longer exists (or is a different pod by uid, or finished);
+for harbor, the bridge process that recorded it in its ledger no longer runs.
 A live run's sandboxes are left alone. `--run-id` deletes every sandbox of that run.
 Wire it with `add_reap_parser(subparsers)`; the parsed args go to `run_reap(args)`.
 """
@@ -38,13 +39,20 @@ def reap(
         from tinkrl.sandbox.kubernetes import reap_pods
 
         return reap_pods(KubernetesSandboxConfig(**options), run_id=run_id, dry_run=dry_run)
-    raise ValueError(f"reap: provider must be docker or kubernetes, got {provider!r}")
+    if provider == "harbor":
+        from tinkrl.config import HarborSandboxConfig
+        from tinkrl.sandbox.harbor import reap_sandboxes
+
+        return reap_sandboxes(HarborSandboxConfig(**options), run_id=run_id, dry_run=dry_run)
+    raise ValueError(f"reap: provider must be docker, kubernetes or harbor, got {provider!r}")
 
 
 def add_reap_parser(subparsers) -> argparse.ArgumentParser:
     """Add `reap` to an argparse subparsers object (sets func=run_reap)."""
-    p = subparsers.add_parser("reap", help="delete sandboxes leaked by runs that are gone (docker or kubernetes)")
-    p.add_argument("--provider", choices=("kubernetes", "docker"), default="kubernetes")
+    p = subparsers.add_parser(
+        "reap", help="delete sandboxes leaked by runs that are gone (docker, kubernetes or harbor)"
+    )
+    p.add_argument("--provider", choices=("kubernetes", "docker", "harbor"), default="kubernetes")
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -54,6 +62,7 @@ def add_reap_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, else ~/.kube/config)")
     p.add_argument("--context", help="kubernetes: kubeconfig context")
     p.add_argument("--base-url", help="docker: engine socket (default: $DOCKER_HOST or the usual sockets)")
+    p.add_argument("--ledger", help="harbor: the bridges' ledger folder (default: sandbox.harbor.ledger)")
     p.add_argument("--run-id", help="delete every sandbox of this run, live or not")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.set_defaults(func=run_reap)
@@ -92,6 +101,10 @@ def _reap_options(section: Any, args: argparse.Namespace) -> dict[str, Any]:
         k = section.kubernetes
         options = {"namespace": k.namespace, "kubeconfig": k.kubeconfig, "context": k.context}
         flags = ("namespace", "kubeconfig", "context")
+    elif args.provider == "harbor":
+        h = section.harbor
+        options = {"ledger": h.ledger, "python": h.python}
+        flags = ("ledger",)
     else:
         options = {"base_url": section.docker.base_url}
         flags = ("base_url",)
