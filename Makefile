@@ -83,9 +83,9 @@ $(HARNESS_VENV)/.installed: pyproject.toml scripts/install-harness.sh scripts/bu
 	touch $@
 
 # tinkrl's agent and sandbox inside `harbor run` and `tb run` (tests/test_harness.py), and Harbor's
-# environments as tinkrl's sandboxes (tests/test_harbor_sandbox.py)
+# environments as tinkrl's sandboxes and their reaper (tests/test_harbor_sandbox.py, tests/test_harbor_reap.py)
 test-harness: install harness
-	$(VENV)/bin/python -m pytest -q -rs -m harness tests/test_harness.py tests/test_harbor_sandbox.py
+	$(VENV)/bin/python -m pytest -q -rs -m harness tests/test_harness.py tests/test_harbor_sandbox.py tests/test_harbor_reap.py
 
 bench: install
 	$(PY) bench/engine.py
