@@ -3,9 +3,9 @@
 Without the harness these check which ledger entries a reap takes (a gone bridge's, a run's, never
 a live bridge's). With it (marked `harness`): a bridge killed with SIGKILL while Harbor's podman
 environment holds real containers (Debian's podman, podman-compose from the harness virtualenv),
-stopped by `tinkrl sandbox reap --provider harbor`; and the remote services' own SDKs (E2B,
-Runloop) pointed at a server on 127.0.0.1: an outage retried and recorded as an infrastructure
-failure, and sandboxes stopped by their recorded ids. The live services are not reached.
+stopped by `tinkrl sandbox reap --provider harbor`; and the remote services' own SDKs pointed at a
+server on 127.0.0.1: an outage retried and recorded as an infrastructure failure (E2B, Daytona),
+and sandboxes stopped by their recorded ids (E2B, Runloop). The live services are not reached.
 """
 
 from __future__ import annotations
@@ -111,30 +111,42 @@ class Service:
 E2B_KEY = "e2b_" + "0" * 40
 
 
+OUTAGES = {  # environment: (its SDK's settings for a local endpoint, the request each start sends, its credential)
+    "e2b": ({"E2B_API_KEY": E2B_KEY, "E2B_API_URL": "{url}"}, ("GET", "/templates/harbor-"), ("x-api-key", E2B_KEY)),
+    "daytona": (
+        {"DAYTONA_API_KEY": "dtn-key", "DAYTONA_API_URL": "{url}"},
+        ("POST", "/sandbox"),
+        ("authorization", "Bearer dtn-key"),
+    ),
+}
+
+
 @pytest.mark.harness
 @needs_harness
-def test_an_e2b_outage_is_retried_then_an_infrastructure_failure(tmp_path, monkeypatch):
-    """Harbor's E2B environment with the E2B SDK against a service that answers 503: the provider retries the
-    start, then raises an infrastructure failure (never a reward); the template lookup (Harbor's build cache by
-    the definition's hash) reached the service with the key on every try, and the ledger is empty after."""
+@pytest.mark.parametrize("environment", sorted(OUTAGES))
+def test_a_service_outage_is_retried_then_an_infrastructure_failure(environment, tmp_path, monkeypatch):
+    """Harbor's E2B or Daytona environment with the service's SDK against a local server that answers 503: the
+    provider retries the start, then raises an infrastructure failure (never a reward); every try reached the
+    service with the credential (E2B: the template lookup, Harbor's build cache by the definition's hash;
+    Daytona: the sandbox create), and the ledger is empty after."""
+    settings, (method, path), (header, credential) = OUTAGES[environment]
     service = Service(lambda method, path: (503, b'{"code": 503, "message": "service unavailable"}'))
-    monkeypatch.setenv("E2B_API_KEY", E2B_KEY)
-    monkeypatch.setenv("E2B_API_URL", service.url)
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value.format(url=service.url))
     ledger = tmp_path / "ledger"
     p = harbor_mod.HarborProvider(
-        python=str(HARNESS_PYTHON), environment="e2b", start_retries=1, retry_backoff_s=0.1, ledger=str(ledger)
+        python=str(HARNESS_PYTHON), environment=environment, start_retries=1, retry_backoff_s=0.1, ledger=str(ledger)
     )
     try:
         with pytest.raises(SandboxError) as e:
             p.create(SandboxSpec(workdir="/app", image="ubuntu:24.04"))
-        assert e.value.failure_mode == "sandbox_error" and "503" in str(e.value)
+        assert e.value.failure_mode == "sandbox_error" and "unavailable" in str(e.value).lower()
         assert p.summary() == {"started": 0, "failed": 1, "retried": 1}
     finally:
         p.close()
         service.close()
-    assert len(service.requests) >= 2
-    assert all(h.get("x-api-key") == E2B_KEY for _, _, h in service.requests)
-    assert all(path.startswith("/templates/harbor-") for _, path, _ in service.requests)
+    starts = [h for m, at, h in service.requests if m == method and at.startswith(path)]
+    assert len(starts) >= 2 and all(h.get(header) == credential for h in starts)
     assert not list(ledger.glob("*.json"))
 
 
@@ -212,7 +224,9 @@ print(json.dumps(out))
 
 
 # -- Harbor's podman environment: real containers that outlive a killed bridge -----------------
-needs_podman = pytest.mark.skipif(podman_helper.unavailable_reason() is not None, reason=str(podman_helper.unavailable_reason()))
+needs_podman = pytest.mark.skipif(
+    podman_helper.unavailable_reason() is not None, reason=str(podman_helper.unavailable_reason())
+)
 
 
 @pytest.fixture
