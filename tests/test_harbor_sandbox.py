@@ -184,6 +184,21 @@ def test_a_killed_bridge_is_an_infrastructure_failure_and_the_next_sandbox_start
 
 @pytest.mark.harness
 @needs_harness
+def test_a_run_closing_after_its_bridge_died_stops_what_the_ledger_holds(provider):
+    sb = provider.create(SandboxSpec(workdir="/app"))
+    bridge = provider._bridge
+    os.kill(bridge.process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while bridge.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ledger = Path(provider.config.ledger)
+    assert [f.stem for f in ledger.glob("*.json")] == [sb.name]
+    provider.close()  # no new bridge was started: the close reaps the dead one's entries
+    assert not list(ledger.glob("*.json"))
+
+
+@pytest.mark.harness
+@needs_harness
 def test_64_sandboxes_at_once_and_none_left_after():
     p = get_provider("harbor", python=str(HARNESS_PYTHON), environment=BWRAP_ENV, max_concurrent=64)
     results: list[str] = []

@@ -376,29 +376,30 @@ class HarborProvider(ContainerProvider):
 
     def _bridge_now(self) -> Bridge:
         """The live bridge, started (and told the environment) when there is none or the last one died (whose
-        sandboxes are then stopped from its ledger)."""
+        sandboxes are then stopped from its ledger, outside the lock: other episodes go on meanwhile)."""
         with self._bridge_lock:
-            died = self._bridge is not None and not self._bridge.alive
-            if self._bridge is None or not self._bridge.alive:
-                bridge = Bridge(self.python, self.scratch / f"bridge-{int(time.time())}.log")
-                try:
-                    self.hello = bridge.call(
-                        "hello",
-                        300.0,
-                        environment=self.config.environment,
-                        kwargs=self.config.kwargs,
-                        run_id=self.run_id,
-                        ledger=str(ledger_dir(self.config)),
-                    )
-                except BaseException:
-                    bridge.close(timeout=30)
-                    raise
-                self._bridge = bridge
-                self.runs_images = bool(self.hello.get("runs_images", True))
-                self.builds_definitions = bool(self.hello.get("builds_definitions", True))
-                if died:
-                    self._reap_gone()
-            return self._bridge
+            if self._bridge is not None and self._bridge.alive:
+                return self._bridge
+            died = self._bridge is not None
+            bridge = Bridge(self.python, self.scratch / f"bridge-{int(time.time())}.log")
+            try:
+                self.hello = bridge.call(
+                    "hello",
+                    300.0,
+                    environment=self.config.environment,
+                    kwargs=self.config.kwargs,
+                    run_id=self.run_id,
+                    ledger=str(ledger_dir(self.config)),
+                )
+            except BaseException:
+                bridge.close(timeout=30)
+                raise
+            self._bridge = bridge
+            self.runs_images = bool(self.hello.get("runs_images", True))
+            self.builds_definitions = bool(self.hello.get("builds_definitions", True))
+        if died:
+            self._reap_gone()
+        return bridge
 
     def definition(self, spec: SandboxSpec) -> Path:
         """The directory Harbor builds a sandbox of `spec` from: the task's own Dockerfile directory when the spec
@@ -487,7 +488,10 @@ class HarborProvider(ContainerProvider):
         with self._bridge_lock:
             bridge, self._bridge = self._bridge, None
         if bridge is not None:
+            died = not bridge.alive
             bridge.close()
+            if died:  # what the dead bridge held is still running: stop it from the ledger before leaving
+                self._reap_gone()
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.started or self.failed:
             line = f"harbor sandboxes ({self.config.environment}): {self.started} started, {self.failed} failed"
