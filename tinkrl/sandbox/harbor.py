@@ -61,6 +61,7 @@ from tinkrl.sandbox.files import safe_extract, tar_host_path
 BRIDGE_MODULE = "tinkrl.sandbox.harbor_bridge"
 CALL_GRACE_S = 60.0  # past an operation's own deadline, how long to wait for the bridge's answer
 FILE_OP_TIMEOUT_S = 600.0
+REAP_TIMEOUT_S = 600.0  # one reap's stops, all at once
 
 
 def harness_python(configured: str | None = None) -> Path:
@@ -134,7 +135,14 @@ def reap_sandboxes(
     if dry_run or not leaks:
         return list(leaks.values())
     argv = [str(harness_python(config.python)), "-m", BRIDGE_MODULE, "--reap", *leaks]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=REAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(
+            f"harbor reap: the stops of {len(leaks)} sandbox(es) did not end in {REAP_TIMEOUT_S:g}s; "
+            "their ledger files are kept for the next reap",
+            "sandbox_error",
+        ) from None
     done, errors = [], []
     for line in r.stdout.splitlines():
         try:
