@@ -68,6 +68,15 @@ def test_a_reap_takes_gone_bridges_and_named_runs_never_a_live_bridge(tmp_path):
     assert len(list(ledger.glob("*.json"))) == 4  # a dry run deletes nothing
 
 
+def test_a_reap_that_dies_before_answering_keeps_the_files_and_says_so(tmp_path):
+    ledger = tmp_path / "ledger"
+    write_entry(ledger, "gone-1", dead_owner(), service_id="a")
+    config = HarborSandboxConfig(ledger=str(ledger), python="/bin/false")  # exits 1 at once, answers nothing
+    with pytest.raises(SandboxError, match="gone-1: no answer from the reap"):
+        harbor_mod.reap_sandboxes(config)
+    assert [f.stem for f in ledger.glob("*.json")] == ["gone-1"]
+
+
 def test_the_ledger_defaults_under_tinkrl_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TINKRL_HOME", str(tmp_path))
     assert harbor_mod.ledger_dir(HarborSandboxConfig()) == tmp_path / "sandboxes" / "harbor"
