@@ -240,7 +240,7 @@ needs_podman = pytest.mark.skipif(
 
 @pytest.fixture
 def podman_env(tmp_path, monkeypatch):
-    pm = podman_helper.start(tmp_path / "podman", with_service=False)
+    pm = podman_helper.start(tmp_path / "podman", with_service=False, with_bash=True)
     for key in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "TMPDIR"):
         monkeypatch.setenv(key, pm.env[key])
     yield pm

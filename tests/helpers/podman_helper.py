@@ -125,8 +125,9 @@ def busybox_rootfs_tar(dest: Path, with_bash: bool = False) -> Path:
     return tar_path
 
 
-def start(root: Path, with_service: bool = True) -> Podman:
-    """Configure podman under `root`, import the test image, and serve the Docker API."""
+def start(root: Path, with_service: bool = True, with_bash: bool = False) -> Podman:
+    """Configure podman under `root`, import the test image (and, `with_bash`, BASH_IMAGE), and serve the
+    Docker API."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "containers.conf").write_text(CONTAINERS_CONF)
     (root / "storage.conf").write_text(
@@ -139,7 +140,8 @@ def start(root: Path, with_service: bool = True) -> Podman:
         "TMPDIR": str(root),
     }
     pm = Podman(root=root, env=env, socket=root / "podman.sock")
-    for image, with_bash in ((TEST_IMAGE, False), (BASH_IMAGE, True)):
+    images = [(TEST_IMAGE, False)] + ([(BASH_IMAGE, True)] if with_bash else [])
+    for image, bash in images:
         if pm.run("image", "exists", image, check=False).returncode != 0:
             pm.run(
                 "import",
@@ -147,7 +149,7 @@ def start(root: Path, with_service: bool = True) -> Podman:
                 "CMD=/bin/sh",
                 "--change",
                 "ENV=PATH=/usr/local/bin:/usr/bin:/bin",
-                str(busybox_rootfs_tar(root, with_bash)),
+                str(busybox_rootfs_tar(root, bash)),
                 image,
             )
     if with_service:

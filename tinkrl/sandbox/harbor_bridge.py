@@ -319,9 +319,9 @@ class Bridge:
             raise BridgeError("start before hello", "config")
         sid = str(request["sid"])
         env = make_environment(self.cls, self.environment, self.kwargs, request)
-        start = {k: v for k, v in request.items() if k not in ("id", "op")}
         entry = {"sid": sid, "run_id": self.run_id, "environment": self.environment, "type": self.type}
-        self.ledger.record(sid, {**entry, "kwargs": self.kwargs, "start": start, "service_id": None})
+        entry |= {"kwargs": self.kwargs, "start": {k: v for k, v in request.items() if k not in ("id", "op")}}
+        self.ledger.record(sid, {**entry, "service_id": None})
         self.starting.add(sid)
         try:
             self.envs[sid] = env
@@ -334,7 +334,7 @@ class Bridge:
         finally:
             self.starting.discard(sid)
         service = service_id(self.type, env)
-        self.ledger.record(sid, {**entry, "kwargs": self.kwargs, "start": start, "service_id": service})
+        self.ledger.record(sid, {**entry, "service_id": service})
         return {"session_id": env.session_id, "service_id": service}
 
     def _env(self, request: dict[str, Any]) -> Any:
