@@ -1,12 +1,15 @@
-"""Container sandbox costs on this machine: the docker provider on podman's Docker API, and
-the kubernetes provider against tests/k8s_fake_server.py with podman-backed pods.
+"""Container sandbox costs on this machine: the docker provider on podman's Docker API, the
+kubernetes provider against tests/k8s_fake_server.py with podman-backed pods, and (with
+`make harness`) the harbor provider on Harbor's podman environment through its bridge.
 
     .venv/bin/python bench/sandbox_containers.py [--runs 20] [--concurrent 8]
 
 Per provider: create (container start, readiness), exec `true` round trip, a 1 MiB
 write_file + read_file, close; then `--concurrent` sandboxes created at once. The
 kubernetes figures measure the client, the WebSocket exec stream and podman here, not a
-real cluster (no scheduler, no image pull, no kubelet), so read them as a floor.
+real cluster (no scheduler, no image pull, no kubelet), so read them as a floor. The harbor
+sandboxes have network: Harbor's podman environment takes it away only with an egress
+sidecar image that this machine cannot pull.
 Writes every measurement's seconds to bench/results/sandbox_containers/<machine class>.json
 (`--results DIR` elsewhere), one record per provider.
 """
@@ -14,6 +17,7 @@ Writes every measurement's seconds to bench/results/sandbox_containers/<machine 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -34,14 +38,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, list[float]]:
+def measure(provider, image: str, runs: int, concurrent: int, network: bool = False) -> dict[str, list[float]]:
     """Seconds of each create, exec, 1 MiB write+read and close (after two warm-up runs), of each
     cycle of `concurrent` sandboxes created at once, and the wall time for all of those."""
+    spec = SandboxSpec(image=image, network=network)
     create, exec_, files, close = [], [], [], []
     blob = b"x" * (1 << 20)
     for i in range(runs + 2):
         t0 = time.perf_counter()
-        sb = provider.create(SandboxSpec(image=image))
+        sb = provider.create(spec)
         t1 = time.perf_counter()
         r = sb.exec("true")
         t2 = time.perf_counter()
@@ -59,7 +64,7 @@ def measure(provider, image: str, runs: int, concurrent: int) -> dict[str, list[
 
     def one(_):
         t0 = time.perf_counter()
-        sb = provider.create(SandboxSpec(image=image))
+        sb = provider.create(spec)
         sb.exec("true")
         sb.close()
         return time.perf_counter() - t0
@@ -97,7 +102,7 @@ def main() -> None:
     if why:
         raise SystemExit(f"cannot measure: {why}")
     with tempfile.TemporaryDirectory() as tmp:
-        pm = podman_helper.start(Path(tmp) / "podman")
+        pm = podman_helper.start(Path(tmp) / "podman", with_bash=True)
         results = {}
         try:
             from tinkrl.sandbox.docker import DockerProvider
@@ -116,6 +121,20 @@ def main() -> None:
             results["kubernetes (test API server + podman)"] = measure(p, "task:1", args.runs, args.concurrent)
             p.close()
             kube.stop()
+
+            if (ROOT / ".venv-harness" / "bin" / "harbor").exists():
+                from tinkrl.sandbox.harbor import HarborProvider
+
+                for key in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "TMPDIR"):  # the bridge's podman
+                    os.environ[key] = pm.env[key]
+                image = podman_helper.BASH_IMAGE
+                p = HarborProvider(environment="podman", image=image, ledger=str(Path(tmp) / "ledger"))
+                results["harbor (Harbor's podman environment)"] = measure(
+                    p, image, args.runs, args.concurrent, network=True
+                )
+                p.close()
+            else:
+                print("harbor provider not measured: no .venv-harness (make harness)", file=sys.stderr)
         finally:
             pm.stop()
     summaries = {provider: summary(figures) for provider, figures in results.items()}
