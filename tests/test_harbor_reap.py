@@ -286,5 +286,6 @@ def test_a_bridge_killed_with_sigkill_leaves_podman_containers_that_reap_stops(p
         assert reaped.returncode == 0 and "deleted 2 sandbox(es)" in reaped.stdout, reaped.stdout + reaped.stderr
         assert "bridge gone: podman environment" in reaped.stdout
         assert running(podman_env) == [] and not list(ledger.glob("*.json"))
+        assert podman_env.run("image", "exists", image, check=False).returncode == 0  # the next start needs it
     finally:
         p.close()

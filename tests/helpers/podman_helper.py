@@ -20,7 +20,9 @@ from pathlib import Path
 
 BUSYBOX = "/bin/busybox"  # Debian busybox-static (scripts/install-system.sh)
 TEST_IMAGE = "localhost/tinkrl-test-busybox:1"
-BASH_IMAGE = "localhost/tinkrl-test-bash:1"  # the same with the host's bash and its libraries (Harbor execs bash)
+# The same with the host's bash and its libraries (Harbor execs bash), named with a registry: Harbor's stop runs
+# `down --rmi local`, and podman-compose takes every localhost/ image for a local build and deletes it.
+BASH_IMAGE = "registry.invalid/tinkrl/test-bash:1"
 
 CONTAINERS_CONF = """[containers]
 default_ulimits = []
